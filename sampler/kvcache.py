@@ -1,0 +1,104 @@
+"""A prefix KV cache after vLLM's: full blocks keyed by chained hashes, ref counts, LRU eviction.
+
+A block's key hashes its tokens *and* its predecessor's key, so a key names a whole prefix and
+two prompts share a block only if they share everything before it. Only full blocks are cached.
+The cache bounds what is kept, not what runs: a sequence whose blocks cannot be stored (every
+block pinned) still runs, it just leaves nothing behind — we do not model preemption.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+BlockKey = int
+
+
+def block_keys(tokens: Sequence[int], block_size: int, known: Sequence[BlockKey] = ()) -> list[BlockKey]:
+    """The chained keys of every full block of ``tokens``. ``known`` are keys already computed
+    for a prefix of these same tokens (a sequence's previous turn): only the rest is hashed."""
+    keys = list(known)
+    parent: BlockKey = keys[-1] if keys else 0
+    for start in range(len(keys) * block_size, len(tokens) - block_size + 1, block_size):
+        # Python's tuple hash of ints is 64-bit and not salted per process; a collision would be a
+        # false hit, negligible for a simulator (vLLM offers sha256 for the real thing).
+        parent = hash((parent, *tokens[start : start + block_size]))
+        keys.append(parent)
+    return keys
+
+
+class PrefixCache:
+    def __init__(self, capacity_blocks: int, block_size: int) -> None:
+        self.capacity = capacity_blocks
+        self.block_size = block_size
+        self._refs: dict[BlockKey, int] = {}  # every stored block -> holders (0 = evictable)
+        self._free: OrderedDict[BlockKey, None] = OrderedDict()  # ref 0, oldest first = next evicted
+        self.queries = 0  # prompt tokens looked up (vLLM counts tokens, not blocks)
+        self.hits = 0
+
+    def match(self, keys: Sequence[BlockKey], prompt_tokens: int) -> int:
+        """How many leading blocks are stored. Counts the lookup in the hit-rate statistics.
+
+        Like vLLM, the last prompt token is always recomputed (its logits are needed), so a block
+        holding it never counts as a hit: at most ``(prompt_tokens - 1) // block_size`` blocks.
+        """
+        limit = min(len(keys), max(0, prompt_tokens - 1) // self.block_size)
+        n = 0
+        while n < limit and keys[n] in self._refs:
+            n += 1
+        self.queries += prompt_tokens
+        self.hits += n * self.block_size
+        return n
+
+    def acquire(self, keys: Sequence[BlockKey]) -> list[BlockKey]:
+        """Hold ``keys`` in order, storing missing ones (evicting LRU unreferenced blocks).
+        Stops at the first block that finds no room: a prefix cache is useless past a gap.
+        Returns the keys actually held; hand exactly those back to ``release``."""
+        held: list[BlockKey] = []
+        for key in keys:
+            refs = self._refs.get(key)
+            if refs is None:
+                if len(self._refs) >= self.capacity and not self._evict_one():
+                    break
+                refs = 0
+            elif refs == 0:
+                del self._free[key]
+            self._refs[key] = refs + 1
+            held.append(key)
+        return held
+
+    def release(self, keys: Sequence[BlockKey]) -> None:
+        # Freed tail-first (vLLM does the same): a chain's last blocks are evicted before its
+        # first ones, and the first ones are what the next prompt will match.
+        for key in reversed(keys):
+            refs = self._refs[key] - 1
+            self._refs[key] = refs
+            if refs == 0:
+                self._free[key] = None
+
+    def _evict_one(self) -> bool:
+        if not self._free:
+            return False
+        key, _ = self._free.popitem(last=False)
+        del self._refs[key]
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._refs
+
+    @property
+    def blocks_stored(self) -> int:
+        return len(self._refs)
+
+    @property
+    def blocks_used(self) -> int:
+        """Blocks held by some sequence (vLLM's KV usage counts these, not evictable ones)."""
+        return len(self._refs) - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.blocks_used / self.capacity if self.capacity else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0

@@ -1,0 +1,291 @@
+"""MockGPU end to end on a FakeClock: pacing, reports, the prefix cache across turns, slots."""
+
+import asyncio
+import math
+from contextlib import aclosing
+
+import pytest
+
+from sampler.clock import FakeClock
+from sampler.gpu import EngineFailure, EngineOverloaded, GpuSequence, MockGPU
+from sampler.models import ModelSpec
+
+Emits = list[tuple[float, int]]
+
+
+def make(**kw: object) -> tuple[MockGPU, FakeClock]:
+    spec = ModelSpec(
+        name="t",
+        time_to_first_token_ms=50.0,
+        prefill_overhead_ms=30.0,
+        prefill_time_per_token_ms=0.25,
+        inter_token_latency_ms=1.0,
+        max_num_seqs=4,
+        time_factor_under_load=1.0,
+        kv_cache_size=1000,
+    ).override(**kw)
+    clock = FakeClock()
+    return MockGPU(spec, clock), clock
+
+
+async def collect(clock: FakeClock, seq: GpuSequence, prompt: list[int], n_out: int, base: int = 10_000) -> Emits:
+    got: Emits = []
+    async with aclosing(seq.run_turn(prompt, list(range(base, base + n_out)))) as it:
+        async for k in it:
+            got.append((clock.now(), k))
+    return got
+
+
+def times(emits: Emits) -> list[float]:
+    return [t for t, k in emits for _ in range(k)]
+
+
+async def run(clock: FakeClock, seq: GpuSequence, prompt: list[int], n_out: int) -> Emits:
+    task = asyncio.create_task(collect(clock, seq, prompt, n_out))
+    await clock.run_until_idle()
+    return await task
+
+
+async def test_single_turn_exact_timing_and_report() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    emits = await run(clock, seq, list(range(100)), 5)
+    t_first = (30.0 + 100 * 0.25) / 1000
+    assert times(emits) == pytest.approx([t_first + i * 0.001 for i in range(5)], abs=1e-12)
+    r = seq.last_report
+    assert r is not None
+    assert r.to_dict() == pytest.approx(
+        {"prompt_tokens": 100, "cached_tokens": 0, "prefill_ms": 55.0, "queue_wait_ms": 0.0,
+         "decode_ms": 4.0, "output_tokens": 5}
+    )
+
+
+async def test_several_due_tokens_per_coarse_wake_up() -> None:
+    gpu, clock = make(tokens_per_s=4000, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0,
+                      time_to_first_token_ms=1.0)
+    task = asyncio.create_task(collect(clock, gpu.open(), [1, 2, 3], 12))
+    await clock.jump(0.0011)
+    for _ in range(3):
+        await clock.jump(0.001)  # wake-ups at 1.1, 2.1, 3.1, 4.1 ms; due at 1 ms, then every 250 µs
+    emits = await task
+    assert [k for _, k in emits] == [1, 4, 4, 3]
+
+
+async def test_no_drift_over_10000_tokens_at_4000_tps() -> None:
+    gpu, clock = make(tokens_per_s=4000)
+    seq = gpu.open()
+    emits = await run(clock, seq, [7] * 16, 10_000)
+    t_first = (30.0 + 16 * 0.25) / 1000
+    ts = times(emits)
+    assert len(ts) == 10_000
+    assert ts[-1] == pytest.approx(t_first + 9_999 * 0.00025, abs=1e-9)
+    assert max(abs(t - (t_first + i * 0.00025)) for i, t in enumerate(ts)) < 1e-9
+    assert seq.last_report is not None and seq.last_report.decode_ms == pytest.approx(9_999 * 0.25, abs=1e-6)
+
+
+async def test_no_drift_when_the_consumer_wakes_late() -> None:
+    """Irregular, late wake-ups release every due token at once; the schedule does not shift."""
+    gpu, clock = make(tokens_per_s=4000, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0,
+                      time_to_first_token_ms=1.0)
+    task = asyncio.create_task(collect(clock, gpu.open(), [1], 10_000))
+    step = 0
+    while not task.done():
+        step += 1
+        await clock.jump(0.0007 if step % 3 else 0.0031)
+    emits = await task
+    assert max(k for _, k in emits) > 10  # the long gaps released many tokens at once
+    for t, _ in emits:  # everything due by each wake-up was released, nothing more
+        released = sum(k for t2, k in emits if t2 <= t)
+        due = (t - 0.001) / 0.00025 + 1  # tokens whose deadline is <= t (float ulps either way)
+        assert min(10_000, math.floor(due - 1e-6)) <= released <= min(10_000, math.floor(due + 1e-6))
+
+
+async def test_load_factor_slows_prefill_and_decode_of_concurrent_sequences() -> None:
+    gpu, clock = make(time_factor_under_load=2.0, max_num_seqs=3)  # L(2 running) = 1.5
+    a, b = gpu.open(), gpu.open()
+    ta = asyncio.create_task(collect(clock, a, [1] * 40, 200))
+    await clock.settle()
+    tb = asyncio.create_task(collect(clock, b, [2] * 40, 3))
+    await clock.run_until_idle()
+    eb = await tb
+    await ta
+    assert b.last_report is not None and b.last_report.prefill_ms == pytest.approx(40 * 1.5)
+    t_first = 0.040 * 1.5
+    assert times(eb) == pytest.approx([t_first, t_first + 0.0015, t_first + 0.003], abs=1e-12)
+    assert a.last_report is not None and a.last_report.prefill_ms == pytest.approx(40.0)
+
+
+async def test_resumed_turn_hits_the_prefix_cache() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    prompt = list(range(100))
+    await run(clock, seq, prompt, 20)
+    # Next prompt = previous prompt + output + new items: 120 known tokens = 7 full blocks.
+    prompt2 = prompt + list(range(10_000, 10_020)) + list(range(500, 530))
+    await run(clock, seq, prompt2, 1)
+    r = seq.last_report
+    assert r is not None and r.cached_tokens == 112
+    assert r.prefill_ms == pytest.approx(30.0 + (150 - 112) * 0.25)
+    m = gpu.metrics()
+    assert m["prefix_cache_hits"] == 112 and m["prefix_cache_queries"] == 250
+    assert m["prefix_cache_hit_rate"] == pytest.approx(112 / 250)
+
+
+async def test_other_sequences_share_prefix_blocks_by_chained_hash() -> None:
+    gpu, clock = make()
+    await run(clock, gpu.open(), list(range(64)), 1)
+    seq = gpu.open()
+    changed_second_block = list(range(64))
+    changed_second_block[20] = -1
+    await run(clock, seq, [*changed_second_block, 1], 1)
+    assert seq.last_report is not None and seq.last_report.cached_tokens == 16  # blocks 2, 3 are equal but chain on block 1
+
+
+async def test_pinned_suspended_sequence_survives_pressure() -> None:
+    gpu, clock = make(kv_cache_size=12, block_size=16)
+    seq = gpu.open()
+    prompt = list(range(96))
+    await run(clock, seq, prompt, 32)  # 128 tokens = 8 blocks pinned
+    seq.suspend()
+    await run(clock, gpu.open(), list(range(1000, 1000 + 64)), 16)  # wants 5 blocks, 4 free
+    await run(clock, seq, [*prompt, *range(10_000, 10_032), 5], 1)
+    assert seq.last_report is not None and seq.last_report.cached_tokens == 128
+
+
+async def test_unpinned_suspended_sequence_pays_prefill_for_what_was_evicted() -> None:
+    gpu, clock = make(kv_cache_size=12, block_size=16, pin_suspended=False)
+    seq = gpu.open()
+    prompt = list(range(96))
+    await run(clock, seq, prompt, 32)
+    seq.suspend()
+    assert gpu.metrics()["kv_blocks_used"] == 0
+    await run(clock, gpu.open(), list(range(1000, 1000 + 64)), 16)  # 5 blocks: evicts 1 of ours (our tail)
+    await run(clock, seq, [*prompt, *range(10_000, 10_032), 5], 1)
+    r = seq.last_report
+    assert r is not None and r.cached_tokens == 112
+    assert r.prefill_ms == pytest.approx(30.0 + (129 - 112) * 0.25)
+
+
+async def test_unpinned_without_pressure_still_hits() -> None:
+    gpu, clock = make(pin_suspended=False)
+    seq = gpu.open()
+    await run(clock, seq, list(range(96)), 32)
+    seq.suspend()
+    await run(clock, seq, [*range(96), *range(10_000, 10_032), 5], 1)
+    assert seq.last_report is not None and seq.last_report.cached_tokens == 128
+
+
+async def test_fifo_queue_past_max_num_seqs() -> None:
+    gpu, clock = make(max_num_seqs=2, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0,
+                      time_to_first_token_ms=10.0)
+    seqs = [gpu.open() for _ in range(4)]
+    tasks = []
+    for i, s in enumerate(seqs):
+        tasks.append(asyncio.create_task(collect(clock, s, [i], 1 + 5 * (i == 0))))  # seq 0 decodes longer
+        await clock.settle()
+    m = gpu.metrics()
+    assert (m["running"], m["waiting"]) == (2, 2)
+    await clock.run_until_idle()
+    await asyncio.gather(*tasks)
+    waits = [s.last_report.queue_wait_ms for s in seqs if s.last_report]
+    # seq 1 ends at 10 ms -> seq 2 starts; seq 0 ends at 15 ms -> seq 3 starts.
+    assert waits == pytest.approx([0.0, 0.0, 10.0, 15.0])
+    assert gpu.metrics()["running"] == 0
+
+
+async def test_engine_overloaded_past_max_waiting() -> None:
+    gpu, clock = make(max_num_seqs=1, max_waiting=1)
+    running = asyncio.create_task(collect(clock, gpu.open(), [1], 3))
+    queued = asyncio.create_task(collect(clock, gpu.open(), [2], 3))
+    await clock.settle()
+    with pytest.raises(EngineOverloaded):
+        await collect(clock, gpu.open(), [3], 3)
+    await clock.run_until_idle()
+    await asyncio.gather(running, queued)
+
+
+async def test_cancellation_mid_turn_releases_the_slot() -> None:
+    gpu, clock = make(max_num_seqs=1)
+    first = gpu.open()
+    t1 = asyncio.create_task(collect(clock, first, list(range(40)), 1000))
+    t2 = asyncio.create_task(collect(clock, gpu.open(), [5], 2))
+    await clock.advance(0.050)  # first is decoding
+    assert gpu.metrics()["waiting"] == 1
+    assert gpu.metrics()["kv_blocks_used"] == 0  # nothing cached yet to pin
+    t1.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t1
+    await clock.run_until_idle()
+    await t2
+    assert gpu.metrics()["running"] == 0 and first.last_report is None
+
+
+async def test_breaking_out_releases_the_slot_and_turn_pins() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    await run(clock, seq, list(range(64)), 16)  # 5 blocks held
+
+    async def partial() -> None:
+        async with aclosing(seq.run_turn([*range(64), *range(10_000, 10_016), 1], [1, 2, 3])) as it:
+            async for _ in it:
+                break
+
+    task = asyncio.create_task(partial())
+    await clock.run_until_idle()
+    await task
+    m = gpu.metrics()
+    assert m["running"] == 0 and m["kv_blocks_used"] == 5
+
+
+async def test_close_is_idempotent_and_unpins() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    await run(clock, seq, list(range(64)), 16)
+    assert gpu.metrics()["kv_blocks_used"] == 5
+    seq.close()
+    seq.close()
+    assert gpu.metrics()["kv_blocks_used"] == 0 and gpu.metrics()["kv_blocks_stored"] == 5
+    with pytest.raises(RuntimeError):
+        await collect(clock, seq, [1], 1)
+
+
+async def test_close_while_suspended_at_a_yield() -> None:
+    gpu, clock = make(max_num_seqs=1)
+    seq = gpu.open()
+    it = seq.run_turn(list(range(40)), list(range(10)))
+    task = asyncio.create_task(it.__anext__())
+    await clock.run_until_idle()
+    assert await task == 1
+    seq.close()
+    assert gpu.metrics()["running"] == 0
+    with pytest.raises(StopAsyncIteration):
+        await it.__anext__()
+    assert gpu.metrics()["kv_blocks_used"] == 0 and seq.last_report is None
+
+
+async def test_injected_failure_releases_everything() -> None:
+    gpu, clock = make(fail_rate=1.0)
+    seq = gpu.open()
+    task = asyncio.create_task(collect(clock, seq, list(range(40)), 50))
+    await clock.run_until_idle()
+    with pytest.raises(EngineFailure):
+        await task
+    assert gpu.metrics()["running"] == 0 and gpu.metrics()["kv_blocks_used"] == 0
+
+
+async def test_empty_output_still_pays_prefill() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    assert await run(clock, seq, list(range(40)), 0) == []
+    assert clock.now() == pytest.approx(0.040) and seq.last_report is not None
+
+
+async def test_one_turn_at_a_time() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    task = asyncio.create_task(collect(clock, seq, [1], 5))
+    await clock.settle()
+    with pytest.raises(RuntimeError):
+        await collect(clock, seq, [1], 5)
+    await clock.run_until_idle()
+    await task
