@@ -1,0 +1,262 @@
+"""What the mock model says: the directive script, trace replay of a workload, echo, seeded random.
+
+A policy is asked once per turn (the k-th sampling segment of the conversation, counted the same way
+in every transport) and must answer the same for the same inputs: a rollout replays identically
+over HTTP, GA WebSocket and the long-lived protocol.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+WORKLOADS = Path(__file__).parent / "workloads"  # package data; installs are never zipped
+FALLBACK_TEXT = "Done."  # what the model says once its script or trace has run out
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    name: str
+    arguments: str  # JSON text
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnPlan:
+    calls: tuple[PlannedCall, ...] = ()  # empty → a final message
+    text: str = ""  # the final message ("" when calls)
+    output_tokens: int | None = None  # pad/trim the turn's output to this many tokens
+    final: bool  # this turn ends the rollout
+    tool_output_tokens: int | None = None  # trace only: tokens in each call's output
+    client_tool_time_s: float | None = None  # trace only: how long each call's tool runs (parallel calls overlap)
+
+
+def say(text: str, output_tokens: int | None = None) -> TurnPlan:
+    return TurnPlan(text=text, output_tokens=output_tokens, final=True)
+
+
+class Policy(Protocol):
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan: ...
+
+
+# ---- the directive script (SPEC §5) -------------------------------------------------------------
+#
+# A line is a directive when its first word is exactly `!call`, `!say` or `!tokens`. Any other
+# line — `!important`, prose, code — is ordinary text and is not a turn. A directive line that
+# does not parse still takes its turn, as a final message naming the line and the fault: a typo
+# must neither shift the following turns nor replay something the author did not write.
+
+_DIRECTIVES = frozenset({"!call", "!say", "!tokens"})
+_TOKENS = re.compile(r"!tokens\s+(\d+)(?:\s+|$)")
+_CALL = re.compile(r"\s*!call\s+([A-Za-z_][A-Za-z0-9_.\-]*)\s*")
+_JSON = json.JSONDecoder()
+
+
+class ScriptError(ValueError):
+    pass
+
+
+def parse_script(first_user_text: str) -> list[TurnPlan] | None:
+    """One plan per directive line; None when the text has no directive line at all."""
+    plans: list[TurnPlan] = []
+    for lineno, raw in enumerate(first_user_text.splitlines(), 1):
+        line = raw.strip()
+        words = line.split(maxsplit=1)
+        if words and words[0] in _DIRECTIVES:
+            try:
+                plans.append(parse_directive(line))
+            except ScriptError as e:
+                plans.append(say(f"[script error on line {lineno}: {e}]"))
+    return plans or None
+
+
+def parse_directive(line: str) -> TurnPlan:
+    output_tokens = None
+    if m := _TOKENS.match(line):
+        output_tokens, line = int(m[1]), line[m.end() :]
+        if not line:
+            raise ScriptError("!tokens N must prefix a !call or !say on the same line")
+    elif line.startswith("!tokens"):
+        raise ScriptError("!tokens needs a whole number, e.g. `!tokens 200 !say done`")
+    if line == "!say" or line.startswith(("!say ", "!say\t")):
+        return say(line[4:].strip(), output_tokens)
+    if line.startswith("!call"):
+        return TurnPlan(calls=_parse_calls(line), output_tokens=output_tokens, final=False)
+    raise ScriptError(f"expected !call or !say, got {line.split()[0]!r}")
+
+
+def _parse_calls(line: str) -> tuple[PlannedCall, ...]:
+    # Scanned, not split on " | ": the JSON arguments may themselves contain " | ".
+    calls, pos = [], 0
+    while True:
+        m = _CALL.match(line, pos)
+        if not m:
+            raise ScriptError(f"expected `!call NAME {{json}}` at column {pos + 1}")
+        name, pos = m[1], m.end()
+        args: Any = {}
+        if line.startswith("{", pos):
+            try:
+                args, pos = _JSON.raw_decode(line, pos)
+            except json.JSONDecodeError as e:
+                raise ScriptError(f"bad JSON arguments for {name}: {e.msg} at column {e.pos + 1}") from None
+        calls.append(PlannedCall(name, json.dumps(args, separators=(",", ":"), ensure_ascii=False)))
+        rest = line[pos:].strip()
+        if not rest:
+            return tuple(calls)
+        if not rest.startswith("|"):
+            raise ScriptError(f"unexpected text after {name}'s arguments: {rest[:30]!r}")
+        pos = line.index("|", pos) + 1
+
+
+class ScriptPolicy:
+    def __init__(self, plans: Sequence[TurnPlan]) -> None:
+        self.plans = tuple(plans)
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        return self.plans[turn] if 0 <= turn < len(self.plans) else say(FALLBACK_TEXT)
+
+
+# ---- workloads: recorded agent rollouts, replayed turn by turn ----------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    first_user_text: str  # the task, without directives
+    first_user_tokens: int  # system prompt + tool schemas + task: what the client pads the first message to
+    turns: tuple[TurnPlan, ...]
+
+    def prompt_tokens_by_turn(self) -> list[int]:
+        """The prompt size before each turn (and after the last): history grows by the model's output
+        and every call's tool output. Excludes the chat template's few tokens per item."""
+        sizes = [self.first_user_tokens]
+        for t in self.turns:
+            sizes.append(sizes[-1] + (t.output_tokens or 0) + len(t.calls) * (t.tool_output_tokens or 0))
+        return sizes
+
+    @property
+    def client_tool_time_s(self) -> float:
+        return sum(t.client_tool_time_s or 0.0 for t in self.turns)
+
+
+def _turn_from_json(d: dict[str, Any]) -> TurnPlan:
+    out = int(d["output_tokens"])
+    if "say" in d:
+        return say(str(d["say"]), out)
+    calls = tuple(PlannedCall(c["name"], json.dumps(c.get("arguments", {}), separators=(",", ":"))) for c in d["calls"])
+    if not calls:
+        raise ValueError("a turn needs `calls` (non-empty) or `say`")
+    return TurnPlan(calls=calls, output_tokens=out, final=False,
+                    tool_output_tokens=int(d["tool_output_tokens"]), client_tool_time_s=float(d["client_tool_time_s"]))
+
+
+def workload_from_json(d: dict[str, Any]) -> Workload:
+    if d.get("format") != 1:
+        raise ValueError(f"unsupported workload format {d.get('format')!r} (expected 1)")
+    w = Workload(name=str(d["name"]), description=str(d.get("description", "")),
+                 first_user_text=str(d["first_user_text"]), first_user_tokens=int(d["first_user_tokens"]),
+                 turns=tuple(_turn_from_json(t) for t in d["turns"]))
+    if parse_script(w.first_user_text) is not None:
+        raise ValueError(f"workload {w.name!r}: first_user_text must not contain directive lines")
+    return w
+
+
+def workload_names() -> list[str]:
+    return sorted(p.stem for p in WORKLOADS.glob("*.json"))
+
+
+@functools.cache
+def load_workload(name_or_path: str) -> Workload:
+    """A shipped workload by name (``coding-agent``, ``long-context``) or a JSON file by path."""
+    shipped = WORKLOADS / f"{name_or_path}.json"
+    if "/" not in name_or_path and shipped.is_file():
+        text = shipped.read_text(encoding="utf-8")
+    elif Path(name_or_path).is_file():
+        text = Path(name_or_path).read_text(encoding="utf-8")
+    else:
+        raise KeyError(f"unknown workload {name_or_path!r}; shipped: {', '.join(workload_names())}")
+    return workload_from_json(json.loads(text))
+
+
+def workload_to_script(w: Workload) -> str:
+    """The rollout as a first user message: the task, then one directive line per turn. Tool
+    output sizes and tool times are the client's part and stay in the workload."""
+    lines = [w.first_user_text, ""]
+    for t in w.turns:
+        prefix = f"!tokens {t.output_tokens} " if t.output_tokens is not None else ""
+        if t.calls:
+            lines.append(prefix + " | ".join(f"!call {c.name} {c.arguments}" for c in t.calls))
+        else:
+            lines.append(prefix + "!say " + " ".join(t.text.split()))
+    return "\n".join(lines)
+
+
+class TracePolicy:
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        turns = self.workload.turns
+        return turns[turn] if 0 <= turn < len(turns) else say(FALLBACK_TEXT)
+
+
+# ---- policies without a script ------------------------------------------------------------------
+
+
+class EchoPolicy:
+    """Answers every turn by repeating the latest user message."""
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        return say(last_user_text or first_user_text or "(empty message)")
+
+
+_WORDS = ("latency", "socket", "token", "cache", "prefix", "stream", "tool", "frame", "batch", "queue",
+          "response", "model", "agent", "turn", "delta", "buffer", "kernel", "decode", "prefill", "block")
+
+
+class RandomPolicy:
+    """Seeded: the same seed and first user message give the same rollout, in any transport and
+    process (seeds are derived with sha256, never Python's salted ``hash``)."""
+
+    def __init__(self, seed: int = 0, tools: Sequence[str] = ("web_search",)) -> None:
+        self.seed = seed
+        self.tools = tuple(tools)
+
+    def _rng(self, *parts: object) -> random.Random:
+        digest = hashlib.sha256("\x00".join(map(str, (self.seed, *parts))).encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "big"))
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        tool_turns = self._rng("rollout", first_user_text).randint(0, 4)
+        rng = self._rng("turn", turn, first_user_text)
+        if turn < tool_turns and self.tools:
+            calls = tuple(
+                PlannedCall(rng.choice(self.tools), json.dumps({"query": " ".join(rng.sample(_WORDS, 3))}))
+                for _ in range(rng.randint(1, 2))
+            )
+            return TurnPlan(calls=calls, output_tokens=rng.randint(20, 120), final=False)
+        text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 25))).capitalize() + "."
+        return say(text, rng.randint(30, 300))
+
+
+def select_policy(first_user_text: str, default: str) -> Policy:
+    """Directives in the first user message win; else ``default``: ``echo``, ``random[:SEED]`` or
+    ``trace:NAME|PATH``. ValueError/KeyError for a bad default (call once at start-up to check it)."""
+    plans = parse_script(first_user_text)
+    if plans is not None:
+        return ScriptPolicy(plans)
+    kind, _, arg = default.partition(":")
+    if kind == "echo" and not arg:
+        return EchoPolicy()
+    if kind == "random":
+        return RandomPolicy(int(arg) if arg else 0)
+    if kind == "trace" and arg:
+        return TracePolicy(load_workload(arg))
+    raise ValueError(f"unknown policy {default!r}; expected echo, random[:SEED] or trace:NAME")
