@@ -1,0 +1,5 @@
+import sys
+
+from proto.cli import main
+
+sys.exit(main())

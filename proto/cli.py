@@ -1,0 +1,39 @@
+"""``responses-lab`` (also ``python -m proto``): serve, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="responses-lab", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    from proto.server.config import add_arguments
+
+    serve = commands.add_parser("serve", help="run the server (mock GPU behind every transport)")
+    add_arguments(serve)
+    demo = commands.add_parser("demo", help="a coding-agent rollout over the long-lived protocol")
+    demo.add_argument("--url", default=None, help="a running server (default: start one)")
+    demo.add_argument("--model", default="mock-1000tps")
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "serve":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        from proto.server.config import from_args
+        from proto.server.run import serve as run_server
+
+        run_server(from_args(args))
+        return 0
+    if args.command == "demo":
+        from proto.demo import main as demo_main
+
+        return demo_main([*(["--url", args.url] if args.url else []), "--model", args.model, *rest])
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Decoding client frames and items, encoding server events. Every encoder/decoder is built once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from proto.errors import ClientError, param_from_validation
+from proto.events import CLIENT_EVENT_TYPES, AnyServerEvent, ClientEvent, CreateBody, ServerEvent
+from proto.items import EasyMessage, Item, Message
+
+_event_decoder = msgspec.json.Decoder(ClientEvent)
+_body_decoder = msgspec.json.Decoder(CreateBody)
+_item_decoder = msgspec.json.Decoder(Item)
+_easy_decoder = msgspec.json.Decoder(EasyMessage)
+_any_decoder = msgspec.json.Decoder()
+_server_decoder = msgspec.json.Decoder(AnyServerEvent)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_client_event(data: str | bytes) -> ClientEvent:
+    """One WebSocket text frame → one typed client event, or a ``ClientError`` naming what is wrong."""
+    try:
+        return _event_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _classify(data, exc) from None
+    except msgspec.DecodeError as exc:
+        raise ClientError("invalid_json", f"frame is not valid JSON: {exc}") from None
+
+
+def _classify(data: str | bytes, exc: msgspec.ValidationError) -> ClientError:
+    # Only on the error path: look at the raw object to tell "unknown type" from "bad field".
+    raw: Any = _any_decoder.decode(data)
+    if not isinstance(raw, dict):
+        return ClientError("invalid_event", f"an event must be a JSON object, got {type(raw).__name__}")
+    kind = raw.get("type")
+    if not isinstance(kind, str):
+        return ClientError("invalid_event", "an event needs a string field `type`", "$.type")
+    if kind not in CLIENT_EVENT_TYPES:
+        return ClientError("unknown_event_type", f"unknown event type {kind!r}", "$.type")
+    return ClientError("invalid_event", str(exc), param_from_validation(exc))
+
+
+def decode_body(data: str | bytes) -> CreateBody:
+    """The body of ``POST /v1/responses``."""
+    try:
+        return _body_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise ClientError("invalid_request", str(exc), param_from_validation(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
+
+
+def decode_items(raw_items: str | list[msgspec.Raw], path: str = "$.input") -> list[Item]:
+    """Items one by one, so an error names its index; a bare string is one user message."""
+    if isinstance(raw_items, str):
+        return [Message(role="user", content=raw_items)]
+    items: list[Item] = []
+    for index, raw in enumerate(raw_items):
+        items.append(_decode_item(raw, f"{path}[{index}]"))
+    return items
+
+
+def _decode_item(raw: msgspec.Raw, path: str) -> Item:
+    try:
+        return _item_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        if "missing required field `type`" not in str(exc):
+            raise ClientError("invalid_request", str(exc), param_from_validation(exc, path)) from None
+    try:
+        easy = _easy_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise ClientError("invalid_request", str(exc), param_from_validation(exc, path)) from None
+    return Message(role=easy.role, content=easy.content)
+
+
+def encode(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def encode_text(value: Any) -> str:
+    return _encoder.encode(value).decode()
+
+
+def decode_server_event(data: str | bytes) -> AnyServerEvent:
+    """For clients and tests: one server frame → its typed event."""
+    return _server_decoder.decode(data)
+
+
+def to_builtins(event: ServerEvent) -> Any:
+    return msgspec.to_builtins(event)

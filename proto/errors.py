@@ -1,0 +1,93 @@
+"""Errors, typed by whose fault they are (after h11's ``LocalProtocolError`` / ``RemoteProtocolError``).
+
+``ClientError`` is the peer's bad input: it becomes one ``error`` event (WebSocket) or an OpenAI JSON error
+body (HTTP) with a stable ``code``, and the connection keeps serving. ``LocalProtocolError`` is our own
+misuse of the core (a bug): it is never sent to the peer as if it were their fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+# code -> (HTTP status, OpenAI error type). One table so every transport reports the same thing.
+ERROR_CODES: dict[str, tuple[int, str]] = {
+    "invalid_json": (400, "invalid_request_error"),
+    "invalid_event": (400, "invalid_request_error"),
+    "invalid_request": (400, "invalid_request_error"),
+    "unknown_event_type": (400, "invalid_request_error"),
+    "no_open_response": (400, "invalid_request_error"),
+    "response_in_progress": (409, "invalid_request_error"),
+    "unknown_call_id": (400, "invalid_request_error"),
+    "duplicate_call_output": (400, "invalid_request_error"),
+    "response_already_completed": (409, "invalid_request_error"),
+    "response_not_found": (404, "invalid_request_error"),
+    "model_not_found": (404, "invalid_request_error"),
+    "previous_response_not_found": (404, "invalid_request_error"),
+    "message_too_large": (413, "invalid_request_error"),
+    "tool_timeout": (408, "invalid_request_error"),
+    "too_many_items": (400, "invalid_request_error"),
+    "too_many_tools": (400, "invalid_request_error"),
+    "too_many_pending_calls": (400, "invalid_request_error"),
+    "binary_frame_not_supported": (400, "invalid_request_error"),
+    "content_policy": (400, "invalid_request_error"),
+    "unauthorized": (401, "authentication_error"),
+    "websocket_connection_limit_reached": (400, "invalid_request_error"),
+    "server_overloaded": (503, "server_error"),
+    "engine_failure": (500, "server_error"),
+    "server_shutting_down": (503, "server_error"),
+}
+
+
+class ClientError(Exception):
+    """The peer sent something we refuse; carries what the wire error needs."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        if code not in ERROR_CODES:
+            raise LocalProtocolError(f"unregistered error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return ERROR_CODES[self.code][0]
+
+    @property
+    def type(self) -> str:
+        return ERROR_CODES[self.code][1]
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(type=self.type, code=self.code, message=self.message, param=self.param)
+
+
+class LocalProtocolError(Exception):
+    """Our own code drove a core into a state the protocol does not allow (a bug, not the peer's fault)."""
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    type: str
+    code: str | None
+    message: str
+    param: str | None = None
+
+
+class HttpErrorEnvelope(msgspec.Struct):
+    error: ErrorBody
+
+
+def param_from_validation(exc: msgspec.ValidationError, prefix: str = "") -> str | None:
+    """msgspec reports the failing path as ``... - at `$.input[3].call_id```: pass it on as ``param``."""
+    text = str(exc)
+    marker = "at `$"
+    at = text.rfind(marker)
+    if at < 0:
+        return prefix or None
+    path = text[at + len(marker) : text.rfind("`")]
+    return f"{prefix}{path}" if prefix else f"${path}"
+
+
+def describe(value: Any) -> str:
+    return type(value).__name__

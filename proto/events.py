@@ -1,0 +1,230 @@
+"""Client and server events: small structs tagged on ``type``, one union decoded in one call.
+
+Client event bodies carry their items as ``msgspec.Raw`` so the core can decode each item on its own and
+report the failing path as ``$.input[3].call_id`` (and accept OpenAI's type-less ``{"role", "content"}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from proto.items import Item, OutputText, Tool
+from proto.response import Response
+
+# ----------------------------------------------------------------------------------------------- client
+
+
+class CreateBody(msgspec.Struct, kw_only=True):
+    """The body of ``POST /v1/responses``; also the flat ``response.create`` event of both WS protocols."""
+
+    model: str
+    input: str | list[msgspec.Raw] = msgspec.field(default_factory=list)
+    instructions: str | None = None
+    tools: list[Tool] = msgspec.field(default_factory=list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    store: bool = True
+    stream: bool = False
+    background: bool = False
+    generate: bool = True
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: str | None = None
+    include: list[str] | None = None
+
+
+class ResponseCreate(CreateBody, tag="response.create", tag_field="type", kw_only=True):
+    event_id: str | None = None
+
+
+class ClientEventBase(msgspec.Struct, tag_field="type", kw_only=True):
+    event_id: str | None = None
+
+
+class ResponseAppend(ClientEventBase, tag="response.append"):
+    input: list[msgspec.Raw]
+    response_id: str | None = None
+
+
+class ResponseInject(ClientEventBase, tag="response.inject"):
+    response_id: str
+    input: list[msgspec.Raw]
+
+
+class ResponseCancel(ClientEventBase, tag="response.cancel"):
+    response_id: str | None = None
+
+
+ClientEvent = ResponseCreate | ResponseAppend | ResponseInject | ResponseCancel
+CLIENT_EVENT_TYPES = frozenset({"response.create", "response.append", "response.inject", "response.cancel"})
+
+# ----------------------------------------------------------------------------------------------- server
+
+
+class WireEvent(msgspec.Struct, tag_field="type", kw_only=True):
+    """Anything the server sends. Replies outside a response's stream (errors, inject acks) carry no
+    ``sequence_number``, as in the GA error envelope."""
+
+
+class ServerEvent(WireEvent, kw_only=True):
+    # Stamped by the connection core when the event is framed; strictly increasing per response.
+    sequence_number: int = 0
+
+
+class ResponseCreated(ServerEvent, tag="response.created"):
+    response: Response
+
+
+class ResponseInProgress(ServerEvent, tag="response.in_progress"):
+    response: Response
+
+
+class OutputItemAdded(ServerEvent, tag="response.output_item.added"):
+    output_index: int
+    item: Item
+
+
+class OutputItemDone(ServerEvent, tag="response.output_item.done"):
+    output_index: int
+    item: Item
+
+
+class ContentPartAdded(ServerEvent, tag="response.content_part.added"):
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class ContentPartDone(ServerEvent, tag="response.content_part.done"):
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class OutputTextDelta(ServerEvent, tag="response.output_text.delta"):
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class OutputTextDone(ServerEvent, tag="response.output_text.done"):
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class FunctionCallArgumentsDelta(ServerEvent, tag="response.function_call_arguments.delta"):
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_arguments.done"):
+    item_id: str
+    output_index: int
+    arguments: str
+    name: str | None = None
+
+
+class WebSearchInProgress(ServerEvent, tag="response.web_search_call.in_progress"):
+    item_id: str
+    output_index: int
+
+
+class WebSearchSearching(ServerEvent, tag="response.web_search_call.searching"):
+    item_id: str
+    output_index: int
+
+
+class WebSearchCompleted(ServerEvent, tag="response.web_search_call.completed"):
+    item_id: str
+    output_index: int
+
+
+class PendingCall(msgspec.Struct):
+    call_id: str
+    name: str
+
+
+class ResponseDone(ServerEvent, tag="response.done"):
+    """The long-lived response is suspended: it waits for ``pending_calls``' outputs (``can_append``)."""
+
+    response: Response
+    can_append: bool = True
+    pending_calls: list[PendingCall] = msgspec.field(default_factory=list)
+
+
+class ResponseCompleted(ServerEvent, tag="response.completed"):
+    response: Response
+
+
+class ResponseIncomplete(ServerEvent, tag="response.incomplete"):
+    response: Response
+
+
+class ResponseFailed(ServerEvent, tag="response.failed"):
+    response: Response
+
+
+class InjectCreated(WireEvent, tag="response.inject.created"):
+    response_id: str
+    event_id: str | None = None
+
+
+class InjectFailed(WireEvent, tag="response.inject.failed"):
+    response_id: str
+    code: str
+    message: str
+    event_id: str | None = None
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    type: str
+    code: str | None
+    message: str
+    param: str | None = None
+
+
+class ErrorEvent(WireEvent, tag="error"):
+    status: int
+    error: ErrorDetail
+
+
+TERMINAL_EVENTS = (ResponseCompleted, ResponseIncomplete, ResponseFailed)
+
+AnyServerEvent = (
+    ResponseCreated
+    | ResponseInProgress
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+    | WebSearchInProgress
+    | WebSearchSearching
+    | WebSearchCompleted
+    | ResponseDone
+    | ResponseCompleted
+    | ResponseIncomplete
+    | ResponseFailed
+    | InjectCreated
+    | InjectFailed
+    | ErrorEvent
+)

@@ -1,0 +1,294 @@
+"""The long-lived protocol's connection core (``?protocol=longlived``), sans-IO.
+
+Push frames in with ``receive`` / ``receive_binary``; each returns the actions the caller must carry out,
+in order: ``Reply`` (send these bytes), ``Start`` (run the pre-inference pipeline, then call ``opened`` or
+``abort``), ``Resume`` (hand the items to the suspended sampling loop), ``Enqueue`` (user messages for the
+next turn boundary), ``Cancel`` (stop the sampling task, then frame the terminal event). Every server event
+of the open response goes out through ``frame``, which stamps ``sequence_number`` and applies the
+server-side transitions (``response.done`` suspends; a terminal event ends). Peer errors never escape: they
+come back as ``Reply`` with an ``error`` frame and leave the state as it was (nothing half-applied).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field
+
+import msgspec
+
+from proto import codec
+from proto.errors import ClientError, LocalProtocolError
+from proto.events import (
+    TERMINAL_EVENTS,
+    ErrorDetail,
+    ErrorEvent,
+    InjectCreated,
+    InjectFailed,
+    ResponseAppend,
+    ResponseCancel,
+    ResponseCreate,
+    ResponseDone,
+    ResponseInject,
+    ServerEvent,
+    WireEvent,
+)
+from proto.items import FunctionCall, FunctionCallOutput, Item, Message
+from proto.state import ABORT_RETURNS, REFUSALS, TRANSITIONS, Event, State
+from proto.work import WorkCounters
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-event limits; each is a server flag (``--max-input-items`` …)."""
+
+    max_input_items: int = 2048
+    max_tools: int = 128
+    max_pending_calls: int = 64
+
+
+@dataclass(frozen=True)
+class Reply:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Start:
+    response_id: str
+    request: ResponseCreate
+    items: list[Item]
+    work: WorkCounters
+
+
+@dataclass(frozen=True)
+class Resume:
+    items: list[Item]  # the outputs in the order the calls were made, then any user messages
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    items: list[Item]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    response_id: str
+
+
+Action = Reply | Start | Resume | Enqueue | Cancel
+
+
+def new_response_id() -> str:
+    return "resp_" + secrets.token_hex(16)
+
+
+@dataclass
+class _Open:
+    """The open response, as far as the wire is concerned."""
+
+    id: str
+    work: WorkCounters
+    sequence: int = 0
+    pending: dict[str, str] = field(default_factory=dict)  # call_id -> name, in call order
+    received: dict[str, FunctionCallOutput] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)  # every call answered so far in this response
+    extra: list[Item] = field(default_factory=list)  # user messages appended while suspended
+
+
+class LongLivedCore:
+    def __init__(
+        self,
+        known_models: Container[str],
+        limits: Limits | None = None,
+        new_id: Callable[[], str] = new_response_id,
+    ) -> None:
+        self.state = State.IDLE
+        self._models = known_models
+        self._limits = limits or Limits()
+        self._new_id = new_id
+        self._open: _Open | None = None
+        self._before_open = State.IDLE
+        self._last_id: str | None = None
+
+    # ------------------------------------------------------------------------------------ properties
+    @property
+    def response_id(self) -> str | None:
+        return self._open.id if self._open else None
+
+    @property
+    def pending_calls(self) -> list[str]:
+        return list(self._open.pending) if self._open else []
+
+    # ------------------------------------------------------------------------------------ peer input
+    def receive(self, data: str | bytes) -> list[Action]:
+        """One text frame from the client. Never raises for the peer's bad input."""
+        try:
+            if self.state is State.CLOSED:
+                raise LocalProtocolError("receive() after close()")
+            event = codec.decode_client_event(data)
+            match event:
+                case ResponseCreate():
+                    return self._create(event)
+                case ResponseAppend():
+                    return self._append(event.input, event.response_id)
+                case ResponseInject():
+                    return self._inject(event)
+                case ResponseCancel():
+                    return self._cancel(event.response_id)
+        except ClientError as exc:
+            return [self.error(exc)]
+        raise LocalProtocolError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
+
+    def receive_binary(self, data: bytes) -> list[Action]:
+        del data
+        return [self.error(ClientError("binary_frame_not_supported", "send events as text frames"))]
+
+    def _create(self, event: ResponseCreate) -> list[Action]:
+        self._check(Event.CREATE)
+        if event.model not in self._models:
+            raise ClientError("model_not_found", f"the model {event.model!r} does not exist", "$.model")
+        if len(event.tools) > self._limits.max_tools:
+            raise ClientError("too_many_tools", f"at most {self._limits.max_tools} tools", "$.tools")
+        if not isinstance(event.input, str) and len(event.input) > self._limits.max_input_items:
+            raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
+        work = WorkCounters(requests_validated=1)
+        items = codec.decode_items(event.input)
+        work.items_validated += len(items)
+        for index, item in enumerate(items):
+            # A full history must answer only calls it contains (as OpenAI checks); a continuation's
+            # outputs answer calls of the stored response, checked where that response is loaded.
+            if isinstance(item, FunctionCallOutput) and event.previous_response_id is None and not _answers(items, item):
+                raise ClientError("unknown_call_id", f"no function_call with call_id {item.call_id!r}", f"$.input[{index}].call_id")
+        self._before_open = self.state
+        self._transition(Event.CREATE)
+        self._open = _Open(id=self._new_id(), work=work)
+        return [Start(self._open.id, event, items, work)]
+
+    def _append(self, raw: list[msgspec.Raw], response_id: str | None) -> list[Action]:
+        if response_id is not None and self._open is not None and response_id != self._open.id:
+            code = "response_already_completed" if response_id == self._last_id else "response_not_found"
+            raise ClientError(code, f"response {response_id!r} is not the open response", "$.response_id")
+        if self._open is None:
+            self._check(Event.APPEND)
+        assert self._open is not None
+        if len(raw) > self._limits.max_input_items:
+            raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
+        items = codec.decode_items(raw)
+        open_ = self._open
+        outputs: dict[str, FunctionCallOutput] = {}
+        messages: list[Item] = []
+        for index, item in enumerate(items):
+            path = f"$.input[{index}]"
+            if isinstance(item, Message):
+                if item.role == "assistant":
+                    raise ClientError("invalid_request", "append accepts user, system or developer messages", f"{path}.role")
+                messages.append(item)
+            elif isinstance(item, FunctionCallOutput):
+                call_id = item.call_id
+                if call_id in open_.received or call_id in open_.answered or call_id in outputs:
+                    raise ClientError("duplicate_call_output", f"call {call_id!r} already has an output", f"{path}.call_id")
+                if call_id not in open_.pending:
+                    raise ClientError("unknown_call_id", f"the response is not waiting on call {call_id!r}", f"{path}.call_id")
+                outputs[call_id] = item
+            else:
+                raise ClientError("invalid_request", "append accepts function_call_output and message items", f"{path}.type")
+        open_.work.items_validated += len(items)
+        if self.state is not State.SUSPENDED:
+            self._transition(Event.APPEND)
+            return [Enqueue(messages)] if messages else []
+        open_.received.update(outputs)
+        open_.extra.extend(messages)
+        if len(open_.received) < len(open_.pending):
+            self._transition(Event.APPEND)
+            return []
+        self._transition(Event.RESUME)
+        ordered: list[Item] = [open_.received[call_id] for call_id in open_.pending]
+        resume = Resume(ordered + open_.extra)
+        open_.answered.update(open_.pending)
+        open_.pending.clear()
+        open_.received.clear()
+        open_.extra = []
+        return [resume]
+
+    def _inject(self, event: ResponseInject) -> list[Action]:
+        # The beta spelling of append: acknowledged or refused with its own event types.
+        if self._open is None or event.response_id != self._open.id:
+            code = "response_already_completed" if event.response_id == self._last_id else "response_not_found"
+            return [self._reply(InjectFailed(response_id=event.response_id, code=code, message=f"cannot inject into {event.response_id!r}", event_id=event.event_id))]
+        try:
+            actions = self._append(event.input, event.response_id)
+        except ClientError as exc:
+            return [self._reply(InjectFailed(response_id=event.response_id, code=exc.code, message=exc.message, event_id=event.event_id))]
+        return [self._reply(InjectCreated(response_id=event.response_id, event_id=event.event_id)), *actions]
+
+    def _cancel(self, response_id: str | None) -> list[Action]:
+        if self._open is None:
+            if response_id is not None and response_id != self._last_id:
+                raise ClientError("response_not_found", f"no response {response_id!r} on this connection", "$.response_id")
+            self._check(Event.CANCEL)
+        assert self._open is not None
+        if response_id is not None and response_id != self._open.id:
+            raise ClientError("response_not_found", f"response {response_id!r} is not the open response", "$.response_id")
+        self._transition(Event.CANCEL)
+        return [Cancel(self._open.id)]
+
+    # ------------------------------------------------------------------------------------ our output
+    def opened(self) -> None:
+        """The pre-inference pipeline accepted the create; the response's events may now be framed."""
+        self._transition(Event.OPENED)
+
+    def abort(self, exc: ClientError) -> bytes:
+        """The pre-inference pipeline refused the create: an error frame, and no response was opened."""
+        if self.state is not State.OPENING or self._before_open not in ABORT_RETURNS:
+            raise LocalProtocolError(f"abort() in state {self.state.name}")
+        self.state = self._before_open
+        self._open = None
+        return self.error(exc).data
+
+    def frame(self, event: ServerEvent) -> bytes:
+        """Stamp and encode one event of the open response, applying its transition."""
+        open_ = self._open
+        if open_ is None:
+            raise LocalProtocolError(f"frame({type(event).__name__}) with no open response (state {self.state.name})")
+        if isinstance(event, ResponseDone):
+            if len(event.pending_calls) > self._limits.max_pending_calls:
+                raise LocalProtocolError("the sampler exceeded max_pending_calls")
+            self._transition(Event.SUSPEND)
+            open_.pending = {call.call_id: call.name for call in event.pending_calls}
+        elif isinstance(event, TERMINAL_EVENTS):
+            self._transition(Event.TERMINAL)
+            self._last_id = open_.id
+            self._open = None
+        elif self.state is State.OPENING:
+            raise LocalProtocolError(f"frame({type(event).__name__}) before opened()")
+        event.sequence_number = open_.sequence
+        open_.sequence += 1
+        return codec.encode(event)
+
+    def error(self, exc: ClientError) -> Reply:
+        return self._reply(ErrorEvent(status=exc.status, error=ErrorDetail(type=exc.type, code=exc.code, message=exc.message, param=exc.param)))
+
+    def close(self) -> None:
+        if self.state is not State.CLOSED:
+            self._transition(Event.CLOSE)
+
+    # ------------------------------------------------------------------------------------ the table
+    def _check(self, event: Event) -> None:
+        if (self.state, event) not in TRANSITIONS:
+            code = REFUSALS.get((self.state, event))
+            if code is None:
+                raise LocalProtocolError(f"no transition for {event.name} in state {self.state.name}")
+            raise ClientError(code, f"{event.name.lower()} is not allowed: connection is {self.state.name.lower()}")
+
+    def _transition(self, event: Event) -> None:
+        self._check(event)
+        self.state = TRANSITIONS[(self.state, event)]
+
+    @staticmethod
+    def _reply(event: WireEvent) -> Reply:
+        return Reply(codec.encode(event))
+
+
+def _answers(items: list[Item], output: FunctionCallOutput) -> bool:
+    return any(isinstance(item, FunctionCall) and item.call_id == output.call_id for item in items)
+

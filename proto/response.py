@@ -1,0 +1,96 @@
+"""The Response object in OpenAI's shape, plus the lab's per-turn report (a documented extra field)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from proto.items import Item, Tool
+from proto.work import WorkCounters
+
+Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+class InputTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct):
+    reasoning_tokens: int = 0
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = msgspec.field(default_factory=InputTokensDetails)
+    output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = msgspec.field(default_factory=OutputTokensDetails)
+    total_tokens: int = 0
+
+    def add(self, input_tokens: int, cached_tokens: int, output_tokens: int) -> None:
+        self.input_tokens += input_tokens
+        self.input_tokens_details.cached_tokens += cached_tokens
+        self.output_tokens += output_tokens
+        self.total_tokens = self.input_tokens + self.output_tokens
+
+
+class IncompleteDetails(msgspec.Struct):
+    reason: str
+
+
+class ResponseError(msgspec.Struct):
+    code: str
+    message: str
+
+
+class TurnReport(msgspec.Struct, kw_only=True):
+    """One sampling segment, as the server saw it: the engine's report plus the API phases it ran.
+
+    Exposed on ``response.done`` and terminal events as ``response.lab.turns`` so the latency lab reads
+    it without scraping logs (``TTFT - prefill_ms`` is the per-turn API overhead).
+    """
+
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_ms: float
+    queue_wait_ms: float
+    decode_ms: float
+    output_tokens: int
+    phases_ms: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class LabInfo(msgspec.Struct, kw_only=True):
+    mode: str
+    turns: list[TurnReport] = msgspec.field(default_factory=list)
+    phases_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    safety_flags: list[str] = msgspec.field(default_factory=list)
+    work: WorkCounters = msgspec.field(default_factory=WorkCounters)
+
+
+class Response(msgspec.Struct, kw_only=True):
+    id: str
+    object: str = "response"
+    created_at: int
+    status: Status
+    model: str
+    output: list[Item] = msgspec.field(default_factory=list)
+    tools: list[Tool] = msgspec.field(default_factory=list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    store: bool = True
+    background: bool = False
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    usage: Usage | None = None
+    text: dict[str, Any] = msgspec.field(default_factory=lambda: {"format": {"type": "text"}})
+    truncation: str = "disabled"
+    reasoning: dict[str, Any] | None = None
+    user: str | None = None
+    lab: LabInfo | None = None

@@ -1,0 +1,100 @@
+"""The starlette app: one server, one port, every endpoint of SPEC §2."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+
+import msgspec
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from proto.errors import ClientError, HttpErrorEnvelope
+from proto.server.auth import Auth
+from proto.server.config import Settings
+from proto.server.metrics import render_metrics
+from proto.server.pipeline import Pipeline
+from proto.server.ws_longlived import LongLivedSession
+
+log = structlog.get_logger("proto.server")
+
+
+def error_response(exc: ClientError) -> Response:
+    return Response(msgspec.json.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type="application/json")
+
+
+class Server:
+    """Everything one app instance owns; ``app.state.server``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.auth = Auth(settings.api_key)
+        self.pipeline = Pipeline(settings)
+        self.sessions: set[LongLivedSession] = set()
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    settings = settings or Settings()
+    server = Server(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        server.pipeline.start()
+        try:
+            yield
+        finally:
+            await server.pipeline.aclose()
+
+    async def responses_ws(ws: WebSocket) -> None:
+        key_id = server.auth.identify(ws.headers)
+        if key_id is None:
+            await ws.send_denial_response(error_response(ClientError("unauthorized", "missing or invalid API key")))
+            return
+        protocol = ws.query_params.get("protocol", "ga")
+        if protocol != "longlived":
+            await ws.send_denial_response(error_response(ClientError("invalid_request", f"unknown protocol {protocol!r}", "protocol")))
+            return
+        await ws.accept()
+        structlog.contextvars.bind_contextvars(conn_id="conn_" + secrets.token_hex(6), protocol=protocol)
+        session = LongLivedSession(ws, server.pipeline, key_id)
+        server.sessions.add(session)
+        try:
+            await session.serve()
+        finally:
+            server.sessions.discard(session)
+
+    async def models(request: Request) -> Response:
+        if server.auth.identify(request.headers) is None:
+            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public()}
+            for name, spec in sorted(server.pipeline.engines.specs.items())
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(request: Request) -> Response:
+        if server.auth.identify(request.headers) is None:
+            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        if server.auth.identify(request.headers) is None:
+            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+        return Response(render_metrics(server), media_type="text/plain; version=0.0.4")
+
+    app = Starlette(
+        routes=[
+            WebSocketRoute("/v1/responses", responses_ws),
+            Route("/v1/models", models),
+            Route("/healthz", healthz),
+            Route("/metrics", metrics),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    return app

@@ -1,0 +1,89 @@
+"""Server settings: one dataclass, every field a flag of ``responses-lab serve`` and an environment
+variable ``RESPONSES_LAB_<FLAG>`` (flags win over the environment, the environment over defaults)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: list[str] = field(default_factory=list)  # none: the server runs open (loopback only)
+    db: str = "responses-lab.db"  # usage ledger + response store (SQLite); ":memory:" for throwaway runs
+    workers: int = 1
+    default_policy: str = "echo"  # without directives: echo | random[:seed] | trace:NAME
+    safety: str = "annotate"  # annotate | block | off
+    model_override: list[str] = field(default_factory=list)  # "mock-1000tps:inter-token-latency=0.5"
+    resolve_hop_ms: float = 0.0  # modelled remote routing service (the hop the seed removed)
+    safety_hop_ms: float = 0.0  # modelled remote safety classifier
+    max_frame_bytes: int = 16 * 2**20  # past it: close 1009
+    max_input_items: int = 2048
+    max_tools: int = 128
+    max_pending_calls: int = 64
+    tool_timeout_s: float = 600.0  # a suspended response waits this long for outputs: incomplete, tool_timeout
+    idle_timeout_s: float = 3600.0
+    connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached
+    send_queue: int = 4096  # frames buffered per connection before the sampler waits for the client
+    log_level: str = "warning"
+    log_text: bool = False  # log message text (debug only; never keys)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if kind == "bool":
+            parser.add_argument(flag, action="store_true", default=None)
+        elif kind.startswith("list"):
+            parser.add_argument(flag, action="append", default=None)
+        else:
+            parser.add_argument(flag, type=_CONVERT[kind], default=None)
+
+
+_CONVERT: dict[str, Any] = {"str": str, "int": int, "float": float}
+
+
+def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        given = getattr(args, f.name, None)
+        if given is not None:
+            values[f.name] = given
+            continue
+        raw = env.get("RESPONSES_LAB_" + f.name.upper())
+        if raw is None:
+            continue
+        kind = str(f.type)
+        if kind == "bool":
+            values[f.name] = raw.lower() in ("1", "true", "yes", "on")
+        elif kind.startswith("list"):
+            values[f.name] = [part for part in raw.split(",") if part]
+        else:
+            values[f.name] = _CONVERT[kind](raw)
+    return Settings(**values)
+
+
+def check_bind(settings: Settings) -> None:
+    """An open server (no API keys) may only listen on loopback."""
+    if settings.api_key:
+        return
+    host = settings.host
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise SystemExit(
+            f"refusing to bind {host!r} without --api-key: an open server may only listen on loopback "
+            "(127.0.0.1, ::1, localhost)"
+        )

@@ -1,0 +1,225 @@
+"""The API pipeline every transport runs: the same stages on the same engines, each timed per turn.
+
+    authenticate → parse + validate → safety scan → render + tokenize → resolve model → sample → bill
+
+What a transport *redoes* per turn is the transport's business (it decides what it hands to
+``prepare``); the stages themselves are here, once. Latency knobs (``resolve_hop_ms``, ``safety_hop_ms``)
+model the remote services the seed removed; they are 0 by default and documented in NOTES.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from proto.builder import ResponseBuilder
+from proto.errors import ClientError
+from proto.events import CreateBody
+from proto.items import FunctionCall, Item, Message, WebSearchCall
+from proto.server.config import Settings
+from proto.server.ledger import LedgerRow, UsageLedger
+from proto.server.safety import SafetyScanner
+from proto.server.store import ResponseStore
+from proto.work import WorkCounters
+from sampler.gpu import MockGPU
+from sampler.loop import Rollout
+from sampler.models import MODELS, ModelSpec
+from sampler.policy import select_policy
+from sampler.tokens import Conversation, Tokenizer, render_parts
+from sampler.tools import WebSearch
+
+
+@contextmanager
+def timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + (time.perf_counter() - started) * 1e3
+
+
+class Engines:
+    """The routing table: model name → the mock GPU that serves it (one per model, shared by all)."""
+
+    def __init__(self, overrides: list[str] | None = None) -> None:
+        specs = dict(MODELS)
+        for text in overrides or []:
+            name, _, knobs = text.partition(":")
+            if name not in specs:
+                raise ValueError(f"--model-override names an unknown model {name!r}")
+            specs[name] = apply_knobs(specs[name], knobs)
+        self.specs: dict[str, ModelSpec] = specs
+        self.gpus = {name: MockGPU(spec) for name, spec in specs.items()}
+
+    def names(self) -> frozenset[str]:
+        return frozenset(self.gpus)
+
+    def resolve(self, name: str, work: WorkCounters) -> MockGPU:
+        work.model_resolutions += 1
+        gpu = self.gpus.get(name)
+        if gpu is None:
+            raise ClientError("model_not_found", f"the model {name!r} does not exist", "model")
+        return gpu
+
+
+def apply_knobs(spec: ModelSpec, knobs: str) -> ModelSpec:
+    """``inter-token-latency=0.5,max-num-seqs=8`` (llm-d knob names) over a model's settings."""
+    public = spec.public()
+    changes: dict[str, object] = {}
+    for pair in filter(None, knobs.split(",")):
+        key, _, value = pair.partition("=")
+        if key not in public:
+            raise ValueError(f"unknown model knob {key!r}; known: {', '.join(sorted(public))}")
+        changes[key] = value
+    return spec.override(**changes)
+
+
+@dataclass
+class Prepared:
+    rollout: Rollout
+    gpu: MockGPU
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class Pipeline:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tokenizer = Tokenizer()
+        self.scanner = SafetyScanner(settings.safety)  # type: ignore[arg-type]
+        self.engines = Engines(settings.model_override)
+        self.web_search = WebSearch()
+        self.ledger = UsageLedger(settings.db)
+        self.store = ResponseStore(settings.db)
+        select_policy("", settings.default_policy)  # a bad --default-policy fails at start-up, not per request
+        self.totals = WorkCounters()
+
+    def start(self) -> None:
+        self.ledger.start()
+
+    async def aclose(self) -> None:
+        await self.ledger.aclose()
+        await self.store.aclose()
+
+    # ---------------------------------------------------------------------------------- stages
+    async def scan(self, items: list[Item], work: WorkCounters, phases: dict[str, float], instructions: str | None = None) -> list[str]:
+        with timed(phases, "safety"):
+            texts = [body for item in items for _, body in render_parts(item, {})]
+            if instructions:
+                texts.append(instructions)
+            result = self.scanner.enforce(self.scanner.scan_many(texts))
+            work.chars_scanned += result.chars_scanned
+        if self.settings.safety_hop_ms > 0:
+            with timed(phases, "safety_hop"):
+                await asyncio.sleep(self.settings.safety_hop_ms / 1e3)  # documented latency knob
+        return list(result.rules)
+
+    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float]) -> MockGPU:
+        with timed(phases, "resolve_model"):
+            gpu = self.engines.resolve(model, work)
+        if self.settings.resolve_hop_ms > 0:
+            with timed(phases, "resolve_hop"):
+                await asyncio.sleep(self.settings.resolve_hop_ms / 1e3)  # documented latency knob
+        return gpu
+
+    async def prepare(
+        self,
+        response_id: str,
+        request: CreateBody,
+        history: list[Item],
+        new_items: list[Item],
+        work: WorkCounters,
+        mode: str,
+        scan_history: bool,
+        phases: dict[str, float] | None = None,
+    ) -> Prepared:
+        """Pre-inference work for one response. ``history`` is context the response continues from
+        (a stored chain, a cached connection state, or HTTP's re-sent items); only what the transport
+        says is new is scanned unless ``scan_history``."""
+        phases = phases if phases is not None else {}
+        flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions)
+        gpu = await self.resolve(request.model, work, phases)
+        with timed(phases, "render_tokenize"):
+            conversation = Conversation(self.tokenizer, work)
+            if request.instructions:
+                conversation.add_instructions(request.instructions)
+            conversation.add_input(history + new_items)
+        builder = ResponseBuilder(response_id, request, mode, work)
+        builder.lab.safety_flags = flags
+        script = _first_user_text(history + new_items)
+        rollout = Rollout(
+            builder=builder,
+            conversation=conversation,
+            sequence=gpu.open(),
+            policy=select_policy(script, self.settings.default_policy),
+            web_search=self.web_search,
+            script=script,
+            turn=count_segments(history + new_items),
+            max_output_tokens=request.max_output_tokens,
+            pending_phases=dict(phases),
+        )
+        builder.lab.phases_ms = dict(phases)
+        rollout.ingest = lambda items: self.ingest(rollout, items)
+        return Prepared(rollout, gpu, phases)
+
+    def ingest(self, rollout: Rollout, items: list[Item]) -> None:
+        """Items appended to an open response: scanned, rendered and tokenized once, on arrival."""
+        phases = rollout.pending_phases
+        work = rollout.builder.lab.work
+        with timed(phases, "safety"):
+            texts = [body for item in items for _, body in render_parts(item, rollout.conversation.call_names)]
+            result = self.scanner.enforce(self.scanner.scan_many(texts))
+            work.chars_scanned += result.chars_scanned
+            rollout.builder.lab.safety_flags.extend(result.rules)
+        with timed(phases, "render_tokenize"):
+            rollout.conversation.add_input(items)
+        for name, ms in phases.items():
+            rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
+
+    def bill(self, builder: ResponseBuilder, api_key_id: str, created: float) -> None:
+        """Post-inference, once per response: one ledger row (written off the hot path)."""
+        response = builder.response
+        usage = builder.usage
+        builder.lab.work.ledger_rows += 1
+        self.totals.merge(builder.lab.work)
+        self.ledger.record(
+            LedgerRow(
+                response_id=response.id,
+                api_key_id=api_key_id,
+                model=response.model,
+                mode=builder.lab.mode,
+                status=response.status,
+                input_tokens=usage.input_tokens,
+                cached_tokens=usage.input_tokens_details.cached_tokens,
+                output_tokens=usage.output_tokens,
+                turns=len(builder.lab.turns),
+                created_at=created,
+                completed_at=time.time(),
+            )
+        )
+
+
+def _first_user_text(items: list[Item]) -> str:
+    for item in items:
+        if isinstance(item, Message) and item.role == "user":
+            return item.text()
+    return ""
+
+
+def count_segments(items: list[Item]) -> int:
+    """How many sampling segments a history holds, counted as the long-lived loop counts turns: a run
+    of the model's own items is one segment, and a hosted call's inline result closes one."""
+    segments = 0
+    inside = False
+    for item in items:
+        own = isinstance(item, FunctionCall | WebSearchCall) or (isinstance(item, Message) and item.role == "assistant")
+        if own:
+            if not inside:
+                segments += 1
+            inside = not isinstance(item, WebSearchCall)
+        else:
+            inside = False
+    return segments
+

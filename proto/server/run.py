@@ -1,0 +1,114 @@
+"""Running the app: ``serve`` (the CLI, blocking) and ``serving`` (a server in a background thread,
+on a free loopback port, for the demo, the lab and the tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+
+import uvicorn
+
+from proto.server.app import create_app
+from proto.server.config import Settings, check_bind
+from proto.server.logs import configure
+
+
+def uvicorn_config(settings: Settings, **extra: object) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        ws="wsproto",
+        ws_max_size=settings.max_frame_bytes,
+        ws_ping_interval=None,  # the lab measures its own pings; keep-alive traffic would perturb it
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def serve(settings: Settings) -> None:
+    check_bind(settings)
+    configure(settings.log_level)
+    if settings.workers > 1:
+        # Several processes need an import string: hand them the settings through the environment.
+        for name, value in asdict(settings).items():
+            os.environ["RESPONSES_LAB_" + name.upper()] = ",".join(value) if isinstance(value, list) else str(value)
+        uvicorn.run(
+            "proto.server.run:app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            ws="wsproto",
+            ws_max_size=settings.max_frame_bytes,
+            log_level=settings.log_level,
+        )
+        return
+    uvicorn.Server(uvicorn_config(settings)).run()
+
+
+def app_from_env() -> object:
+    import argparse
+
+    from proto.server.config import from_args
+
+    settings = from_args(argparse.Namespace())
+    configure(settings.log_level)
+    return create_app(settings)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ThreadedServer:
+    """uvicorn in a thread with its own event loop; ``url`` once started."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = replace(settings, port=settings.port or free_port(settings.host))
+        self.server = uvicorn.Server(uvicorn_config(self.settings))
+        self.thread = threading.Thread(target=self._run, name="responses-lab-server", daemon=True)
+        self.app = self.server.config.app
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.port}"
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.settings.host}:{self.settings.port}/v1/responses"
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve())
+
+    def start(self) -> None:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the server thread died during start-up")
+            threading.Event().wait(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def serving(settings: Settings | None = None, **overrides: object) -> Iterator[str]:
+    """``with serving(db=":memory:") as url:`` → ``ws://127.0.0.1:PORT/v1/responses``."""
+    base = settings or Settings(db=":memory:", port=0)
+    server = ThreadedServer(replace(base, **overrides))  # type: ignore[arg-type]
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()

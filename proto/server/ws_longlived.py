@@ -1,0 +1,193 @@
+"""The long-lived protocol over a starlette WebSocket: a thin adapter around ``LongLivedCore``.
+
+Frame in → ``core.receive`` → actions: replies go to the send queue, ``Start`` spawns the response's
+sampling task (its only owner is this session, which cancels and awaits it on cancel or disconnect),
+``Resume`` resolves the future the suspended loop awaits. One writer task drains a bounded queue, so
+replies and response events leave in the order they were framed, and a client that stops reading makes
+the sampler wait instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+
+import structlog
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from proto.builder import ResponseBuilder
+from proto.errors import ClientError
+from proto.events import ResponseDone, ServerEvent
+from proto.items import Item
+from proto.longlived import Cancel, Enqueue, Limits, LongLivedCore, Reply, Resume, Start
+from proto.server.pipeline import Pipeline
+from sampler.gpu import EngineFailure, EngineOverloaded
+from sampler.loop import MaxOutputTokens, Rollout, run
+
+log = structlog.get_logger("proto.server.longlived")
+
+
+class ToolTimeout(Exception):
+    """The client did not send every pending output within ``--tool-timeout-s``."""
+
+
+class LongLivedSession:
+    """One connection. Implements the sampling loop's ``Host``."""
+
+    def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        settings = pipeline.settings
+        self.ws = ws
+        self.pipeline = pipeline
+        self.api_key_id = api_key_id
+        self.core = LongLivedCore(
+            pipeline.engines.names(),
+            Limits(settings.max_input_items, settings.max_tools, settings.max_pending_calls),
+        )
+        self.out: asyncio.Queue[str | None] = asyncio.Queue(maxsize=settings.send_queue)
+        self.task: asyncio.Task[None] | None = None
+        self.builder: ResponseBuilder | None = None
+        self.resume: asyncio.Future[list[Item]] | None = None
+        self.injected: list[Item] = []
+        self.cancel_requested = False
+        self.billed = True
+        self._created = time.time()
+
+    # --------------------------------------------------------------------------------- connection
+    async def serve(self) -> None:
+        writer = asyncio.create_task(self._writer(), name="ws-writer")
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is not None:
+                    actions = self.core.receive(text)
+                else:
+                    actions = self.core.receive_binary(message.get("bytes") or b"")
+                for action in actions:
+                    await self._act(action)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            await self._drop_response("cancelled")
+            self.core.close()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    async def _writer(self) -> None:
+        while True:
+            data = await self.out.get()
+            if data is None:
+                return
+            try:
+                await self.ws.send_text(data)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                return  # the reader sees the disconnect and cleans up
+
+    async def _act(self, action: Reply | Start | Resume | Enqueue | Cancel) -> None:
+        match action:
+            case Reply(data):
+                await self.out.put(data.decode())
+            case Start():
+                self.cancel_requested = False
+                self.task = asyncio.create_task(self._respond(action), name=f"response-{action.response_id}")
+            case Resume(items):
+                if self.resume is not None and not self.resume.done():
+                    self.resume.set_result(items)
+            case Enqueue(items):
+                self.injected.extend(items)
+            case Cancel():
+                await self._cancel()
+
+    # --------------------------------------------------------------------------------- the response
+    async def _respond(self, start: Start) -> None:
+        created = self._created = time.time()
+        try:
+            prepared = await self.pipeline.prepare(
+                start.response_id, start.request, [], start.items, start.work, "longlived", scan_history=False
+            )
+        except ClientError as exc:
+            await self.out.put(self.core.abort(exc).decode())
+            return
+        rollout = prepared.rollout
+        self.builder = rollout.builder
+        self.billed = False
+        self.core.opened()
+        try:
+            await self.emit(rollout.builder.start())
+            if self.cancel_requested:
+                raise asyncio.CancelledError
+            terminal = await self._sample(rollout)
+            await self.emit([terminal])
+            self._bill(created)
+        finally:
+            rollout.sequence.close()  # GPU slot and KV pins: released on every path
+
+    async def _sample(self, rollout: Rollout) -> ServerEvent:
+        builder = rollout.builder
+        try:
+            await run(rollout, self)
+        except MaxOutputTokens:
+            return builder.incomplete("max_output_tokens")
+        except ToolTimeout:
+            return builder.incomplete("tool_timeout")
+        except ClientError as exc:  # e.g. content_policy on an appended item
+            return builder.failed(exc.code, exc.message)
+        except EngineOverloaded as exc:
+            return builder.failed("server_overloaded", str(exc))
+        except EngineFailure as exc:
+            return builder.failed("engine_failure", str(exc))
+        except Exception as exc:  # a bug must still end the response, and the server keeps serving
+            log.exception("sampling_failed", response_id=builder.response.id)
+            return builder.failed("server_error", f"internal error: {type(exc).__name__}")
+        return builder.completed()
+
+    async def _cancel(self) -> None:
+        if self.builder is None or self.task is None:
+            self.cancel_requested = True  # still in the pre-inference pipeline: it stops after it
+            return
+        await self._drop_response("cancelled", send=True)
+
+    async def _drop_response(self, reason: str, send: bool = False) -> None:
+        """Stop the sampling task (if any), frame its terminal event, bill it: once."""
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        builder = self.builder
+        if builder is not None and not self.billed:
+            event = builder.incomplete(reason)
+            if send:
+                await self.out.put(self.core.frame(event).decode())
+            self._bill(self._created)
+        self.builder = None
+
+    def _bill(self, created: float) -> None:
+        if self.billed or self.builder is None:
+            return
+        self.billed = True
+        self.pipeline.bill(self.builder, self.api_key_id, created)
+
+    # --------------------------------------------------------------------------------- Host
+    async def emit(self, events: Sequence[ServerEvent]) -> None:
+        for event in events:
+            await self.out.put(self.core.frame(event).decode())
+
+    async def suspend(self, done: ResponseDone) -> list[Item] | None:
+        self.resume = asyncio.get_running_loop().create_future()
+        await self.emit([done])
+        try:
+            return await asyncio.wait_for(self.resume, self.pipeline.settings.tool_timeout_s)
+        except TimeoutError:
+            raise ToolTimeout from None
+        finally:
+            self.resume = None
+
+    def take_injected(self) -> list[Item]:
+        items, self.injected = self.injected, []
+        return items

@@ -1,0 +1,234 @@
+"""The suspending sampling loop: one task per open response.
+
+Each iteration is one *turn* (a sampling segment): the policy decides what the model says, the mock GPU
+paces its tokens, the builder turns them into events. Tool calls are handed to a service and awaited:
+
+* hosted calls (``web_search``) go to an in-process service, and the loop continues;
+* local calls go to the *client*: ``Host.suspend`` sends ``response.done`` (``can_append: true``) and
+  awaits the outputs the client appends — or, for transports where a response ends at a local call
+  (HTTP, GA WebSocket), returns ``None`` and the response completes with the calls in its output.
+
+Same shape of code for both: the client is just another service.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from proto.builder import CallStream, MessageStream, ResponseBuilder
+from proto.events import ResponseDone, ServerEvent
+from proto.items import HOSTED_TOOL_NAMES, FunctionCall, Item, WebSearchCall, function_tool_names
+from proto.response import TurnReport
+from sampler.gpu import GpuSequence
+from sampler.policy import Policy, TurnPlan
+from sampler.tokens import Conversation, TextStream, web_results_text
+from sampler.tools import WebSearch, query_of
+
+
+class Host(Protocol):
+    """What the loop needs from its transport."""
+
+    async def emit(self, events: Sequence[ServerEvent]) -> None:
+        """Frame and send these events, in order (may wait: back-pressure from the client)."""
+
+    async def suspend(self, done: ResponseDone) -> list[Item] | None:
+        """Local calls: hand them to the client. Returns their outputs (and any user messages appended
+        with them), or ``None`` when this transport ends the response here."""
+
+    def take_injected(self) -> list[Item]:
+        """User messages appended while the model was sampling, for the next turn boundary."""
+
+
+class MaxOutputTokens(Exception):
+    """The response reached ``max_output_tokens``: it ends ``incomplete``."""
+
+
+@dataclass
+class Rollout:
+    builder: ResponseBuilder
+    conversation: Conversation
+    sequence: GpuSequence
+    policy: Policy
+    web_search: WebSearch
+    script: str  # the first user message: the directive script's source
+    turn: int = 0  # index of the next sampling segment in the conversation (same count in every transport)
+    max_output_tokens: int | None = None
+    pending_phases: dict[str, float] = field(default_factory=dict)  # pipeline work to book on the next turn
+    # Appended items enter the context through the pipeline (scan, render, tokenize: once each).
+    ingest: Callable[[list[Item]], None] | None = None
+
+    def add_items(self, items: list[Item]) -> None:
+        if self.ingest is not None:
+            self.ingest(items)
+        else:
+            self.conversation.add_input(items)
+
+
+@dataclass
+class _Output:
+    kind: str  # "message" | "call" | "web_search"
+    ids: list[int]
+    name: str = ""
+    call_id: str = ""
+    query: str = ""
+
+
+async def run(rollout: Rollout, host: Host) -> None:
+    """Sample until the model gives its final answer; the caller frames the terminal event.
+
+    Raises ``MaxOutputTokens``; propagates cancellation (the owner frames ``cancelled``). The GPU
+    sequence is the caller's to close.
+    """
+    while True:
+        injected = host.take_injected()
+        if injected:
+            rollout.add_items(injected)
+        plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
+        outputs = _materialize(rollout, plan)
+        produced = await _sample(rollout, host, outputs)
+        rollout.turn += 1
+        calls = [item for item in produced if isinstance(item, FunctionCall | WebSearchCall)]
+        if not calls:
+            late = host.take_injected()
+            if not late:
+                return
+            # A user message arrived while the model was answering: it gets an answer too.
+            rollout.add_items(late)
+            continue
+        for call in calls:
+            if isinstance(call, WebSearchCall):
+                await _run_hosted(rollout, host, call)
+        local = [c for c in calls if isinstance(c, FunctionCall)]
+        if local:
+            rollout.sequence.suspend()
+            items = await host.suspend(rollout.builder.suspend(local))
+            if items is None:
+                return
+            rollout.add_items(items)
+
+
+def _last_user_text(conversation: Conversation) -> str:
+    return conversation.user_texts[-1] if conversation.user_texts else ""
+
+
+def _materialize(rollout: Rollout, plan: TurnPlan) -> list[_Output]:
+    """The token ids the mock model samples this turn, item by item."""
+    tok = rollout.conversation.tokenizer
+    local = function_tool_names(rollout.builder.response.tools)
+    outputs: list[_Output] = []
+    for call in plan.calls:
+        if call.name in HOSTED_TOOL_NAMES and call.name not in local:
+            query = query_of(call.arguments)
+            outputs.append(_Output("web_search", tok.model_tokens(json.dumps({"query": query})), query=query))
+        else:
+            outputs.append(_Output("call", tok.model_tokens(call.arguments), call.name, "call_" + secrets.token_hex(12)))
+    # Hosted calls go last in a turn: their result closes the segment in every transport's rendering.
+    outputs.sort(key=lambda out: out.kind == "web_search")
+    if not plan.calls:
+        outputs.append(_Output("message", tok.model_tokens(plan.text, plan.output_tokens)))
+    elif plan.output_tokens is not None:
+        # `!tokens N` on a call line: the model says a preamble before its calls, as real models do.
+        spent = sum(len(o.ids) for o in outputs)
+        if plan.output_tokens > spent:
+            outputs.insert(0, _Output("message", tok.model_tokens("", plan.output_tokens - spent)))
+    return outputs
+
+
+async def _sample(rollout: Rollout, host: Host, outputs: list[_Output]) -> list[Item]:
+    """One turn on the GPU: stream every output item token by token, record the engine's report."""
+    builder, conversation = rollout.builder, rollout.conversation
+    ids = [token for out in outputs for token in out.ids]
+    limit = rollout.max_output_tokens
+    truncated = limit is not None and builder.usage.output_tokens + len(ids) > limit
+    if truncated:
+        assert limit is not None
+        ids = ids[: max(0, limit - builder.usage.output_tokens)]
+    spans: list[tuple[_Output, int, int]] = []  # (output, first token index, end)
+    at = 0
+    for out in outputs:
+        spans.append((out, at, at + len(out.ids)))
+        at += len(out.ids)
+    produced: list[Item] = []
+    streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]] = {}
+    text = TextStream(conversation.tokenizer)
+    due = 0
+    span_index = 0
+    prompt = conversation.prompt()
+    async with aclosing(rollout.sequence.run_turn(prompt, ids)) as ticks:
+        async for count in ticks:
+            batch: list[ServerEvent] = []
+            for token_index in range(due, due + count):
+                while spans[span_index][2] <= token_index:
+                    span_index += 1
+                out, first, end = spans[span_index]
+                if token_index == first:
+                    batch.extend(_open_item(builder, out, streams, span_index))
+                stream = streams[span_index]
+                if out.kind == "message" or out.kind == "call":
+                    assert isinstance(stream, MessageStream | CallStream)
+                    piece = text.push(ids[token_index])
+                    if piece:
+                        batch.append(stream.delta(piece))
+                if token_index == end - 1 or token_index == len(ids) - 1:
+                    tail = text.flush()
+                    if tail and isinstance(stream, MessageStream | CallStream):
+                        batch.append(stream.delta(tail))
+                    if isinstance(stream, MessageStream | CallStream):
+                        batch.extend(stream.done())
+                        produced.append(stream.item)
+                    else:
+                        produced.append(stream[0])
+            due += count
+            await host.emit(batch)
+    report = rollout.sequence.last_report
+    assert report is not None
+    builder.record_turn(
+        TurnReport(
+            turn=rollout.turn,
+            prompt_tokens=report.prompt_tokens,
+            cached_tokens=report.cached_tokens,
+            prefill_ms=report.prefill_ms,
+            queue_wait_ms=report.queue_wait_ms,
+            decode_ms=report.decode_ms,
+            output_tokens=report.output_tokens,
+            phases_ms=dict(rollout.pending_phases),
+        )
+    )
+    rollout.pending_phases.clear()
+    for item, (_out, first, end) in zip(produced, spans, strict=False):
+        conversation.add_model_output(item, ids[first:end])
+    if truncated:
+        raise MaxOutputTokens
+    return produced
+
+
+def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]], key: int) -> list[ServerEvent]:
+    if out.kind == "message":
+        message = builder.message()
+        streams[key] = message
+        return message.added()
+    if out.kind == "call":
+        call = builder.function_call(out.name, out.call_id)
+        streams[key] = call
+        return call.added()
+    item, index, events = builder.web_search(out.query)
+    streams[key] = (item, index)
+    return events
+
+
+async def _run_hosted(rollout: Rollout, host: Host, call: WebSearchCall) -> None:
+    """A hosted call, inside the loop: the service runs in process, its result joins the context."""
+    started = time.perf_counter()
+    query = call.action.query if call.action else ""
+    sources = rollout.web_search.search(query)
+    rollout.pending_phases["hosted_tools"] = rollout.pending_phases.get("hosted_tools", 0.0) + (time.perf_counter() - started) * 1e3
+    index = rollout.builder.response.output.index(call)
+    await host.emit(rollout.builder.web_search_done(call, index, sources))
+    rollout.conversation.add_hosted_result("web_search to=assistant", web_results_text(sources))
+
