@@ -94,11 +94,18 @@ def long_context() -> dict[str, Any]:
     }
 
 
+def render(w: dict[str, Any]) -> str:
+    """Pretty JSON with one turn per line: diffs of a regenerated workload stay readable."""
+    head = json.dumps({k: v for k, v in w.items() if k != "turns"}, indent=1)[:-2]
+    turns = ",\n  ".join(json.dumps(t) for t in w["turns"])
+    return f'{head},\n "turns": [\n  {turns}\n ]\n}}\n'
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     for w in (coding_agent(), long_context()):
         path = OUT / f"{w['name']}.json"
-        path.write_text(json.dumps(w, indent=1) + "\n", encoding="utf-8")
+        path.write_text(render(w), encoding="utf-8")
         history = w["first_user_tokens"] + sum(
             t["output_tokens"] + len(t.get("calls", [])) * t.get("tool_output_tokens", 0) for t in w["turns"])
         tool_s = sum(t.get("client_tool_time_s", 0.0) for t in w["turns"])

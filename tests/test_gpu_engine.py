@@ -6,7 +6,7 @@ from contextlib import aclosing
 
 import pytest
 
-from sampler.clock import FakeClock
+from sampler.clock import FakeClock, RealClock
 from sampler.gpu import EngineFailure, EngineOverloaded, GpuSequence, MockGPU
 from sampler.models import ModelSpec
 
@@ -289,3 +289,12 @@ async def test_one_turn_at_a_time() -> None:
         await collect(clock, seq, [1], 5)
     await clock.run_until_idle()
     await task
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 0.002])
+async def test_real_clock_never_returns_before_the_deadline(spin_s: float) -> None:
+    clock = RealClock(spin_s)
+    for dt in (-1.0, 0.0, 0.0003, 0.002):
+        t = clock.now() + dt
+        await clock.sleep_until(t)
+        assert clock.now() >= t
