@@ -20,8 +20,10 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest
 
+# Until the latency lab (responses-lab bench) lands: the mock GPU's pacing, direct and over a WebSocket.
 bench: $(STAMP)
-	$(BIN)/responses-lab bench --quick --out bench-out
+	$(BIN)/python scripts/gpu_pacing.py
+	$(BIN)/python scripts/ws_pacing.py --runs 5
 
 serve: $(STAMP)
 	$(BIN)/responses-lab serve
