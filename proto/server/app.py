@@ -17,8 +17,10 @@ from starlette.websockets import WebSocket
 from proto.errors import ClientError, HttpErrorEnvelope
 from proto.server.auth import Auth
 from proto.server.config import Settings
+from proto.server.http import HttpResponses
 from proto.server.metrics import render_metrics
 from proto.server.pipeline import Pipeline
+from proto.server.ws_ga import GaSession
 from proto.server.ws_longlived import LongLivedSession
 
 log = structlog.get_logger("proto.server")
@@ -35,7 +37,7 @@ class Server:
         self.settings = settings
         self.auth = Auth(settings.api_key)
         self.pipeline = Pipeline(settings)
-        self.sessions: set[LongLivedSession] = set()
+        self.sessions: set[LongLivedSession | GaSession] = set()
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -56,12 +58,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await ws.send_denial_response(error_response(ClientError("unauthorized", "missing or invalid API key")))
             return
         protocol = ws.query_params.get("protocol", "ga")
-        if protocol != "longlived":
+        if protocol not in ("longlived", "ga"):
             await ws.send_denial_response(error_response(ClientError("invalid_request", f"unknown protocol {protocol!r}", "protocol")))
             return
         await ws.accept()
         structlog.contextvars.bind_contextvars(conn_id="conn_" + secrets.token_hex(6), protocol=protocol)
-        session = LongLivedSession(ws, server.pipeline, key_id)
+        session: LongLivedSession | GaSession
+        if protocol == "longlived":
+            session = LongLivedSession(ws, server.pipeline, key_id)
+        else:
+            session = GaSession(ws, server.pipeline, key_id)
         server.sessions.add(session)
         try:
             await session.serve()
@@ -90,6 +96,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", responses_ws),
+            *HttpResponses(server.auth, server.pipeline).routes(),
             Route("/v1/models", models),
             Route("/healthz", healthz),
             Route("/metrics", metrics),

@@ -136,19 +136,27 @@ class Pipeline:
         phases: dict[str, float] | None = None,
     ) -> Prepared:
         """Pre-inference work for one response. ``history`` is context the response continues from
-        (a stored chain, a cached connection state, or HTTP's re-sent items); only what the transport
-        says is new is scanned unless ``scan_history``."""
+        (a stored chain, or HTTP's re-sent items); only what the transport says is new is scanned unless
+        ``scan_history``. A GA WebSocket cache hit passes the previous response's ``conversation`` (its
+        rendered tokens: only ``new_items`` are tokenized onto it; the caller hands it over, it is
+        mutated) and its resolved ``gpu`` (no model resolution)."""
         phases = phases if phases is not None else {}
         flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions)
-        gpu = await self.resolve(request.model, work, phases)
+        if gpu is None:
+            gpu = await self.resolve(request.model, work, phases)
         with timed(phases, "render_tokenize"):
-            conversation = Conversation(self.tokenizer, work)
-            if request.instructions:
-                conversation.add_instructions(request.instructions)
-            conversation.add_input(history + new_items)
+            if conversation is None:
+                conversation = Conversation(self.tokenizer, work)
+                if request.instructions:
+                    conversation.add_instructions(request.instructions)
+                conversation.add_input(history)
+            conversation.work = work
+            conversation.add_input(new_items)
         builder = ResponseBuilder(response_id, request, mode, work)
+        conversation: Conversation | None = None,
+        gpu: MockGPU | None = None,
         builder.lab.safety_flags = flags
-        script = _first_user_text(history + new_items)
+        script = _first_user_text(conversation.items)
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
@@ -156,7 +164,7 @@ class Pipeline:
             policy=select_policy(script, self.settings.default_policy),
             web_search=self.web_search,
             script=script,
-            turn=count_segments(history + new_items),
+            turn=count_segments(conversation.items),
             max_output_tokens=request.max_output_tokens,
             pending_phases=dict(phases),
         )

@@ -1,0 +1,183 @@
+"""``POST /v1/responses`` (JSON or SSE) and the stored-response endpoints: a thin adapter.
+
+Two modes, told apart by the body alone:
+
+* ``http`` — the client re-sends the whole history: every request validates, scans, renders and
+  tokenizes all of it, and resolves the model.
+* ``http-prev`` — ``previous_response_id`` plus only the new items: the chain is loaded from the store
+  (one row per earlier response), re-rendered and re-tokenized in full (as vLLM does); only the new items
+  are validated and scanned.
+
+The response ends at the first local function call (``completed`` with the calls in its output), as in
+OpenAI's API; the client answers with a new request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from proto.codec import decode_body
+from proto.create import CreateLimits, check_outputs, validate_create
+from proto.errors import ClientError, HttpErrorEnvelope
+from proto.events import CreateBody, ServerEvent
+from proto.items import Item
+from proto.longlived import new_response_id
+from proto.server.auth import Auth
+from proto.server.pipeline import Pipeline, Prepared, timed
+from proto.server.respond import EndAtCalls, load_history, respond
+
+_encoder = msgspec.json.Encoder()
+_items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
+JSON = "application/json"
+
+
+def error_response(exc: ClientError) -> Response:
+    return Response(_encoder.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type=JSON)
+
+
+def sse_frame(event: ServerEvent) -> bytes:
+    kind = type(event).__struct_config__.tag
+    return b"event: " + str(kind).encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
+
+
+class HttpResponses:
+    def __init__(self, auth: Auth, pipeline: Pipeline) -> None:
+        self.auth = auth
+        self.pipeline = pipeline
+        settings = pipeline.settings
+        self.limits = CreateLimits(settings.max_input_items, settings.max_tools)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/responses", self.create, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.delete, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"]),
+        ]
+
+    # ------------------------------------------------------------------------------------ create
+    async def create(self, request: Request) -> Response:
+        key = self.auth.identify(request.headers)
+        if key is None:
+            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+        created = time.time()
+        try:
+            body = decode_body(await request.body())
+            prepared, items = await self._prepare(body, key)
+        except ClientError as exc:
+            return error_response(exc)
+        if body.stream:
+            return self._stream(prepared, key, items, created)
+        await respond(self.pipeline, prepared, EndAtCalls(_discard), key, items, created)
+        return Response(_encoder.encode(prepared.rollout.builder.response), media_type=JSON)
+
+    async def _prepare(self, body: CreateBody, key: str) -> tuple[Prepared, list[Item]]:
+        if body.background:
+            raise ClientError("invalid_request", "background responses are not supported", "background")
+        items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
+        phases: dict[str, float] = {}
+        history: list[Item] = []
+        mode = "http"
+        if body.previous_response_id is not None:
+            mode = "http-prev"
+            with timed(phases, "store_load"):
+                history = await load_history(self.pipeline, body.previous_response_id, key, work)
+            check_outputs(history, items)
+        prepared = await self.pipeline.prepare(
+            new_response_id(), body, history, items, work, mode, scan_history=mode == "http", phases=phases
+        )
+        return prepared, items
+
+    def _stream(self, prepared: Prepared, key: str, items: list[Item], created: float) -> Response:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.pipeline.settings.send_queue)
+
+        async def send(event: ServerEvent) -> None:
+            await queue.put(sse_frame(event))
+
+        async def produce() -> None:
+            try:
+                await respond(self.pipeline, prepared, EndAtCalls(send), key, items, created)
+            finally:
+                await queue.put(None)
+
+        async def frames() -> AsyncIterator[bytes]:
+            task = asyncio.create_task(produce(), name=f"sse-{prepared.rollout.builder.response.id}")
+            try:
+                while (chunk := await queue.get()) is not None:
+                    yield chunk
+            finally:
+                if not task.done():  # the client went away: stop sampling (respond bills what was done)
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        return StreamingResponse(frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    # ------------------------------------------------------------------------------------ stored
+    async def retrieve(self, request: Request) -> Response:
+        key = self.auth.identify(request.headers)
+        if key is None:
+            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+        response_id = request.path_params["response_id"]
+        stored = await self.pipeline.store.get(response_id, key)
+        if stored is None:
+            return error_response(_not_found(response_id))
+        return Response(stored.response_json, media_type=JSON)
+
+    async def delete(self, request: Request) -> Response:
+        key = self.auth.identify(request.headers)
+        if key is None:
+            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+        response_id = request.path_params["response_id"]
+        if not await self.pipeline.store.delete(response_id, key):
+            return error_response(_not_found(response_id))
+        return Response(_encoder.encode({"id": response_id, "object": "response", "deleted": True}), media_type=JSON)
+
+    async def input_items(self, request: Request) -> Response:
+        """OpenAI's list shape; ``order`` (default ``desc``, as OpenAI), ``limit`` (1–100, default 20),
+        ``after`` (an item id)."""
+        key = self.auth.identify(request.headers)
+        if key is None:
+            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+        response_id = request.path_params["response_id"]
+        raw = await self.pipeline.store.input_items(response_id, key)
+        if raw is None:
+            return error_response(_not_found(response_id))
+        items = _items_decoder.decode(raw)
+        query = request.query_params
+        if query.get("order", "desc") == "desc":
+            items.reverse()
+        after = query.get("after")
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            items = items[ids.index(after) + 1 :] if after in ids else []
+        try:
+            limit = max(1, min(100, int(query.get("limit", "20"))))
+        except ValueError:
+            return error_response(ClientError("invalid_request", "limit must be an integer", "limit"))
+        page = items[:limit]
+        body = {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        }
+        return Response(_encoder.encode(body), media_type=JSON)
+
+
+def _not_found(response_id: str) -> ClientError:
+    return ClientError("response_not_found", f"response with id {response_id!r} not found", "response_id")
+
+
+async def _discard(event: ServerEvent) -> None:
+    del event
