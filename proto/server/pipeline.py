@@ -73,8 +73,21 @@ def apply_knobs(spec: ModelSpec, knobs: str) -> ModelSpec:
         key, _, value = pair.partition("=")
         if key not in public:
             raise ValueError(f"unknown model knob {key!r}; known: {', '.join(sorted(public))}")
-        changes[key] = value
+        changes[key] = _knob_value(public[key], value)
     return spec.override(**changes)
+
+
+def _knob_value(current: object, text: str) -> object:
+    """A knob's text, converted to the type of the value it replaces (the flag is a string)."""
+    if isinstance(current, bool):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"not a boolean: {text!r}")
+    if isinstance(current, int):
+        return int(text)
+    return float(text)
 
 
 @dataclass

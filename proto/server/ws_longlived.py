@@ -94,6 +94,7 @@ class LongLivedSession:
                 await self.out.put(data.decode())
             case Start():
                 self.cancel_requested = False
+                self.builder = None  # the last response's builder must not take this one's cancel
                 self.task = asyncio.create_task(self._respond(action), name=f"response-{action.response_id}")
             case Resume(items):
                 if self.resume is not None and not self.resume.done():
@@ -119,9 +120,10 @@ class LongLivedSession:
         self.core.opened()
         try:
             await self.emit(rollout.builder.start())
-            if self.cancel_requested:
-                raise asyncio.CancelledError
-            terminal = await self._sample(rollout)
+            if self.cancel_requested:  # cancelled while the pre-inference pipeline ran
+                terminal: ServerEvent = rollout.builder.incomplete("cancelled")
+            else:
+                terminal = await self._sample(rollout)
             await self.emit([terminal])
             self._bill(created)
         finally:
