@@ -1,0 +1,85 @@
+"""The unmodified ``openai`` SDK against our server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from openai import AsyncOpenAI, NotFoundError
+from transports import MODEL, running
+
+from proto.server.run import ThreadedServer
+
+KEY = "sk-test-sdk-0001"
+SCRIPT = 'Go.\n!call grep {"pattern": "def mean"}\n!call read_file {"path": "a.py"}\n!say All good.'
+TOOLS = [
+    {"type": "function", "name": "grep", "parameters": {"type": "object", "properties": {}}, "strict": False},
+    {"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {}}, "strict": False},
+]
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[ThreadedServer]:
+    with running(api_key=[KEY]) as server:
+        yield server
+
+
+def sdk(server: ThreadedServer) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=server.http_url + "/v1", api_key=KEY, max_retries=0)
+
+
+async def test_create_retrieve_delete(srv: ThreadedServer) -> None:
+    async with sdk(srv) as client:
+        response = await client.responses.create(model=MODEL, input="!say hello")
+        assert response.status == "completed" and response.output_text == "hello"
+        again = await client.responses.retrieve(response.id)
+        assert again.id == response.id and again.output_text == "hello"
+        deleted = await client.responses.delete(response.id)
+        assert deleted is None
+        with pytest.raises(NotFoundError):
+            await client.responses.retrieve(response.id)
+
+
+async def test_stream(srv: ThreadedServer) -> None:
+    async with sdk(srv) as client:
+        stream = await client.responses.create(model=MODEL, input="!say streamed words", stream=True)
+        kinds = [event.type async for event in stream]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
+
+
+async def test_function_call_loop_with_previous_response_id(srv: ThreadedServer) -> None:
+    async with sdk(srv) as client:
+        response = await client.responses.create(model=MODEL, input=SCRIPT, tools=TOOLS)  # type: ignore[arg-type]
+        names = []
+        while calls := [item for item in response.output if item.type == "function_call"]:
+            names += [call.name for call in calls]
+            outputs = [{"type": "function_call_output", "call_id": call.call_id, "output": "ok"} for call in calls]
+            response = await client.responses.create(
+                model=MODEL, input=outputs, tools=TOOLS, previous_response_id=response.id  # type: ignore[arg-type]
+            )
+    assert names == ["grep", "read_file"]
+    assert response.output_text == "All good."
+
+
+async def test_websocket_connect_function_call_chain(srv: ThreadedServer) -> None:
+    async with sdk(srv) as client, client.responses.connect() as conn:
+        await conn.response.create(model=MODEL, input=SCRIPT, tools=TOOLS, store=False)  # type: ignore[arg-type]
+        names: list[str] = []
+        final = ""
+        async for event in conn:
+            assert event.type != "error", event
+            if event.type != "response.completed":
+                continue
+            response = event.response
+            calls = [item for item in response.output if item.type == "function_call"]
+            if not calls:
+                final = response.output_text
+                break
+            names += [call.name for call in calls]
+            outputs = [{"type": "function_call_output", "call_id": call.call_id, "output": "ok"} for call in calls]
+            await conn.response.create(
+                model=MODEL, input=outputs, tools=TOOLS, previous_response_id=response.id, store=False  # type: ignore[arg-type]
+            )
+    assert names == ["grep", "read_file"]
+    assert final == "All good."
