@@ -83,3 +83,34 @@ async def test_websocket_connect_function_call_chain(srv: ThreadedServer) -> Non
             )
     assert names == ["grep", "read_file"]
     assert final == "All good."
+
+
+@pytest.mark.parametrize("websocket", [False, True], ids=["http", "websocket"])
+async def test_agents_sdk_runs_two_function_tools(srv: ThreadedServer, websocket: bool) -> None:
+    import agents
+    from agents.models.openai_provider import OpenAIProvider
+
+    agents.set_tracing_disabled(True)  # no trace export: nothing leaves loopback
+    calls: list[str] = []
+
+    @agents.function_tool
+    def grep(pattern: str) -> str:
+        calls.append("grep")
+        return f"a.py:1: {pattern}"
+
+    @agents.function_tool
+    def read_file(path: str) -> str:
+        calls.append("read_file")
+        return f"contents of {path}"
+
+    client = sdk(srv)
+    provider = OpenAIProvider(openai_client=client, use_responses=True, use_responses_websocket=websocket)
+    agent = agents.Agent(name="fixer", instructions="Be brief.", tools=[grep, read_file], model=MODEL)
+    config = agents.RunConfig(model_provider=provider, tracing_disabled=True)
+    try:
+        result = await agents.Runner.run(agent, SCRIPT, run_config=config)
+    finally:
+        await provider.aclose()
+        await client.close()
+    assert calls == ["grep", "read_file"]
+    assert result.final_output == "All good."
