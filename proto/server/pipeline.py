@@ -147,6 +147,8 @@ class Pipeline:
         mode: str,
         scan_history: bool,
         phases: dict[str, float] | None = None,
+        conversation: Conversation | None = None,
+        gpu: MockGPU | None = None,
     ) -> Prepared:
         """Pre-inference work for one response. ``history`` is context the response continues from
         (a stored chain, or HTTP's re-sent items); only what the transport says is new is scanned unless
@@ -166,8 +168,6 @@ class Pipeline:
             conversation.work = work
             conversation.add_input(new_items)
         builder = ResponseBuilder(response_id, request, mode, work)
-        conversation: Conversation | None = None,
-        gpu: MockGPU | None = None,
         builder.lab.safety_flags = flags
         script = _first_user_text(conversation.items)
         rollout = Rollout(
