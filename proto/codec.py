@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -27,11 +28,35 @@ def decode_client_event(data: str | bytes) -> ClientEvent:
         raise _classify(data, exc) from None
     except msgspec.DecodeError as exc:
         raise ClientError("invalid_json", f"frame is not valid JSON: {exc}") from None
+    except RecursionError:
+        # msgspec raises RecursionError (not DecodeError) past its nesting limit: still the peer's input.
+        raise ClientError("invalid_json", "frame is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise ClientError("invalid_json", "frame is not valid UTF-8 (lone surrogate)") from None
+
+
+_MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
+
+
+def _param(exc: msgspec.ValidationError, prefix: str = "") -> str | None:
+    # msgspec names the object that lacks a field, not the field: point ``param`` at the field itself.
+    param = param_from_validation(exc, prefix)
+    missing = _MISSING_FIELD.search(str(exc))
+    return f"{param or '$'}.{missing.group(1)}" if missing else param
 
 
 def _classify(data: str | bytes, exc: msgspec.ValidationError) -> ClientError:
     # Only on the error path: look at the raw object to tell "unknown type" from "bad field".
-    raw: Any = _any_decoder.decode(data)
+    # The typed decoder stops at the first misfit, so the rest of the frame may not even be JSON.
+    try:
+        raw: Any = _any_decoder.decode(data)
+    except msgspec.ValidationError:
+        # Valid JSON that no Python value holds (a number out of range): still a bad field.
+        return ClientError("invalid_event", str(exc), _param(exc))
+    except msgspec.DecodeError as bad:
+        return ClientError("invalid_json", f"frame is not valid JSON: {bad}")
+    except RecursionError:
+        return ClientError("invalid_json", "frame is nested too deeply")
     if not isinstance(raw, dict):
         return ClientError("invalid_event", f"an event must be a JSON object, got {type(raw).__name__}")
     kind = raw.get("type")
@@ -39,7 +64,7 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> ClientError:
         return ClientError("invalid_event", "an event needs a string field `type`", "$.type")
     if kind not in CLIENT_EVENT_TYPES:
         return ClientError("unknown_event_type", f"unknown event type {kind!r}", "$.type")
-    return ClientError("invalid_event", str(exc), param_from_validation(exc))
+    return ClientError("invalid_event", str(exc), _param(exc))
 
 
 def decode_body(data: str | bytes) -> CreateBody:
@@ -52,26 +77,33 @@ def decode_body(data: str | bytes) -> CreateBody:
         raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
 
 
-def decode_items(raw_items: str | list[msgspec.Raw], path: str = "$.input") -> list[Item]:
-    """Items one by one, so an error names its index; a bare string is one user message."""
+def decode_items(raw_items: str | list[msgspec.Raw], path: str = "$.input", code: str = "invalid_request") -> list[Item]:
+    """Items one by one, so an error names its index; a bare string is one user message.
+
+    ``code`` is what a malformed item is called: ``invalid_request`` for an HTTP body, ``invalid_event``
+    for an item inside a WebSocket event (SPEC §3)."""
     if isinstance(raw_items, str):
         return [Message(role="user", content=raw_items)]
     items: list[Item] = []
     for index, raw in enumerate(raw_items):
-        items.append(_decode_item(raw, f"{path}[{index}]"))
+        items.append(_decode_item(raw, f"{path}[{index}]", code))
     return items
 
 
-def _decode_item(raw: msgspec.Raw, path: str) -> Item:
+def _decode_item(raw: msgspec.Raw, path: str, code: str) -> Item:
     try:
         return _item_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         if "missing required field `type`" not in str(exc):
-            raise ClientError("invalid_request", str(exc), param_from_validation(exc, path)) from None
+            raise ClientError(code, str(exc), _param(exc, path)) from None
+    except RecursionError:
+        raise ClientError(code, "item is nested too deeply", path) from None
     try:
         easy = _easy_decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        raise ClientError("invalid_request", str(exc), param_from_validation(exc, path)) from None
+        raise ClientError(code, str(exc), _param(exc, path)) from None
+    except RecursionError:
+        raise ClientError(code, "item is nested too deeply", path) from None
     return Message(role=easy.role, content=easy.content)
 
 

@@ -152,7 +152,7 @@ class LongLivedCore:
         if not isinstance(event.input, str) and len(event.input) > self._limits.max_input_items:
             raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
         work = WorkCounters(requests_validated=1)
-        items = codec.decode_items(event.input)
+        items = codec.decode_items(event.input, code="invalid_event")
         work.items_validated += len(items)
         for index, item in enumerate(items):
             # A full history must answer only calls it contains (as OpenAI checks); a continuation's
@@ -173,7 +173,7 @@ class LongLivedCore:
         assert self._open is not None
         if len(raw) > self._limits.max_input_items:
             raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
-        items = codec.decode_items(raw)
+        items = codec.decode_items(raw, code="invalid_event")
         open_ = self._open
         outputs: dict[str, FunctionCallOutput] = {}
         messages: list[Item] = []
@@ -261,6 +261,9 @@ class LongLivedCore:
             self._open = None
         elif self.state is State.OPENING:
             raise LocalProtocolError(f"frame({type(event).__name__}) before opened()")
+        elif self.state is not State.STREAMING:
+            # Only a sampling response has output to stream: not one waiting on its calls, not a closed one.
+            raise LocalProtocolError(f"frame({type(event).__name__}) in state {self.state.name}")
         event.sequence_number = open_.sequence
         open_.sequence += 1
         return codec.encode(event)
