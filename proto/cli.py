@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="a coding-agent rollout over the long-lived protocol")
     demo.add_argument("--url", default=None, help="a running server (default: start one)")
     demo.add_argument("--model", default="mock-1000tps")
+    # bench's flags live in proto/lab/bench.py; everything after `bench` is handed to it.
+    commands.add_parser("bench", help="the latency lab: one workload over the four transports", add_help=False)
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
@@ -31,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from proto.demo import main as demo_main
 
         return demo_main([*(["--url", args.url] if args.url else []), "--model", args.model, *rest])
+    if args.command == "bench":
+        from proto.lab.bench import main as bench_main
+
+        return bench_main(rest)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

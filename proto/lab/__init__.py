@@ -1,0 +1,7 @@
+"""The latency lab: one agent workload replayed over the four transports on the same mock GPU.
+
+``plan`` turns a workload into what every client sends (the same first message, tool outputs and tool
+waits in every transport); ``clients`` speak the four wires and record a timeline of what they saw;
+``metrics`` turns timelines into vLLM-style figures (pure functions, no I/O); ``runner`` starts the
+server, runs the sessions and measures the floor; ``report`` writes results.json/csv, plots and the table.
+"""

@@ -1,0 +1,84 @@
+"""``responses-lab bench``: the command line of the lab (also ``scripts/bench.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from proto.lab.clients import MODES
+from proto.lab.report import print_table, write_csv, write_json, write_plots
+from proto.lab.runner import PROFILES, BenchConfig, results_json, run_bench
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=None, help="a running server's WebSocket URL (default: start one per profile)")
+    parser.add_argument("--modes", type=_csv, default=None, help=f"comma list of {','.join(MODES)} (default: all)")
+    parser.add_argument("--workload", type=_csv, default=None, help="NAME or FILE, comma list (default: coding-agent)")
+    parser.add_argument("--model", type=_csv, default=None, help="comma list (default: mock-1000tps; --quick: mock-4000tps)")
+    parser.add_argument("--profile", type=_csv, default=None, help="local,production-like (default: both)")
+    parser.add_argument("--sessions", type=int, default=None, help="concurrent rollouts per mode (default 4; --quick 2)")
+    parser.add_argument("--rollouts", type=int, default=None, help="measured rollouts per session (default 2; --quick 1)")
+    parser.add_argument("--warmup", type=int, default=None, help="uncounted warm-up rollouts per session (default 1)")
+    parser.add_argument("--turns", type=int, default=None, help="shorten the workload to N turns (--quick: 15)")
+    parser.add_argument("--tool-time-scale", type=float, default=None, help="multiply recorded tool times (--quick: 0.1)")
+    parser.add_argument("--pings", type=int, default=None, help="WebSocket pings for the floor (default 500; --quick 200)")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see notes/lab.md)")
+    parser.add_argument("--no-plots", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    config = BenchConfig.quick_preset() if args.quick else BenchConfig()
+    changes = {
+        "url": args.url, "modes": args.modes, "workloads": args.workload, "models": args.model, "profiles": args.profile,
+        "sessions": args.sessions, "rollouts": args.rollouts, "warmup": args.warmup, "turns": args.turns,
+        "tool_time_scale": args.tool_time_scale, "pings": args.pings, "api_key": args.api_key,
+    }
+    for name, value in changes.items():
+        if value is not None:
+            setattr(config, name, value)
+    bad = [m for m in config.modes if m not in MODES] + [p for p in config.profiles if p not in PROFILES]
+    if bad:
+        raise SystemExit(f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: {', '.join(PROFILES)})")
+    if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
+        raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="responses-lab bench", description="the latency lab")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    console = Console()
+    from proto.lab.runner import total_turns
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("starting", total=total_turns(config))
+        result = asyncio.run(run_bench(
+            config,
+            on_turn=lambda: progress.advance(task),
+            on_cell=lambda label: progress.update(task, description=label),
+        ))
+    argv_used = sys.argv[1:] if argv is None else argv
+    command = "responses-lab bench " + shlex.join(argv_used)
+    results = results_json(result, command)
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = [write_json(results, args.out), write_csv(results, args.out)]
+    if not args.no_plots:
+        written += write_plots(results, args.out)
+    print_table(results, console)
+    console.print(f"wall {result.wall_s:.1f} s; wrote " + ", ".join(str(p) for p in written))
+    return 0

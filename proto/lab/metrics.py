@@ -1,0 +1,175 @@
+"""Figures from timelines, by vLLM ``bench serve``'s definitions. Pure: no clock, no I/O.
+
+A client records a :class:`Trace` per rollout: ``client.send`` marks (a request or append handed to the
+socket) and the server events it received, each with its arrival time. From it:
+
+* **TTFT** — a turn's send → its first token-bearing delta (text, function-call arguments, reasoning).
+* **TPOT** — (last token-bearing delta − first) ÷ (output tokens − 1), per turn; turns of one token have none.
+  vLLM computes it per request with the request's end instead of the last delta: for a streamed response
+  the two coincide up to the final event's framing.
+* **ITL** — the gaps between successive token-bearing deltas of a turn (a delta may carry several tokens,
+  as vLLM's chunks do).
+* **E2E** — the rollout's first send → its last terminal event; tool waits included, as a user sees it.
+* **Turn overhead** — TTFT − (modelled prefill + batch-queue wait) the server reports for that turn. Queue
+  wait is subtracted too: it is the GPU's contention, not the API's work; with one session it is ~0 and the
+  choice changes nothing, under load it keeps the overhead an API figure.
+
+Turn k of the client (its k-th send) is turn k of the server's report: true for workloads whose tools are
+all local. A hosted tool adds a sampling segment without a send; :func:`split_turns` refuses those traces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SEND = "client.send"
+TOKEN_EVENTS = frozenset({
+    "response.output_text.delta",
+    "response.function_call_arguments.delta",
+    "response.reasoning_text.delta",
+    "response.reasoning_summary_text.delta",
+    "response.refusal.delta",
+})
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+@dataclass(frozen=True)
+class Mark:
+    t: float  # seconds, one monotonic clock per trace
+    kind: str  # SEND or a server event type
+
+
+@dataclass
+class Trace:
+    """One rollout as a client saw it, plus what the server reported about it."""
+
+    mode: str
+    marks: list[Mark] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)  # response.lab.turns, in turn order
+    usage: dict[str, int] = field(default_factory=lambda: {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0})
+    phases_ms: dict[str, float] = field(default_factory=dict)  # response.lab.phases_ms, summed
+    bytes_sent: int = 0  # request line + headers + body (HTTP) or frame header + payload (WebSocket)
+    status: str = ""  # the last terminal status
+
+    def add_response(self, response: dict[str, Any]) -> None:
+        """Fold one terminal response's usage, phases and turn reports into the trace."""
+        usage = response.get("usage") or {}
+        self.usage["input_tokens"] += int(usage.get("input_tokens", 0))
+        self.usage["cached_tokens"] += int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
+        self.usage["output_tokens"] += int(usage.get("output_tokens", 0))
+        lab = response.get("lab") or {}
+        for name, ms in (lab.get("phases_ms") or {}).items():
+            self.phases_ms[name] = self.phases_ms.get(name, 0.0) + float(ms)
+        self.reports.extend(lab.get("turns") or [])
+        self.status = str(response.get("status", ""))
+
+
+@dataclass(frozen=True)
+class TurnTimes:
+    sent: float
+    tokens: tuple[float, ...]  # arrival of each token-bearing delta
+
+
+@dataclass(frozen=True)
+class TurnMetrics:
+    turn: int
+    ttft_ms: float
+    tpot_ms: float | None
+    itl_ms: tuple[float, ...]
+    overhead_ms: float
+
+
+@dataclass(frozen=True)
+class RolloutMetrics:
+    e2e_s: float
+    turns: tuple[TurnMetrics, ...]
+
+
+class TraceError(ValueError):
+    pass
+
+
+def split_turns(marks: Sequence[Mark]) -> list[TurnTimes]:
+    """Each send opens a turn; token-bearing deltas belong to the latest send."""
+    turns: list[tuple[float, list[float]]] = []
+    for mark in marks:
+        if mark.kind == SEND:
+            turns.append((mark.t, []))
+        elif mark.kind in TOKEN_EVENTS:
+            if not turns:
+                raise TraceError(f"a token delta at t={mark.t} before any send")
+            turns[-1][1].append(mark.t)
+    return [TurnTimes(sent, tuple(tokens)) for sent, tokens in turns]
+
+
+def e2e_s(marks: Sequence[Mark]) -> float:
+    sends = [m.t for m in marks if m.kind == SEND]
+    ends = [m.t for m in marks if m.kind in TERMINAL]
+    if not sends or not ends:
+        raise TraceError("a rollout needs a send and a terminal event")
+    return max(ends) - min(sends)
+
+
+def turn_metrics(index: int, times: TurnTimes, report: dict[str, Any]) -> TurnMetrics:
+    if not times.tokens:
+        raise TraceError(f"turn {index} has no token-bearing delta")
+    ttft_ms = (times.tokens[0] - times.sent) * 1e3
+    out = int(report["output_tokens"])
+    tpot = (times.tokens[-1] - times.tokens[0]) * 1e3 / (out - 1) if out > 1 else None
+    itl = tuple((b - a) * 1e3 for a, b in zip(times.tokens, times.tokens[1:], strict=False))
+    overhead = ttft_ms - float(report["prefill_ms"]) - float(report["queue_wait_ms"])
+    return TurnMetrics(index, ttft_ms, tpot, itl, overhead)
+
+
+def rollout_metrics(trace: Trace) -> RolloutMetrics:
+    turns = split_turns(trace.marks)
+    if len(turns) != len(trace.reports):
+        raise TraceError(
+            f"{trace.mode}: {len(turns)} client turns but the server reported {len(trace.reports)} "
+            "(hosted tools add sampling segments without a send; the lab replays local tools only)"
+        )
+    return RolloutMetrics(e2e_s(trace.marks), tuple(turn_metrics(i, t, r) for i, (t, r) in enumerate(zip(turns, trace.reports, strict=True))))
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); NaN for no values."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class ModeSummary:
+    """The latency figures of one mode over its rollouts (SPEC §6's latency fields)."""
+
+    e2e_s_p50: float
+    ttft_ms_p50: float
+    tpot_ms_p50: float
+    itl_ms_p99: float
+    turn_overhead_ms_p50: float
+    turn_overhead_ms_by_turn: list[float]  # median over rollouts, per turn index
+    ttft_ms: list[float]  # every turn's, for the CDF
+    turns: int
+
+
+def summarize(rollouts: Sequence[RolloutMetrics]) -> ModeSummary:
+    turns = [t for r in rollouts for t in r.turns]
+    depth = max((len(r.turns) for r in rollouts), default=0)
+    by_turn = [percentile((r.turns[k].overhead_ms for r in rollouts if k < len(r.turns)), 50) for k in range(depth)]
+    return ModeSummary(
+        e2e_s_p50=percentile((r.e2e_s for r in rollouts), 50),
+        ttft_ms_p50=percentile((t.ttft_ms for t in turns), 50),
+        tpot_ms_p50=percentile((t.tpot_ms for t in turns if t.tpot_ms is not None), 50),
+        itl_ms_p99=percentile((gap for t in turns for gap in t.itl_ms), 99),
+        turn_overhead_ms_p50=percentile((t.overhead_ms for t in turns), 50),
+        turn_overhead_ms_by_turn=by_turn,
+        ttft_ms=[t.ttft_ms for t in turns],
+        turns=len(turns),
+    )

@@ -1,0 +1,376 @@
+"""Running the lab: a server per profile, the floor, then every (workload, model, mode) cell in turn.
+
+Per cell: each of ``sessions`` concurrent clients opens its connection, runs ``warmup`` short rollouts (not
+counted), then — after every session has warmed up — ``rollouts`` measured rollouts. The server's CPU time
+is read around the measured part only. Cells run one after another, never overlapping, so modes never
+share the two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+from websockets.asyncio.client import connect
+
+from proto.lab.clients import Transport, make_client
+from proto.lab.metrics import Trace, percentile, rollout_metrics, summarize
+from proto.lab.plan import build_plan, shorten
+from sampler.policy import Workload, load_workload
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Hop latencies of the remote services the seed's design removed or shortened (server flags)."""
+
+    name: str
+    safety_hop_ms: float
+    resolve_hop_ms: float
+
+
+# Values argued in notes/lab.md ("Profiles"): a BERT-scale safety classifier behind an in-region RPC
+# (10–50 ms per check in published guardrail budgets; we take 20 ms), and one in-region RPC to a
+# routing/config service for model resolution (inter-AZ RTT 1.3–2.1 ms measured on EC2; we take 2 ms).
+PROFILES: dict[str, Profile] = {
+    "local": Profile("local", 0.0, 0.0),
+    "production-like": Profile("production-like", 20.0, 2.0),
+}
+
+
+@dataclass
+class BenchConfig:
+    modes: tuple[str, ...] = ("http", "http-prev", "ws", "longlived")
+    workloads: tuple[str, ...] = ("coding-agent",)
+    models: tuple[str, ...] = ("mock-1000tps",)
+    profiles: tuple[str, ...] = ("local", "production-like")
+    sessions: int = 4
+    rollouts: int = 2  # measured, per session
+    warmup: int = 1  # per session, before the measured ones
+    warmup_turns: int = 3  # warm-up rollouts are this short: they warm code paths and connections only
+    turns: int | None = None  # shorten the workload to this many turns (None: all)
+    tool_time_scale: float = 1.0
+    pings: int = 500
+    url: str | None = None
+    api_key: str | None = None
+    quick: bool = False
+
+    @classmethod
+    def quick_preset(cls) -> BenchConfig:
+        """< 3 min on 2 cores: 15 of coding-agent's 30 turns (history 6 k → 31 k tokens), mock-4000tps,
+        tool waits ×0.1, 2 sessions × 1 measured rollout, 200 pings. Tool waits are identical in every mode
+        and only dilute E2E ratios; the full run keeps them as recorded."""
+        return cls(models=("mock-4000tps",), sessions=2, rollouts=1, turns=15, tool_time_scale=0.1, pings=200, quick=True)
+
+
+@dataclass
+class CellResult:
+    profile: str
+    workload: str
+    model: str
+    mode: str
+    sessions: int
+    traces: list[Trace]
+    server_cpu_s: float | None
+    wall_s: float
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    pings_ms: dict[str, list[float]] = field(default_factory=dict)  # per profile
+    cells: list[CellResult] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    wall_s: float = 0.0
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+
+class ServerProcess:
+    """``responses-lab serve`` as a child process: its CPU time is the server's alone."""
+
+    def __init__(self, profile: Profile, api_key: str | None = None) -> None:
+        from proto.server.run import free_port
+
+        self.port = free_port()
+        self.profile = profile
+        self.api_key = api_key
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process; closed in stop())
+        cmd = [sys.executable, "-m", "proto", "serve", "--port", str(self.port), "--db", ":memory:",
+               "--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
+               "--log-level", "warning"]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.http_url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.http_url + "/healthz", headers=headers, timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"the server did not answer /healthz within {timeout_s} s:\n{self.log()}")
+
+    def cpu_s(self) -> float:
+        times = psutil.Process(self.proc.pid).cpu_times()
+        return float(times.user + times.system)
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def external_server_pid(url: str) -> int | None:
+    """The local process listening on ``url``'s port, when psutil may see it (same user, loopback)."""
+    parts = urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return int(conn.pid)
+    return None
+
+
+# ---- the floor ----------------------------------------------------------------------------------
+
+
+async def ping_rtts_ms(ws_url: str, count: int, api_key: str | None = None) -> list[float]:
+    """WebSocket ping → pong round trips on one connection to the same server (answered by the server's
+    WebSocket layer, below the app): the least any WebSocket turn can cost on this machine."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    sep = "&" if "?" in ws_url else "?"
+    rtts: list[float] = []
+    async with connect(f"{ws_url}{sep}protocol=longlived", additional_headers=headers, ping_interval=None) as ws:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            await (await ws.ping())
+            rtts.append((time.perf_counter() - t0) * 1e3)
+    return rtts
+
+
+# ---- one cell -----------------------------------------------------------------------------------
+
+
+async def run_cell(
+    mode: str,
+    workload: Workload,
+    model: str,
+    config: BenchConfig,
+    ws_url: str,
+    http_url: str,
+    cpu: Callable[[], float] | None,
+    on_turn: Callable[[], None] | None = None,
+) -> tuple[list[Trace], float | None, float]:
+    """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s)."""
+    clients: list[Transport] = [make_client(mode, ws_url, http_url, config.api_key) for _ in range(config.sessions)]
+    for client in clients:
+        client.on_send = on_turn
+    warm = shorten(workload, config.warmup_turns)
+    try:
+        await asyncio.gather(*(c.open() for c in clients))
+        await asyncio.gather(*(_rollouts(c, warm, model, config, config.warmup) for c in clients))
+        cpu0, t0 = (cpu() if cpu else None), time.perf_counter()
+        per_session = await asyncio.gather(*(_rollouts(c, workload, model, config, config.rollouts) for c in clients))
+        wall = time.perf_counter() - t0
+        cpu_s = cpu() - cpu0 if cpu and cpu0 is not None else None
+    finally:
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    return [t for traces in per_session for t in traces], cpu_s, wall
+
+
+async def _rollouts(client: Transport, w: Workload, model: str, config: BenchConfig, n: int) -> list[Trace]:
+    traces = []
+    for _ in range(n):
+        # Built before the clock starts; a fresh nonce per rollout keeps KV prefixes unshared. Twelve
+        # digits: cl100k splits digits in threes, so every nonce is 4 tokens and usage stays comparable.
+        plan = build_plan(w, model, f"{uuid.uuid4().int % 10**12:012d}", config.tool_time_scale)
+        traces.append(await client.rollout(plan))
+    return traces
+
+
+# ---- the whole run ------------------------------------------------------------------------------
+
+
+def workloads_of(config: BenchConfig) -> list[Workload]:
+    return [shorten(load_workload(name), config.turns) for name in config.workloads]
+
+
+def total_turns(config: BenchConfig) -> int:
+    """Sends the whole run will make (for the progress bar)."""
+    per_mode = 0
+    for w in workloads_of(config):
+        warm = shorten(w, config.warmup_turns)
+        per_mode += config.sessions * (config.warmup * len(warm.turns) + config.rollouts * len(w.turns))
+    n_profiles = 1 if config.url else len(config.profiles)
+    return per_mode * len(config.modes) * len(config.models) * n_profiles
+
+
+@contextlib.contextmanager
+def _servers(config: BenchConfig) -> Iterator[list[tuple[str, str, str, Callable[[], float] | None]]]:
+    """(profile, ws_url, http_url, cpu) per profile; the lab's own servers, or the one at ``--url``."""
+    if config.url:
+        ws_url = config.url
+        http_url = ws_url.replace("wss://", "https://").replace("ws://", "http://").split("/v1/")[0]
+        pid = external_server_pid(http_url)
+        cpu: Callable[[], float] | None = None
+        if pid is not None:
+            proc = psutil.Process(pid)
+
+            def cpu() -> float:
+                t = proc.cpu_times()
+                return float(t.user + t.system)
+
+        yield [("external", ws_url, http_url, cpu)]
+        return
+    started: list[ServerProcess] = []
+    try:
+        for name in config.profiles:
+            started.append(ServerProcess(PROFILES[name], config.api_key))
+        for server in started:
+            server.wait_ready()
+        yield [(s.profile.name, s.ws_url, s.http_url, s.cpu_s) for s in started]
+    finally:
+        for server in started:
+            server.stop()
+
+
+async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = None,
+                    on_cell: Callable[[str], None] | None = None) -> BenchResult:
+    result = BenchResult(config)
+    t0 = time.perf_counter()
+    workloads = workloads_of(config)
+    with _servers(config) as servers:
+        for profile, ws_url, http_url, cpu in servers:
+            if on_cell:
+                on_cell(f"{profile}: WebSocket ping floor")
+            result.pings_ms[profile] = await ping_rtts_ms(ws_url, config.pings, config.api_key)
+            for w in workloads:
+                for model in config.models:
+                    for mode in config.modes:
+                        if on_cell:
+                            on_cell(f"{profile} · {w.name} · {model} · {mode}")
+                        traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn)
+                        result.cells.append(CellResult(profile, w.name, model, mode, config.sessions, traces, cpu_s, wall))
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+# ---- results.json -------------------------------------------------------------------------------
+
+
+def run_record(cell: CellResult) -> dict[str, Any]:
+    """One ``runs[]`` entry: SPEC §6's fields, then the lab's extras."""
+    metrics = [rollout_metrics(t) for t in cell.traces]
+    s = summarize(metrics)
+    turns = max(s.turns, 1)
+    usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
+    phases: dict[str, float] = {}
+    prefill = 0.0
+    for trace in cell.traces:
+        for key in usage:
+            usage[key] += trace.usage[key]
+        for name, ms in trace.phases_ms.items():
+            phases[name] = phases.get(name, 0.0) + ms
+        prefill += sum(float(r["prefill_ms"]) for r in trace.reports)
+    return {
+        "mode": cell.mode,
+        "workload": cell.workload,
+        "model": cell.model,
+        "sessions": cell.sessions,
+        "e2e_s_p50": s.e2e_s_p50,
+        "ttft_ms_p50": s.ttft_ms_p50,
+        "tpot_ms_p50": s.tpot_ms_p50,
+        "itl_ms_p99": s.itl_ms_p99,
+        "turn_overhead_ms_p50": s.turn_overhead_ms_p50,
+        "turn_overhead_ms_by_turn": s.turn_overhead_ms_by_turn,
+        "server_cpu_ms_per_turn": None if cell.server_cpu_s is None else cell.server_cpu_s * 1e3 / turns,
+        "client_bytes_sent_per_turn": sum(t.bytes_sent for t in cell.traces) / turns,
+        "usage": usage,
+        "phases_ms": {name: ms / turns for name, ms in sorted(phases.items())},  # mean per turn
+        # extras
+        "profile": cell.profile,
+        "rollouts": len(cell.traces),
+        "turns": s.turns,
+        "statuses": sorted({t.status for t in cell.traces}),
+        "e2e_s": sorted(m.e2e_s for m in metrics),
+        "ttft_ms_p90": percentile(s.ttft_ms, 90),
+        "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns) if s.turns else None,
+        "turn_overhead_ms_p90": percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
+        "prefill_ms_per_turn": prefill / turns,
+        "wall_s": cell.wall_s,
+        "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
+    }
+
+
+def results_json(result: BenchResult, command: str) -> dict[str, Any]:
+    config = result.config
+    every = [x for pings in result.pings_ms.values() for x in pings]
+    return {
+        "floor": {
+            "ws_ping_rtt_ms_p50": percentile(every, 50),
+            "ws_ping_rtt_ms_p90": percentile(every, 90),
+            "pings": len(every),
+            "by_profile": {p: percentile(xs, 50) for p, xs in result.pings_ms.items()},
+        },
+        "runs": [run_record(cell) for cell in result.cells],
+        "profiles": {name: {"safety_hop_ms": PROFILES[name].safety_hop_ms, "resolve_hop_ms": PROFILES[name].resolve_hop_ms}
+                     for name in config.profiles if name in PROFILES and not config.url},
+        "config": {
+            "modes": list(config.modes), "workloads": list(config.workloads), "models": list(config.models),
+            "sessions": config.sessions, "rollouts_per_session": config.rollouts, "warmup_per_session": config.warmup,
+            "warmup_turns": config.warmup_turns, "turns": config.turns, "tool_time_scale": config.tool_time_scale,
+            "quick": config.quick, "url": config.url,
+        },
+        "command": command,
+        "machine": machine(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result.started)),
+        "wall_s": result.wall_s,
+    }
+
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    return {
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+def with_overrides(config: BenchConfig, **changes: Any) -> BenchConfig:
+    return replace(config, **{k: v for k, v in changes.items() if v is not None})

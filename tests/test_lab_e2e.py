@@ -1,0 +1,88 @@
+"""A small end-to-end run of ``responses-lab bench``: a real server process, all four modes, every output.
+
+A tiny workload (a 300-token first message, three tool turns, one with parallel calls) on mock-4000tps
+keeps the run to seconds. The assertions are about shape and consistency, never about speed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from proto.lab.bench import main as bench_main
+from proto.lab.clients import MODES
+
+TINY = {
+    "format": 1,
+    "name": "tiny",
+    "first_user_text": "Rename a helper and run the tests.",
+    "first_user_tokens": 300,
+    "turns": [
+        {"calls": [{"name": "grep", "arguments": {"pattern": "helper"}}], "output_tokens": 12, "tool_output_tokens": 80,
+         "client_tool_time_s": 0.01},
+        {"calls": [{"name": "read_file", "arguments": {"path": "a.py"}}, {"name": "read_file", "arguments": {"path": "b.py"}}],
+         "output_tokens": 20, "tool_output_tokens": 120, "client_tool_time_s": 0.02},
+        {"calls": [{"name": "run_tests", "arguments": {}}], "output_tokens": 8, "tool_output_tokens": 40,
+         "client_tool_time_s": 0.01},
+        {"say": "Renamed; tests pass.", "output_tokens": 15},
+    ],
+}
+
+SPEC_FIELDS = {
+    "mode": str, "workload": str, "model": str, "sessions": int, "e2e_s_p50": float, "ttft_ms_p50": float,
+    "tpot_ms_p50": float, "itl_ms_p99": float, "turn_overhead_ms_p50": float, "turn_overhead_ms_by_turn": list,
+    "server_cpu_ms_per_turn": float, "client_bytes_sent_per_turn": float, "usage": dict, "phases_ms": dict,
+}
+
+
+@pytest.fixture(scope="module")
+def bench_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bench")
+    workload = root / "tiny.json"
+    workload.write_text(json.dumps(TINY), encoding="utf-8")
+    out = root / "out"
+    code = bench_main([
+        "--modes", ",".join(MODES), "--workload", str(workload), "--model", "mock-4000tps", "--profile", "local",
+        "--sessions", "2", "--rollouts", "1", "--warmup", "1", "--pings", "20", "--out", str(out),
+    ])
+    assert code == 0
+    return out
+
+
+def test_results_json_has_the_spec_schema_for_every_mode(bench_out: Path) -> None:
+    results = json.loads((bench_out / "results.json").read_text())
+    assert isinstance(results["floor"]["ws_ping_rtt_ms_p50"], float) and results["floor"]["ws_ping_rtt_ms_p50"] > 0
+    runs = {run["mode"]: run for run in results["runs"]}
+    assert set(runs) == set(MODES)
+    for mode, run in runs.items():
+        for name, kind in SPEC_FIELDS.items():
+            assert isinstance(run[name], kind), (mode, name, run[name])
+        assert run["workload"] == "tiny" and run["model"] == "mock-4000tps" and run["sessions"] == 2
+        assert run["statuses"] == ["completed"]
+        assert len(run["turn_overhead_ms_by_turn"]) == 4  # one per sampling segment
+        assert run["turns"] == 8  # 2 sessions x 1 rollout x 4 turns
+        assert set(run["usage"]) == {"input_tokens", "cached_tokens", "output_tokens"}
+        assert run["server_cpu_ms_per_turn"] > 0 and run["client_bytes_sent_per_turn"] > 0
+        assert "render_tokenize" in run["phases_ms"]
+
+
+def test_every_transport_replays_the_same_rollout(bench_out: Path) -> None:
+    runs = json.loads((bench_out / "results.json").read_text())["runs"]
+    # The same model output in every mode; input tokens too (HTTP re-sends, the others append: same ids).
+    assert len({run["usage"]["output_tokens"] for run in runs}) == 1
+    assert len({run["usage"]["input_tokens"] for run in runs}) == 1
+    by_mode = {run["mode"]: run for run in runs}
+    # Full history re-sends everything: the most bytes per turn of the four.
+    assert by_mode["http"]["client_bytes_sent_per_turn"] == max(r["client_bytes_sent_per_turn"] for r in runs)
+
+
+def test_csv_and_plots_are_written(bench_out: Path) -> None:
+    with (bench_out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {row["mode"] for row in rows} == set(MODES)
+    assert all(float(row["e2e_s_p50"]) > 0 for row in rows)
+    for name in ("e2e_by_mode.png", "overhead_by_turn.png", "phases_by_mode.png", "ttft_cdf.png"):
+        assert (bench_out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
