@@ -20,10 +20,10 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest
 
-# Until the latency lab (responses-lab bench) lands: the mock GPU's pacing, direct and over a WebSocket.
+# The latency lab's quick run (< 3 min on 2 cores; notes/lab.md). The mock GPU's pacing scripts
+# (scripts/gpu_pacing.py, scripts/ws_pacing.py) still run on their own.
 bench: $(STAMP)
-	$(BIN)/python scripts/gpu_pacing.py
-	$(BIN)/python scripts/ws_pacing.py --runs 5
+	$(BIN)/responses-lab bench --quick --out bench-out
 
 serve: $(STAMP)
 	$(BIN)/responses-lab serve

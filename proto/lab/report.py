@@ -87,7 +87,7 @@ def _fmt(value: Any) -> Any:
 
 
 def print_table(results: dict[str, Any], console: Console) -> None:
-    """One table per (workload, model); rows are modes, profiles side by side."""
+    """Per (workload, model): latency, then cost; rows are modes, profiles side by side."""
     runs = results["runs"]
     profiles = list(dict.fromkeys(r.get("profile", "") for r in runs))
     groups: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
@@ -95,26 +95,40 @@ def print_table(results: dict[str, Any], console: Console) -> None:
         groups.setdefault((run["workload"], run["model"]), {}).setdefault(run["mode"], {})[run.get("profile", "")] = run
     floor = results["floor"]["ws_ping_rtt_ms_p50"]
     for (workload, model), modes in groups.items():
-        table = Table(title=f"{workload} · {model} · floor (WebSocket ping RTT p50) {floor:.3f} ms", title_justify="left")
-        table.add_column("mode")
+        title = f"{workload} · {model} · p50s · floor = WebSocket ping RTT p50 {floor:.3f} ms"
+        latency = Table(title=title, title_justify="left")
+        cost = Table(title=f"{workload} · {model} · per turn", title_justify="left")
+        latency.add_column("mode", no_wrap=True)
+        cost.add_column("mode", no_wrap=True)
         for p in profiles:
-            for col in ("E2E s", "vs http", "TTFT ms", "overhead ms", "CPU ms/turn", "KiB sent/turn"):
-                table.add_column(f"{p}\n{col}", justify="right")
+            short = _SHORT.get(p, p)
+            latency.add_column(f"{short}\nE2E s", justify="right")
+            latency.add_column(f"{short}\nvs http", justify="right")
+            latency.add_column(f"{short}\nTTFT ms", justify="right")
+            latency.add_column(f"{short}\novh ms", justify="right")
+            cost.add_column(f"{short}\nserver CPU ms", justify="right")
+            cost.add_column(f"{short}\nKiB sent", justify="right")
         for mode in sorted(modes, key=_mode_rank):
-            cells_ = []
+            lat: list[str] = []
+            cst: list[str] = []
             for p in profiles:
                 run = modes[mode].get(p)
-                base = modes.get(BASELINE, {}).get(p)
                 if run is None:
-                    cells_ += ["–"] * 6
+                    lat += ["–"] * 4
+                    cst += ["–"] * 2
                     continue
-                r = ratio(run, base, "e2e_s_p50")
+                r = ratio(run, modes.get(BASELINE, {}).get(p), "e2e_s_p50")
+                vs = "" if r is None or mode == BASELINE else f"{(r - 1) * 100:+.1f}%"
+                lat += [f"{run['e2e_s_p50']:.2f}", vs, f"{run['ttft_ms_p50']:.1f}", f"{run['turn_overhead_ms_p50']:.2f}"]
                 cpu = run["server_cpu_ms_per_turn"]
-                cells_ += [f"{run['e2e_s_p50']:.2f}", "" if r is None else f"{(r - 1) * 100:+.1f} %",
-                           f"{run['ttft_ms_p50']:.1f}", f"{run['turn_overhead_ms_p50']:.2f}",
-                           "–" if cpu is None else f"{cpu:.1f}", f"{run['client_bytes_sent_per_turn'] / 1024:.1f}"]
-            table.add_row(mode, *cells_)
-        console.print(table)
+                cst += ["–" if cpu is None else f"{cpu:.1f}", f"{run['client_bytes_sent_per_turn'] / 1024:.1f}"]
+            latency.add_row(mode, *lat)
+            cost.add_row(mode, *cst)
+        console.print(latency)
+        console.print(cost)
+
+
+_SHORT = {"production-like": "prod-like"}
 
 
 def _mode_rank(mode: str) -> int:
