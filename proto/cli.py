@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         run_server(from_args(args))
         return 0
     if args.command == "demo":
-        from proto.demo import main as demo_main
+        from proto.client.demo import main as demo_main
 
         return demo_main([*(["--url", args.url] if args.url else []), "--model", args.model, *rest])
     if args.command == "bench":

@@ -20,9 +20,9 @@ PROTO = Path(__file__).resolve().parent.parent / "proto"
 # Anything that does I/O or schedules it. The brief's five, plus the other ways to the network.
 FORBIDDEN = frozenset({"socket", "asyncio", "starlette", "uvicorn", "websockets", "wsproto", "ssl", "selectors", "anyio", "httpx", "trio"})
 
-# The command line lives in proto/ for `python -m proto` and the console script: it starts the server or
-# the demo client, so it may reach the I/O (only inside its functions for cli.py and __main__.py).
-ENTRY_POINTS = frozenset({"__main__", "cli", "demo"})
+# The command line lives in proto/ for `python -m proto` and the console script: it starts the server,
+# the demo or the lab, so it may reach the I/O (only inside its functions).
+ENTRY_POINTS = frozenset({"__main__", "cli"})
 
 CORE = sorted(path.stem for path in PROTO.glob("*.py") if path.stem not in ENTRY_POINTS)
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from proto.client.longlived import ClientEvent, Rollout
-from proto.demo import (
+from proto.client.demo import (
     BUGGY_STATS,
     FIX_PATCH,
     FIXED_STATS,
@@ -22,6 +21,7 @@ from proto.demo import (
     make_repo,
     parse_unified_diff,
 )
+from proto.client.longlived import ClientEvent, Rollout
 from sampler.policy import parse_script
 
 
@@ -227,6 +227,6 @@ def test_the_timeline_shows_suspension_tool_and_resumption_but_not_every_delta()
 
 def test_the_demo_completes_against_a_real_server() -> None:
     """The whole demo once, end to end (about a second): `make demo` must keep passing."""
-    from proto.demo import main
+    from proto.client.demo import main
 
     assert main(["--model", "mock-4000tps"]) == 0
