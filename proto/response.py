@@ -66,6 +66,10 @@ class LabInfo(msgspec.Struct, kw_only=True):
     phases_ms: dict[str, float] = msgspec.field(default_factory=dict)
     safety_flags: list[str] = msgspec.field(default_factory=list)
     work: WorkCounters = msgspec.field(default_factory=WorkCounters)
+    # Where each input item entered the conversation, as the number of output items before it. All 0
+    # for a request/response transport; a long-lived response's appended items interleave with its
+    # output, and a stored chain is rebuilt in that order (``respond.load_history``).
+    input_positions: list[int] | None = None
 
 
 class Response(msgspec.Struct, kw_only=True):

@@ -60,6 +60,8 @@ class Rollout:
     turn: int = 0  # index of the next sampling segment in the conversation (same count in every transport)
     max_output_tokens: int | None = None
     pending_phases: dict[str, float] = field(default_factory=dict)  # pipeline work to book on the next turn
+    # This response's own input items, in the order they entered the context (what the store keeps).
+    input_items: list[Item] = field(default_factory=list)
     # Appended items enter the context through the pipeline (scan, render, tokenize: once each).
     ingest: Callable[[list[Item]], None] | None = None
 

@@ -180,6 +180,7 @@ class Pipeline:
             turn=count_segments(conversation.items),
             max_output_tokens=request.max_output_tokens,
             pending_phases=dict(phases),
+            input_items=list(new_items),
         )
         builder.lab.phases_ms = dict(phases)
         rollout.ingest = lambda items: self.ingest(rollout, items)
@@ -188,7 +189,12 @@ class Pipeline:
     def ingest(self, rollout: Rollout, items: list[Item]) -> None:
         """Items appended to an open response: scanned, rendered and tokenized once, on arrival."""
         phases = rollout.pending_phases
-        work = rollout.builder.lab.work
+        lab = rollout.builder.lab
+        work = lab.work
+        if lab.input_positions is None:
+            lab.input_positions = [0] * len(rollout.input_items)
+        lab.input_positions.extend([len(rollout.builder.response.output)] * len(items))
+        rollout.input_items.extend(items)
         with timed(phases, "safety"):
             texts = [body for item in items for _, body in render_parts(item, rollout.conversation.call_names)]
             result = self.scanner.enforce(self.scanner.scan_many(texts))

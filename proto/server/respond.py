@@ -137,9 +137,27 @@ async def load_history(pipeline: Pipeline, previous_response_id: str, api_key_id
     work.store_reads += len(chain)
     history: list[Item] = []
     for stored in chain:
-        history.extend(_items_decoder.decode(stored.input_items_json))
-        history.extend(_response_decoder.decode(stored.response_json).output)
+        response = _response_decoder.decode(stored.response_json)
+        history.extend(interleave(_items_decoder.decode(stored.input_items_json), response))
     return history
+
+
+def interleave(inputs: list[Item], response: Response) -> list[Item]:
+    """One stored response's items in conversation order: each input item goes before the output item
+    that followed it (``lab.input_positions``); without positions, every input precedes the output."""
+    positions = response.lab.input_positions if response.lab is not None else None
+    if positions is None or len(positions) != len(inputs):
+        positions = [0] * len(inputs)
+    merged: list[Item] = []
+    pending = iter(zip(positions, inputs, strict=True))
+    nxt = next(pending, None)
+    for index, out in enumerate([*response.output, None]):
+        while nxt is not None and nxt[0] <= index:
+            merged.append(nxt[1])
+            nxt = next(pending, None)
+        if out is not None:
+            merged.append(out)
+    return merged
 
 
 def decode_stored(data: bytes) -> Response:

@@ -23,6 +23,7 @@ from proto.events import ResponseDone, ServerEvent
 from proto.items import Item
 from proto.longlived import Cancel, Enqueue, Limits, LongLivedCore, Reply, Resume, Start
 from proto.server.pipeline import Pipeline
+from proto.server.respond import load_history, persist
 from sampler.gpu import EngineFailure, EngineOverloaded
 from sampler.loop import MaxOutputTokens, Rollout, run
 
@@ -108,8 +109,12 @@ class LongLivedSession:
     async def _respond(self, start: Start) -> None:
         created = self._created = time.time()
         try:
+            history: list[Item] = []
+            if start.request.previous_response_id is not None:
+                # Continuing a stored response: its chain is context, loaded and rendered once.
+                history = await load_history(self.pipeline, start.request.previous_response_id, self.api_key_id, start.work)
             prepared = await self.pipeline.prepare(
-                start.response_id, start.request, [], start.items, start.work, "longlived", scan_history=False
+                start.response_id, start.request, history, start.items, start.work, "longlived", scan_history=False
             )
         except ClientError as exc:
             await self.out.put(self.core.abort(exc).decode())
@@ -124,8 +129,11 @@ class LongLivedSession:
                 terminal: ServerEvent = rollout.builder.incomplete("cancelled")
             else:
                 terminal = await self._sample(rollout)
-            await self.emit([terminal])
             self._bill(created)
+            if rollout.builder.response.store:
+                # Before the terminal event leaves, so a client that chains on it at once finds it.
+                await persist(self.pipeline, rollout.builder.response, self.api_key_id, rollout.input_items)
+            await self.emit([terminal])
         finally:
             rollout.sequence.close()  # GPU slot and KV pins: released on every path
 
