@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import httpx
-from conftest import FAST_MODEL
+from conftest import FAST_MODEL, ServerFactory
 
 from proto.client.longlived import LongLivedClient
 from proto.server.run import ThreadedServer
@@ -64,3 +64,15 @@ async def test_an_unknown_previous_response_is_refused_and_the_connection_keeps_
         assert error["error"]["code"] == "previous_response_not_found"
         result = await client.rollout({"model": FAST_MODEL, "input": "!say still here"}, {})
     assert result.response["status"] == "completed"
+
+
+async def test_metrics_show_stage_histograms_and_per_mode_counters(make_server: ServerFactory) -> None:
+    with make_server() as fresh:
+        async with LongLivedClient(fresh.url) as client:
+            await client.rollout({"model": FAST_MODEL, "input": '!call lookup {"k": 1}\n!say ok', "tools": TOOLS}, {"lookup": _lookup})
+        async with httpx.AsyncClient(base_url=fresh.http_url) as http:
+            text = (await http.get("/metrics")).text
+    assert 'responses_lab_responses_total{mode="longlived",status="completed"} 1.0' in text
+    assert 'responses_lab_turns_total{mode="longlived"} 2.0' in text
+    assert 'responses_lab_stage_seconds_count{mode="longlived",stage="render_tokenize"} 2.0' in text
+    assert 'responses_lab_engine_running{model="mock-4000tps"} 0.0' in text

@@ -18,7 +18,7 @@ from proto.errors import ClientError, HttpErrorEnvelope
 from proto.server.auth import Auth
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
-from proto.server.metrics import render_metrics
+from proto.server.metrics import register_server, render_metrics
 from proto.server.pipeline import Pipeline
 from proto.server.ws_ga import GaSession
 from proto.server.ws_longlived import LongLivedSession
@@ -43,6 +43,7 @@ class Server:
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     server = Server(settings)
+    register_server(server)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,10 +1,14 @@
-"""``/metrics``: Prometheus text from the engines' gauges and the pipeline's work counters."""
+"""``/metrics``: per-stage histograms and per-mode counters (observed once per response, when it is
+billed), plus the engines' gauges and the pipeline's work counters read at scrape time.
+
+Each app has its own registry, so several servers in one process (tests, the lab) never share series.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -13,7 +17,35 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
+    from proto.builder import ResponseBuilder
     from proto.server.app import Server
+
+# Sub-millisecond stages (tokenizing a tool output) up to multi-second ones (re-rendering 100 k tokens).
+_STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class PipelineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.stage = Histogram(
+            "responses_lab_stage_seconds", "API pipeline stage time per turn", ["stage", "mode"],
+            buckets=_STAGE_BUCKETS, registry=self.registry,
+        )
+        self.responses = Counter("responses_lab_responses", "responses ended, by mode and status", ["mode", "status"], registry=self.registry)
+        self.turns = Counter("responses_lab_turns", "sampling segments, by mode", ["mode"], registry=self.registry)
+        self.tokens = Counter("responses_lab_tokens", "billed tokens, by mode and kind", ["mode", "kind"], registry=self.registry)
+
+    def observe(self, builder: ResponseBuilder) -> None:
+        """One ended response: its turns' stage times and its usage."""
+        lab, usage, mode = builder.lab, builder.usage, builder.lab.mode
+        for turn in lab.turns:
+            for stage, ms in turn.phases_ms.items():
+                self.stage.labels(stage, mode).observe(ms / 1e3)
+        self.responses.labels(mode, builder.response.status).inc()
+        self.turns.labels(mode).inc(len(lab.turns))
+        self.tokens.labels(mode, "input").inc(usage.input_tokens)
+        self.tokens.labels(mode, "cached").inc(usage.input_tokens_details.cached_tokens)
+        self.tokens.labels(mode, "output").inc(usage.output_tokens)
 
 
 class _ServerCollector(Collector):
@@ -33,11 +65,12 @@ class _ServerCollector(Collector):
             work.add_metric([name], float(getattr(pipeline.totals, name)))
         yield work
         yield GaugeMetricFamily("responses_lab_ws_sessions", "open WebSocket sessions", value=len(self.server.sessions))
-        ledger = GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=pipeline.ledger.rows_written)
-        yield ledger
+        yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=pipeline.ledger.rows_written)
+
+
+def register_server(server: Server) -> None:
+    server.pipeline.metrics.registry.register(_ServerCollector(server))
 
 
 def render_metrics(server: Server) -> bytes:
-    registry = CollectorRegistry()
-    registry.register(_ServerCollector(server))
-    return generate_latest(registry)
+    return generate_latest(server.pipeline.metrics.registry)

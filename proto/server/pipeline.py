@@ -21,6 +21,7 @@ from proto.events import CreateBody
 from proto.items import FunctionCall, Item, Message, WebSearchCall
 from proto.server.config import Settings
 from proto.server.ledger import LedgerRow, UsageLedger
+from proto.server.metrics import PipelineMetrics
 from proto.server.safety import SafetyScanner
 from proto.server.store import ResponseStore
 from proto.work import WorkCounters
@@ -108,6 +109,7 @@ class Pipeline:
         self.store = ResponseStore(settings.db)
         select_policy("", settings.default_policy)  # a bad --default-policy fails at start-up, not per request
         self.totals = WorkCounters()
+        self.metrics = PipelineMetrics()
 
     def start(self) -> None:
         self.ledger.start()
@@ -211,6 +213,7 @@ class Pipeline:
         usage = builder.usage
         builder.lab.work.ledger_rows += 1
         self.totals.merge(builder.lab.work)
+        self.metrics.observe(builder)
         self.ledger.record(
             LedgerRow(
                 response_id=response.id,
