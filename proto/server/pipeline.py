@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import structlog
+
 from proto.builder import ResponseBuilder
 from proto.errors import ClientError
 from proto.events import CreateBody
@@ -31,6 +33,8 @@ from sampler.models import MODELS, ModelSpec
 from sampler.policy import select_policy
 from sampler.tokens import Conversation, Tokenizer, render_parts
 from sampler.tools import WebSearch
+
+log = structlog.get_logger("proto.server.pipeline")
 
 
 @contextmanager
@@ -214,6 +218,17 @@ class Pipeline:
         builder.lab.work.ledger_rows += 1
         self.totals.merge(builder.lab.work)
         self.metrics.observe(builder)
+        # Counts and ids only: never message text or keys (the request's content stays out of logs).
+        log.info(
+            "response_ended",
+            response_id=response.id,
+            mode=builder.lab.mode,
+            status=response.status,
+            turns=len(builder.lab.turns),
+            input_tokens=usage.input_tokens,
+            cached_tokens=usage.input_tokens_details.cached_tokens,
+            output_tokens=usage.output_tokens,
+        )
         self.ledger.record(
             LedgerRow(
                 response_id=response.id,
