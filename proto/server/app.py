@@ -18,6 +18,7 @@ from proto.errors import ClientError, HttpErrorEnvelope
 from proto.server.auth import Auth
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
+from proto.server.logs import configure as configure_logs
 from proto.server.metrics import register_server, render_metrics
 from proto.server.pipeline import Pipeline
 from proto.server.ws_ga import GaSession
@@ -42,6 +43,7 @@ class Server:
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
+    configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
     server = Server(settings)
     register_server(server)
 
