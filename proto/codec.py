@@ -68,13 +68,23 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> ClientError:
 
 
 def decode_body(data: str | bytes) -> CreateBody:
-    """The body of ``POST /v1/responses``."""
+    """The body of ``POST /v1/responses``; ``param`` in OpenAI's spelling (``input[0].call_id``)."""
     try:
         return _body_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise ClientError("invalid_request", str(exc), param_from_validation(exc)) from None
+        raise ClientError("invalid_request", str(exc), body_param(_param(exc))) from None
     except msgspec.DecodeError as exc:
         raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ClientError("invalid_json", "body is nested too deeply") from None
+
+
+def body_param(param: str | None) -> str | None:
+    """``$.input[0].call_id`` → ``input[0].call_id``: HTTP and GA WebSocket name fields as OpenAI does
+    (the long-lived protocol keeps the JSONPath of the event)."""
+    if param is None or param == "$":
+        return None
+    return param[2:] if param.startswith("$.") else param
 
 
 def decode_items(raw_items: str | list[msgspec.Raw], path: str = "$.input", code: str = "invalid_request") -> list[Item]:

@@ -6,7 +6,7 @@ report the failing path as ``$.input[3].call_id`` (and accept OpenAI's type-less
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -30,9 +30,10 @@ class CreateBody(msgspec.Struct, kw_only=True):
     stream: bool = False
     background: bool = False
     generate: bool = True
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    # Ranges as OpenAI documents them; out of range is the peer's error, not a number we carry along.
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     text: dict[str, Any] | None = None

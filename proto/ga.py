@@ -106,6 +106,7 @@ class GaCore:
             self._check(GaEvent.CREATE)
             items, work = validate_create(event, self._models, self._limits)
         except ClientError as exc:
+            exc.param = codec.body_param(exc.param)  # GA names fields as OpenAI does, like HTTP
             return [self.error(exc)]
         self._transition(GaEvent.CREATE)
         return [Start(self._new_id(), event, items, work)]

@@ -71,7 +71,7 @@ class HttpResponses:
             return error_response(ClientError("unauthorized", "missing or invalid API key"))
         created = time.time()
         try:
-            body = decode_body(await request.body())
+            body = decode_body(await self._read_body(request))
             prepared, items = await self._prepare(body, key)
         except ClientError as exc:
             return error_response(exc)
@@ -79,6 +79,22 @@ class HttpResponses:
             return self._stream(prepared, key, items, created)
         await respond(self.pipeline, prepared, EndAtCalls(_discard), key, items, created)
         return Response(_encoder.encode(prepared.rollout.builder.response), media_type=JSON)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused past ``--max-frame-bytes`` (the WebSocket frame limit, so one request is
+        accepted or refused alike in every transport) without buffering more than that."""
+        limit = self.pipeline.settings.max_frame_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:  # chunked, or a content-length that lied
+                raise _too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def _prepare(self, body: CreateBody, key: str) -> tuple[Prepared, list[Item]]:
         if body.background:
@@ -173,6 +189,10 @@ class HttpResponses:
             "has_more": len(items) > limit,
         }
         return Response(_encoder.encode(body), media_type=JSON)
+
+
+def _too_large(limit: int) -> ClientError:
+    return ClientError("message_too_large", f"the request body exceeds {limit} bytes (--max-frame-bytes)")
 
 
 def _not_found(response_id: str) -> ClientError:

@@ -27,6 +27,7 @@ from proto.ga import Close, GaCore, Reply, Start
 from proto.items import Tool
 from proto.server.pipeline import Pipeline, Prepared, timed
 from proto.server.respond import EndAtCalls, load_history, respond
+from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers
 from sampler.gpu import MockGPU
 from sampler.tokens import Conversation
 
@@ -61,6 +62,8 @@ class GaSession:
         self.task: asyncio.Task[None] | None = None
         self.cached: Cached | None = None
         self._close: tuple[int, str] | None = None
+        opened = self.core.deadline - settings.connection_max_age_s
+        self.timers = ConnectionTimers(opened, settings.connection_max_age_s, settings.idle_timeout_s)
 
     # --------------------------------------------------------------------------------- connection
     async def serve(self) -> None:
@@ -68,13 +71,20 @@ class GaSession:
         try:
             while True:
                 try:
-                    message = await asyncio.wait_for(self.ws.receive(), max(0.0, self.core.deadline - time.monotonic()))
+                    message = await asyncio.wait_for(self.ws.receive(), self.timers.due_in(time.monotonic(), self.task is not None))
                 except TimeoutError:
+                    if self.timers.idle(time.monotonic(), self.task is not None):
+                        self._close = (CLOSE_IDLE, IDLE_REASON)
+                        await self.out.put(None)  # the writer sends what is queued, then closes
+                        break
+                    if not self.timers.aged(time.monotonic()):
+                        continue  # a response in flight: the idle clock starts when it ends
                     if self.task is not None:  # a response in flight ends before the connection does
                         await asyncio.shield(self.task)
                     if await self._act_all(self.core.expire()):
                         break
                     continue
+                self.timers.touch(time.monotonic())
                 if message["type"] == "websocket.disconnect":
                     break
                 text = message.get("text")
@@ -151,6 +161,7 @@ class GaSession:
                 )
         finally:
             self.task = None
+            self.timers.touch(time.monotonic())
             self.core.finished()
 
     async def _prepare(self, start: Start) -> Prepared:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 import structlog
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto.builder import ResponseBuilder
@@ -24,6 +25,8 @@ from proto.items import Item
 from proto.longlived import Cancel, Enqueue, Limits, LongLivedCore, Reply, Resume, Start
 from proto.server.pipeline import Pipeline
 from proto.server.respond import load_history, persist
+from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers
+from proto.state import State
 from sampler.gpu import EngineFailure, EngineOverloaded
 from sampler.loop import MaxOutputTokens, Rollout, run
 
@@ -54,13 +57,18 @@ class LongLivedSession:
         self.cancel_requested = False
         self.billed = True
         self._created = time.time()
+        self.timers = ConnectionTimers(time.monotonic(), settings.connection_max_age_s, settings.idle_timeout_s)
 
     # --------------------------------------------------------------------------------- connection
     async def serve(self) -> None:
         writer = asyncio.create_task(self._writer(), name="ws-writer")
         try:
             while True:
-                message = await self.ws.receive()
+                message = await self._receive()
+                if await self._limits_due(writer):
+                    break
+                if message is None:
+                    continue
                 if message["type"] == "websocket.disconnect":
                     break
                 text = message.get("text")
@@ -78,6 +86,46 @@ class LongLivedSession:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
+
+    async def _receive(self) -> Message | None:
+        """The next message, or ``None`` when the idle or age limit must be checked first."""
+        try:
+            message = await asyncio.wait_for(self.ws.receive(), self.timers.due_in(time.monotonic(), self._busy()))
+        except TimeoutError:
+            return None
+        self.timers.touch(time.monotonic())
+        return message
+
+    def _busy(self) -> bool:
+        return self.core.state in (State.OPENING, State.STREAMING, State.SUSPENDED) or (self.task is not None and not self.task.done())
+
+    async def _limits_due(self, writer: asyncio.Task[None]) -> bool:
+        """Idle and age limits; True when the connection was closed.
+
+        Past ``--connection-max-age-s`` a response is never cut without its terminal event: one that
+        waits on the client ends ``incomplete`` (reason ``websocket_connection_limit_reached``), one that
+        streams is let reach its next suspension or its end; then one ``error`` event, close 1000."""
+        now = time.monotonic()
+        if self.timers.aged(now):
+            if self.core.state is State.SUSPENDED:
+                await self._drop_response("websocket_connection_limit_reached", send=True)
+            if self._busy():
+                return False
+            limit = ClientError("websocket_connection_limit_reached", "the connection reached its maximum age; open a new one")
+            await self.out.put(self.core.error(limit).data.decode())
+            await self._close(writer, 1000, "websocket_connection_limit_reached")
+            return True
+        if self.timers.idle(now, self._busy()):
+            await self._close(writer, CLOSE_IDLE, IDLE_REASON)
+            return True
+        return False
+
+    async def _close(self, writer: asyncio.Task[None], code: int, reason: str) -> None:
+        await self.out.put(None)  # the writer sends what is queued, then stops
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(writer, 5.0)  # a client that reads nothing does not hold the close
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await self.ws.close(code, reason)
 
     async def _writer(self) -> None:
         while True:
@@ -97,6 +145,7 @@ class LongLivedSession:
                 self.cancel_requested = False
                 self.builder = None  # the last response's builder must not take this one's cancel
                 self.task = asyncio.create_task(self._respond(action), name=f"response-{action.response_id}")
+                self.task.add_done_callback(lambda _: self.timers.touch(time.monotonic()))
             case Resume(items):
                 if self.resume is not None and not self.resume.done():
                     self.resume.set_result(items)
@@ -189,6 +238,12 @@ class LongLivedSession:
             await self.out.put(self.core.frame(event).decode())
 
     async def suspend(self, done: ResponseDone) -> list[Item] | None:
+        limit = self.pipeline.settings.max_pending_calls
+        if len(done.pending_calls) > limit:
+            # More parallel calls than one response may hold open: the response fails with a typed
+            # error (before response.done, so the core never sees the excess) and the connection serves on.
+            count = len(done.pending_calls)
+            raise ClientError("too_many_pending_calls", f"the model made {count} parallel calls; at most {limit} may be pending (--max-pending-calls)")
         self.resume = asyncio.get_running_loop().create_future()
         await self.emit([done])
         try:
