@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -21,6 +23,7 @@ from proto.server.http import HttpResponses
 from proto.server.logs import configure as configure_logs
 from proto.server.metrics import register_server, render_metrics
 from proto.server.pipeline import Pipeline
+from proto.server.session import SHUTDOWN
 from proto.server.ws_ga import GaSession
 from proto.server.ws_longlived import LongLivedSession
 
@@ -39,6 +42,18 @@ class Server:
         self.auth = Auth(settings.api_key)
         self.pipeline = Pipeline(settings)
         self.sessions: set[LongLivedSession | GaSession] = set()
+
+    async def drain(self, grace_s: float) -> int:
+        """Shutdown, before uvicorn's own (which would drop every WebSocket with 1012): tell each session
+        to end — its open response gets ``server_shutting_down`` and is billed, the connection closes 1001 —
+        and wait up to ``grace_s`` for them. Returns how many were still open when the grace ran out."""
+        for session in list(self.sessions):
+            session.stop(SHUTDOWN)
+        deadline = time.monotonic() + grace_s
+        # Polled: each session ends on its own task; one bounded wait is simpler than an event per session.
+        while self.sessions and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        return len(self.sessions)
 
 
 def create_app(settings: Settings | None = None) -> Starlette:

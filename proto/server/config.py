@@ -31,6 +31,8 @@ class Settings:
     idle_timeout_s: float = 3600.0
     connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached
     send_queue: int = 4096  # frames buffered per connection before the sampler waits for the client
+    send_timeout_s: float = 30.0  # slow reader: one frame not written for this long closes the connection 1008
+    shutdown_grace_s: float = 10.0  # SIGTERM: open sessions get this long to end (error event, close 1001)
     log_level: str = "warning"
     log_text: bool = False  # log message text (debug only; never keys)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import threading
@@ -29,8 +30,24 @@ def uvicorn_config(settings: Settings, **extra: object) -> uvicorn.Config:
         log_level=settings.log_level,
         access_log=False,
         lifespan="on",
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # then uvicorn cancels what still runs (SSE)
         **extra,  # type: ignore[arg-type]
     )
+
+
+class LabServer(uvicorn.Server):
+    """uvicorn, whose shutdown (SIGTERM, SIGINT, ``should_exit``) first lets the app end its WebSocket
+    sessions: uvicorn's own shutdown drops every WebSocket at once with 1012, and an open response would
+    end without a word. Listening stops first, so nothing new arrives during the grace period; then
+    uvicorn's shutdown runs as usual (lifespan shutdown: the ledger and the store are flushed and closed)."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        lab = getattr(getattr(self.config.app, "state", None), "server", None)
+        if lab is not None:
+            await lab.drain(lab.settings.shutdown_grace_s)
+        await super().shutdown(sockets)
 
 
 def serve(settings: Settings) -> None:
@@ -51,7 +68,7 @@ def serve(settings: Settings) -> None:
             log_level=settings.log_level,
         )
         return
-    uvicorn.Server(uvicorn_config(settings)).run()
+    LabServer(uvicorn_config(settings)).run()
 
 
 def app_from_env() -> object:
@@ -75,9 +92,10 @@ class ThreadedServer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = replace(settings, port=settings.port or free_port(settings.host))
-        self.server = uvicorn.Server(uvicorn_config(self.settings))
+        self.server = LabServer(uvicorn_config(self.settings))
         self.thread = threading.Thread(target=self._run, name="responses-lab-server", daemon=True)
         self.app = self.server.config.app
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's event loop, once started
 
     @property
     def http_url(self) -> str:
@@ -88,7 +106,11 @@ class ThreadedServer:
         return f"ws://{self.settings.host}:{self.settings.port}/v1/responses"
 
     def _run(self) -> None:
-        asyncio.run(self.server.serve())
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve()
 
     def start(self) -> None:
         self.thread.start()

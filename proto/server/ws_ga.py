@@ -27,6 +27,7 @@ from proto.ga import Close, GaCore, Reply, Start
 from proto.items import Tool
 from proto.server.pipeline import Pipeline, Prepared, timed
 from proto.server.respond import EndAtCalls, load_history, respond
+from proto.server.session import SLOW_READER, Outbox, Stop, StoppableReader, Stopped
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers
 from sampler.gpu import MockGPU
 from sampler.tokens import Conversation
@@ -46,7 +47,7 @@ class Cached:
     tools: list[Tool]
 
 
-class GaSession:
+class GaSession(StoppableReader):
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
         settings = pipeline.settings
         self.ws = ws
@@ -58,7 +59,7 @@ class GaSession:
             time.monotonic(),
             settings.connection_max_age_s,
         )
-        self.out: asyncio.Queue[str | None] = asyncio.Queue(maxsize=settings.send_queue)
+        self.out = Outbox(ws, settings, lambda: self.stop(SLOW_READER))
         self.task: asyncio.Task[None] | None = None
         self.cached: Cached | None = None
         self._close: tuple[int, str] | None = None
@@ -67,11 +68,11 @@ class GaSession:
 
     # --------------------------------------------------------------------------------- connection
     async def serve(self) -> None:
-        writer = asyncio.create_task(self._writer(), name="ws-ga-writer")
+        self.out.start("ws-ga-writer")
         try:
             while True:
                 try:
-                    message = await asyncio.wait_for(self.ws.receive(), self.timers.due_in(time.monotonic(), self.task is not None))
+                    message = await self._parked(asyncio.wait_for(self.ws.receive(), self.timers.due_in(time.monotonic(), self.task is not None)))
                 except TimeoutError:
                     if self.timers.idle(time.monotonic(), self.task is not None):
                         self._close = (CLOSE_IDLE, IDLE_REASON)
@@ -94,7 +95,7 @@ class GaSession:
                     actions = self.core.receive_binary(message.get("bytes") or b"")
                 if await self._act_all(actions):
                     break
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, Stopped):
             pass
         finally:
             task, self.task = self.task, None
@@ -102,11 +103,12 @@ class GaSession:
                 task.cancel()  # respond() bills what was done
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            stop = self.stopping  # shutdown: a response in flight hears why before the close
+            if stop is not None and stop.error is not None and task is not None:
+                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data.decode())
             self.core.close()
-            with contextlib.suppress(asyncio.QueueFull):
-                self.out.put_nowait(None)
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(writer, 5.0)
+            close = stop or (Stop(*self._close) if self._close else None)
+            await self.out.finish(close, self.pipeline.settings.shutdown_grace_s)
 
     async def _act_all(self, actions: list[Reply | Start | Close]) -> bool:
         """Carry out the core's actions; True when the connection must close."""
@@ -123,19 +125,6 @@ class GaSession:
                     self._close = (code, reason)
                     return True
         return False
-
-    async def _writer(self) -> None:
-        while True:
-            data = await self.out.get()
-            if data is None:
-                break
-            try:
-                await self.ws.send_text(data)
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                return  # the reader sees the disconnect and cleans up
-        if self._close is not None:
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-                await self.ws.close(*self._close)
 
     # --------------------------------------------------------------------------------- one response
     async def _respond(self, start: Start) -> None:

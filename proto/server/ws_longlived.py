@@ -25,6 +25,7 @@ from proto.items import Item
 from proto.longlived import Cancel, Enqueue, Limits, LongLivedCore, Reply, Resume, Start
 from proto.server.pipeline import Pipeline
 from proto.server.respond import load_history, persist
+from proto.server.session import SLOW_READER, Outbox, StoppableReader, Stopped
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers
 from proto.state import State
 from sampler.gpu import EngineFailure, EngineOverloaded
@@ -37,7 +38,7 @@ class ToolTimeout(Exception):
     """The client did not send every pending output within ``--tool-timeout-s``."""
 
 
-class LongLivedSession:
+class LongLivedSession(StoppableReader):
     """One connection. Implements the sampling loop's ``Host``."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
@@ -49,7 +50,7 @@ class LongLivedSession:
             pipeline.engines.names(),
             Limits(settings.max_input_items, settings.max_tools, settings.max_pending_calls),
         )
-        self.out: asyncio.Queue[str | None] = asyncio.Queue(maxsize=settings.send_queue)
+        self.out = Outbox(ws, settings, lambda: self.stop(SLOW_READER))
         self.task: asyncio.Task[None] | None = None
         self.builder: ResponseBuilder | None = None
         self.resume: asyncio.Future[list[Item]] | None = None
@@ -61,7 +62,7 @@ class LongLivedSession:
 
     # --------------------------------------------------------------------------------- connection
     async def serve(self) -> None:
-        writer = asyncio.create_task(self._writer(), name="ws-writer")
+        writer = self.out.start("ws-writer")
         try:
             while True:
                 message = await self._receive()
@@ -78,19 +79,21 @@ class LongLivedSession:
                     actions = self.core.receive_binary(message.get("bytes") or b"")
                 for action in actions:
                     await self._act(action)
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, Stopped):
             pass
         finally:
+            was_open = self.core.response_id is not None
             await self._drop_response("cancelled")
+            stop = self.stopping  # shutdown: the open response hears why before the close
+            if stop is not None and stop.error is not None and was_open:
+                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data.decode())
             self.core.close()
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            await self.out.finish(stop, self.pipeline.settings.shutdown_grace_s)
 
     async def _receive(self) -> Message | None:
         """The next message, or ``None`` when the idle or age limit must be checked first."""
         try:
-            message = await asyncio.wait_for(self.ws.receive(), self.timers.due_in(time.monotonic(), self._busy()))
+            message = await self._parked(asyncio.wait_for(self.ws.receive(), self.timers.due_in(time.monotonic(), self._busy())))
         except TimeoutError:
             return None
         self.timers.touch(time.monotonic())
@@ -126,16 +129,6 @@ class LongLivedSession:
             await asyncio.wait_for(writer, 5.0)  # a client that reads nothing does not hold the close
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
             await self.ws.close(code, reason)
-
-    async def _writer(self) -> None:
-        while True:
-            data = await self.out.get()
-            if data is None:
-                return
-            try:
-                await self.ws.send_text(data)
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                return  # the reader sees the disconnect and cleans up
 
     async def _act(self, action: Reply | Start | Resume | Enqueue | Cancel) -> None:
         match action:

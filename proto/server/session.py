@@ -1,0 +1,154 @@
+"""What both WebSocket sessions share: the outbound queue and its writer, and being told to stop.
+
+**The outbox.** One writer task drains a bounded queue of text frames, so replies and response events leave
+in the order they were framed. Policy for a *slow reader* (a client that stops reading while the model
+streams):
+
+* back-pressure first: the writer awaits the transport (uvicorn pauses writing past asyncio's high-water
+  mark), the queue fills up to ``--send-queue`` frames, then whoever frames an event — the sampler — waits.
+  A connection's memory is bounded by the queue plus the transport's buffer, never by the output's length;
+* a deadline second: when one frame cannot be handed to the transport within ``--send-timeout-s``, the
+  client is declared too slow. The session is told to stop (its response is cancelled and billed for the
+  work done), the writer discards whatever is still queued so no producer stays blocked on a dead client,
+  and the connection is closed with 1008 — best effort, as a close frame cannot pass a full buffer either:
+  after a short wait the session returns and uvicorn closes the transport.
+
+**Stopping from outside.** ``stop()`` (server shutdown, the slow-reader deadline) wakes a reader parked in
+``ws.receive()``: the reader is cancelled only while it waits there (``_parked``), so no half-done action
+is interrupted; anywhere else it sees the request when it next parks. Either way it gets ``Stopped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TypeVar
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from proto.server.config import Settings
+
+CLOSE_GOING_AWAY = 1001  # RFC 6455: the server is going down
+CLOSE_POLICY_VIOLATION = 1008  # RFC 6455: the generic code when no other fits (here: a reader too slow)
+T = TypeVar("T")
+_CLOSE_WAIT_S = 1.0  # how long the close frame may wait for a transport that does not drain
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a session is told to end: the close it sends, and the error its open response receives."""
+
+    code: int
+    reason: str
+    error: str | None = None  # an ERROR_CODES code, sent to an open response before the close
+
+
+SHUTDOWN = Stop(CLOSE_GOING_AWAY, "server shutting down", "server_shutting_down")
+SLOW_READER = Stop(CLOSE_POLICY_VIOLATION, "slow reader: the send queue stayed full past --send-timeout-s")
+
+
+class Outbox:
+    """A bounded frame queue and the task that writes it (see the module's policy)."""
+
+    def __init__(self, ws: WebSocket, settings: Settings, on_slow: Callable[[], None]) -> None:
+        self.ws = ws
+        self._on_slow = on_slow
+        self.bound = settings.send_queue
+        self.send_timeout_s = settings.send_timeout_s
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.bound)
+        self._task: asyncio.Task[None] | None = None
+        self.peak = 0  # the most frames ever queued at once (≤ bound): what the slow-reader test asserts
+        self.gone = False  # the client cannot be written to any more: frames are discarded
+        self.slow = False  # the deadline passed (``gone`` too)
+
+    def start(self, name: str) -> asyncio.Task[None]:
+        self._task = asyncio.create_task(self._run(), name=name)
+        return self._task
+
+    async def put(self, data: str | None) -> None:
+        """Queue one frame (waits while the queue is full); ``None`` ends the writer after what is queued."""
+        await self._queue.put(data)
+        size = self._queue.qsize()
+        if size > self.peak:
+            self.peak = size
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    async def finish(self, close: Stop | None, grace_s: float) -> None:
+        """Write what is queued (within ``grace_s``), then close with ``close``'s code (if any, and if the
+        client is still there to hear it); the writer is gone when this returns."""
+        task = self._task
+        if task is not None and not task.done():
+            try:
+                async with asyncio.timeout(grace_s):
+                    await self._queue.put(None)
+                    await asyncio.shield(task)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if close is not None and (self.slow or not self.gone):
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
+                async with asyncio.timeout(_CLOSE_WAIT_S):
+                    await self.ws.close(close.code, close.reason)
+
+    async def _run(self) -> None:
+        while (data := await self._queue.get()) is not None:
+            if self.gone:
+                continue  # nobody will read it; a producer must not stay blocked on a dead client
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await self.ws.send_text(data)
+            except TimeoutError:
+                self.gone = self.slow = True
+                self._on_slow()
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.gone = True  # the reader sees the disconnect and cleans up
+
+
+class Stopped(Exception):
+    """Raised in the reader loop of a session told to ``stop()``."""
+
+
+class StoppableReader:
+    """Mixin for a session whose reader loop may be told to stop from another task."""
+
+    stopping: Stop | None = None
+    _reader: asyncio.Task[None] | None = None
+    _receiving = False
+
+    def stop(self, why: Stop) -> None:
+        """End this session soon (from any task on the server loop): its open response gets ``why.error``,
+        the connection ``why.code``. The first reason wins."""
+        if self.stopping is not None:
+            return
+        self.stopping = why
+        if self._receiving and self._reader is not None:
+            self._reader.cancel()
+
+    async def _parked(self, receive: Awaitable[T]) -> T:
+        """Await ``receive`` (the reader's wait for the next message); raises ``Stopped`` once told to stop."""
+        if self.stopping is not None:
+            if isinstance(receive, Coroutine):
+                receive.close()
+            raise Stopped
+        self._reader = asyncio.current_task()
+        self._receiving = True
+        try:
+            result = await receive
+        except asyncio.CancelledError:
+            if self.stopping is None:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the cancel was ours, to wake the reader: it is consumed here
+            raise Stopped from None
+        finally:
+            self._receiving = False
+        task = asyncio.current_task()
+        if self.stopping is not None and task is not None and task.cancelling():
+            task.uncancel()  # our cancel lost the race with the message (wait_for swallowed it)
+        return result
