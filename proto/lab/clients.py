@@ -107,6 +107,7 @@ class _ChainedClient(_Client):
             if response.get("status") != "completed" or not calls:
                 return trace
             send = _answers_for(plan, turn)
+            trace.tool_wait_s += send.tool_wait_s
             await asyncio.sleep(send.tool_wait_s)
             new_items = answer(calls, send)
             history = [*history, *response["output"], *new_items]
@@ -232,6 +233,7 @@ class LongLivedClient(_WebSocketClient):
                 pending = {p["call_id"] for p in event.get("pending_calls", [])}
                 calls = [c for c in function_calls(response) if c["call_id"] in pending]
                 send = _answers_for(plan, turn)
+                trace.tool_wait_s += send.tool_wait_s
                 await asyncio.sleep(send.tool_wait_s)
                 await self.send({"type": "response.append", "input": answer(calls, send)}, trace)
                 turn += 1

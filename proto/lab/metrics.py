@@ -53,6 +53,7 @@ class Trace:
     phases_ms: dict[str, float] = field(default_factory=dict)  # response.lab.phases_ms, summed
     bytes_sent: int = 0  # request line + headers + body (HTTP) or frame header + payload (WebSocket)
     status: str = ""  # the last terminal status
+    tool_wait_s: float = 0.0  # the client's tool waits, as planned (slept between a turn's end and its answer)
 
     def add_response(self, response: dict[str, Any]) -> None:
         """Fold one terminal response's usage, phases and turn reports into the trace."""

@@ -296,13 +296,14 @@ def run_record(cell: CellResult) -> dict[str, Any]:
     turns = max(s.turns, 1)
     usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
     phases: dict[str, float] = {}
-    prefill = 0.0
+    prefill = decode = 0.0
     for trace in cell.traces:
         for key in usage:
             usage[key] += trace.usage[key]
         for name, ms in trace.phases_ms.items():
             phases[name] = phases.get(name, 0.0) + ms
         prefill += sum(float(r["prefill_ms"]) for r in trace.reports)
+        decode += sum(float(r["decode_ms"]) for r in trace.reports)
     return {
         "mode": cell.mode,
         "workload": cell.workload,
@@ -328,6 +329,8 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns) if s.turns else None,
         "turn_overhead_ms_p90": percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
         "prefill_ms_per_turn": prefill / turns,
+        "decode_ms_per_turn": decode / turns,
+        "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
         "wall_s": cell.wall_s,
         "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
     }
