@@ -36,8 +36,8 @@ def configure(level: str = "warning") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact,
             structlog.processors.format_exc_info,
+            redact,  # after the traceback is text: an exception message may quote a header too
             structlog.processors.JSONRenderer(serializer=_serialize),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),

@@ -1,0 +1,144 @@
+"""Security over a real server (issue 6, item 5): the key on every endpoint, the WebSocket handshake
+included; keys and message text never in the logs; previous_response_id isolated per key on both
+WebSocket protocols (HTTP's GET/DELETE/input_items/previous_response_id isolation: tests/test_http.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from starlette.routing import Route, WebSocketRoute
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from proto.server.logs import configure
+from proto.server.run import free_port
+
+FAST = "mock-4000tps"
+KEYS = ["sk-alice-0123456789abcdef", "sk-bob-fedcba9876543210"]
+SECRET_TEXT = "the launch code is PLUTONIUM-42"
+GUARD = 10.0
+
+# Every route of the app: a new one without an entry here fails test_every_route_is_listed.
+HTTP_ENDPOINTS = [
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/resp_x"),
+    ("DELETE", "/v1/responses/resp_x"),
+    ("GET", "/v1/responses/resp_x/input_items"),
+    ("GET", "/v1/models"),
+    ("GET", "/healthz"),  # authenticated too: SPEC §2 says every endpoint (a load balancer gets a key)
+    ("GET", "/metrics"),
+]
+WS_PROTOCOLS = ["", "?protocol=longlived"]
+
+
+def auth(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def test_every_route_is_listed(make_server: Any) -> None:
+    with make_server(api_key=KEYS) as srv:
+        http = {(method, route.path) for route in srv.app.routes if isinstance(route, Route) for method in route.methods or ()}
+        ws = {route.path for route in srv.app.routes if isinstance(route, WebSocketRoute)}
+    listed = {(method, path.replace("resp_x", "{response_id}")) for method, path in HTTP_ENDPOINTS}
+    assert {(m, p) for m, p in http if m != "HEAD"} == listed
+    assert ws == {"/v1/responses"}
+
+
+async def test_every_endpoint_and_the_handshake_refuse_a_missing_or_wrong_key(make_server: Any) -> None:
+    with make_server(api_key=KEYS) as srv:
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
+            for method, path in HTTP_ENDPOINTS:
+                for key in (None, "sk-wrong", KEYS[0] + "x"):
+                    reply = await http.request(method, path, headers=auth(key), json={"model": FAST, "input": "hi"})
+                    assert reply.status_code == 401, (method, path, key)
+                    assert reply.json()["error"]["code"] == "unauthorized"
+                reply = await http.request(method, path, headers=auth(KEYS[1]), json={"model": FAST, "input": "hi"})
+                assert reply.status_code != 401, (method, path)
+            scheme_only = await http.get("/healthz", headers={"Authorization": KEYS[0]})  # no "Bearer"
+            assert scheme_only.status_code == 401
+        for query in WS_PROTOCOLS:
+            for key in (None, "sk-wrong"):
+                with pytest.raises(InvalidStatus) as refused:
+                    await connect(srv.url + query, additional_headers=auth(key))
+                assert refused.value.response.status_code == 401  # refused before the upgrade
+            async with connect(srv.url + query, additional_headers=auth(KEYS[0])):
+                pass
+
+
+@pytest.mark.parametrize("query", WS_PROTOCOLS, ids=["ga", "longlived"])
+async def test_previous_response_id_of_another_key_is_not_found_over_websocket(make_server: Any, query: str) -> None:
+    with make_server(api_key=KEYS) as srv:
+        async with httpx.AsyncClient(base_url=srv.http_url, headers=auth(KEYS[0]), timeout=GUARD) as alice:
+            mine = (await alice.post("/v1/responses", json={"model": FAST, "input": "!say mine", "store": True})).json()
+        event = {"type": "response.create", "model": FAST, "input": "more", "previous_response_id": mine["id"], "store": True}
+        async with connect(srv.url + query, additional_headers=auth(KEYS[1])) as bob:
+            await bob.send(json.dumps(event))
+            reply = json.loads(await asyncio.wait_for(bob.recv(), GUARD))
+            assert reply["type"] == "error" and reply["error"]["code"] == "previous_response_not_found", reply
+        async with connect(srv.url + query, additional_headers=auth(KEYS[0])) as owner:  # the owner chains on it
+            await owner.send(json.dumps(event))
+            while (reply := json.loads(await asyncio.wait_for(owner.recv(), GUARD)))["type"] not in ("response.completed", "error"):
+                pass
+            assert reply["type"] == "response.completed", reply
+
+
+def test_the_redaction_runs_over_every_field_and_tracebacks() -> None:
+    configure("debug")
+    processors = structlog.get_config()["processors"][:-1]  # everything up to the renderer
+    try:
+        raise ValueError(f"bad header Authorization: Bearer {KEYS[0]}")
+    except ValueError as exc:
+        event: Any = {"event": "x", "api_key": KEYS[1], "Authorization": "Bearer " + KEYS[1], "exc_info": exc, "note": f"bearer {KEYS[0]}"}
+    for processor in processors:
+        event = processor(None, "error", event)
+    assert KEYS[0] not in json.dumps(event) and KEYS[1] not in json.dumps(event)
+
+
+async def test_keys_and_message_text_never_reach_the_server_log(tmp_path: Path) -> None:
+    """A real server at debug level; its whole output is read back after every kind of traffic."""
+    port = free_port()
+    script = Path(sys.executable).with_name("responses-lab")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "proto"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as log_file:
+        server = await asyncio.create_subprocess_exec(
+            *command, "serve", "--port", str(port), "--db", ":memory:", "--log-level", "debug",
+            "--api-key", KEYS[0], "--api-key", KEYS[1], "--model-override", f"{FAST}:prefill-overhead=1",
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth(KEYS[0]), timeout=GUARD) as http:
+                for _ in range(500):
+                    try:
+                        if (await http.get("/healthz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        await asyncio.sleep(0.02)
+                body = {"model": FAST, "input": f"{SECRET_TEXT}\n!say {SECRET_TEXT}"}
+                assert (await http.post("/v1/responses", json=body)).status_code == 200
+                await http.post("/v1/responses", json={**body, "model": "nope"})  # an error path
+                await http.get("/v1/models", headers=auth("sk-wrong-" + KEYS[1]))  # a refused key
+            url = f"ws://127.0.0.1:{port}/v1/responses?protocol=longlived"
+            async with connect(url, additional_headers=auth(KEYS[1])) as ws:
+                await ws.send(json.dumps({"type": "response.create", **body}))
+                while json.loads(await asyncio.wait_for(ws.recv(), GUARD))["type"] != "response.completed":
+                    pass
+                await ws.send(f"not json {SECRET_TEXT}")
+                await asyncio.wait_for(ws.recv(), GUARD)
+        finally:
+            server.terminate()
+            await asyncio.wait_for(server.wait(), 30)
+    logged = log_path.read_text()
+    assert "response_ended" in logged  # the server did log (debug level): it just never logged secrets
+    for secret in [*KEYS, SECRET_TEXT, "PLUTONIUM"]:
+        assert secret not in logged
