@@ -6,6 +6,7 @@ Each app has its own registry, so several servers in one process (tests, the lab
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -65,6 +66,10 @@ class _ServerCollector(Collector):
             work.add_metric([name], float(getattr(pipeline.totals, name)))
         yield work
         yield GaugeMetricFamily("responses_lab_ws_sessions", "open WebSocket sessions", value=len(self.server.sessions))
+        # Scraped on the server's loop: a leak of one task per dropped connection shows here (soak).
+        yield GaugeMetricFamily("responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks()))
+        queued = sum(session.out.qsize() for session in self.server.sessions)
+        yield GaugeMetricFamily("responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued)
         yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=pipeline.ledger.rows_written)
 
 

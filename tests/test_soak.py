@@ -1,0 +1,28 @@
+"""``responses-lab soak`` in small (10 connections × 3 turns, 5 held suspended) against its own server process:
+no errors, every rollout and turn counted, and nothing left on the server once the clients are gone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proto.client.soak import main
+
+
+def test_soak_smoke_leaves_no_session_and_no_task(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    code = main(["--connections", "10", "--turns", "3", "--http-share", "0.2", "--suspended", "5", "--ramp-s", "0.1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["errors"] == {}
+    assert report["rollouts_ok"] == 10 and report["turns_ok"] == 30
+    assert report["sessions_after"] == 0
+    assert report["tasks_after"] == report["tasks_before"]  # no task leaked per connection
+    assert report["overhead_ms_p50"] > 0 and report["rss_mb"]
+    assert report["suspended"] == 5 and report["suspended_rss_mb_after"] > 0
+
+
+def test_soak_refuses_a_non_loopback_server() -> None:
+    with pytest.raises(SystemExit, match="loopback"):
+        main(["--url", "http://10.1.2.3:8000", "--connections", "1"])
