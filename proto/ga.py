@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from enum import Enum, auto
 
 from proto import codec
+from proto.actions import Reply, Start, error_reply, new_response_id
 from proto.create import CreateLimits, validate_create
 from proto.errors import ClientError, LocalProtocolError
-from proto.events import ErrorDetail, ErrorEvent, ResponseCreate
-from proto.items import Item
-from proto.longlived import new_response_id
-from proto.work import WorkCounters
+from proto.events import ResponseCreate
 
 CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection on purpose, the client reconnects
 
@@ -55,19 +53,6 @@ REFUSALS: dict[tuple[GaState, GaEvent], str] = {
     (GaState.IN_FLIGHT, GaEvent.CREATE): "response_in_progress",
     (GaState.CLOSED, GaEvent.CREATE): "websocket_connection_limit_reached",
 }
-
-
-@dataclass(frozen=True)
-class Reply:
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Start:
-    response_id: str
-    request: ResponseCreate
-    items: list[Item]
-    work: WorkCounters
 
 
 @dataclass(frozen=True)
@@ -134,8 +119,7 @@ class GaCore:
 
     @staticmethod
     def error(exc: ClientError) -> Reply:
-        event = ErrorEvent(status=exc.status, error=ErrorDetail(type=exc.type, code=exc.code, message=exc.message, param=exc.param))
-        return Reply(codec.encode(event))
+        return error_reply(exc)
 
     def _check(self, event: GaEvent) -> None:
         if (self.state, event) not in TRANSITIONS:

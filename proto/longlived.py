@@ -11,18 +11,16 @@ come back as ``Reply`` with an ``error`` frame and leave the state as it was (no
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 import msgspec
 
 from proto import codec
+from proto.actions import Reply, Start, error_reply, new_response_id
 from proto.errors import ClientError, LocalProtocolError
 from proto.events import (
     TERMINAL_EVENTS,
-    ErrorDetail,
-    ErrorEvent,
     InjectCreated,
     InjectFailed,
     ResponseAppend,
@@ -48,19 +46,6 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Reply:
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Start:
-    response_id: str
-    request: ResponseCreate
-    items: list[Item]
-    work: WorkCounters
-
-
-@dataclass(frozen=True)
 class Resume:
     items: list[Item]  # the outputs in the order the calls were made, then any user messages
 
@@ -76,10 +61,6 @@ class Cancel:
 
 
 Action = Reply | Start | Resume | Enqueue | Cancel
-
-
-def new_response_id() -> str:
-    return "resp_" + secrets.token_hex(16)
 
 
 @dataclass
@@ -269,7 +250,7 @@ class LongLivedCore:
         return codec.encode(event)
 
     def error(self, exc: ClientError) -> Reply:
-        return self._reply(ErrorEvent(status=exc.status, error=ErrorDetail(type=exc.type, code=exc.code, message=exc.message, param=exc.param)))
+        return error_reply(exc)
 
     def close(self) -> None:
         if self.state is not State.CLOSED:

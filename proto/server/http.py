@@ -25,12 +25,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from proto.actions import new_response_id
 from proto.codec import decode_body
 from proto.create import CreateLimits, check_outputs, validate_create
 from proto.errors import ClientError, HttpErrorEnvelope
 from proto.events import CreateBody, ServerEvent
 from proto.items import Item
-from proto.longlived import new_response_id
 from proto.server.auth import Auth
 from proto.server.pipeline import Pipeline, Prepared, timed
 from proto.server.respond import EndAtCalls, load_history, respond

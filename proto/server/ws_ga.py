@@ -20,10 +20,11 @@ import structlog
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto import codec
+from proto.actions import Reply, Start
 from proto.create import CreateLimits, check_outputs
 from proto.errors import ClientError
 from proto.events import ResponseCompleted, ServerEvent
-from proto.ga import Close, GaCore, Reply, Start
+from proto.ga import Close, GaCore
 from proto.items import Tool
 from proto.server.pipeline import Pipeline, Prepared, timed
 from proto.server.respond import EndAtCalls, load_history, respond

@@ -18,11 +18,12 @@ import structlog
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from proto.actions import Reply, Start
 from proto.builder import ResponseBuilder
 from proto.errors import ClientError
 from proto.events import ResponseDone, ServerEvent
 from proto.items import Item
-from proto.longlived import Cancel, Enqueue, Limits, LongLivedCore, Reply, Resume, Start
+from proto.longlived import Cancel, Enqueue, Limits, LongLivedCore, Resume
 from proto.server.pipeline import Pipeline
 from proto.server.respond import load_history, persist
 from proto.server.session import SLOW_READER, Outbox, StoppableReader, Stopped
