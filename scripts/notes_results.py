@@ -1,9 +1,10 @@
 """Generate the "Results" section of notes/lab.md from a bench run's results.json — never typed by hand.
 
     python scripts/notes_results.py bench-out/results.json [--again OTHER/results.json] [--write notes/lab.md]
+        [--marker results] [--title Results]
 
-Prints Markdown; with ``--write`` it replaces the text between the ``<!-- results:begin -->`` and
-``<!-- results:end -->`` markers of that file. ``--again`` adds the repeatability check: every ratio of the
+Prints Markdown; with ``--write`` it replaces the text between the ``<!-- MARKER:begin -->`` and
+``<!-- MARKER:end -->`` markers of that file (``results`` unless ``--marker``). ``--again`` adds the repeatability check: every ratio of the
 first run (mode ÷ http, per profile) set against the same ratio of a second run of the same command.
 """
 
@@ -15,7 +16,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MODES = ("http", "http-prev", "ws", "longlived")
 TOLERANCE = 0.05  # ratios must repeat within ±5 %
 # (figure, key, what we compare) — the ratios the repeatability check covers.
@@ -157,8 +157,8 @@ def _ratio(run: dict[str, Any], base: dict[str, Any], field: str) -> float | Non
     return None if x is None or not y else float(x) / float(y)
 
 
-def render(results: dict[str, Any], again: dict[str, Any] | None) -> str:
-    out = ["### Results", "", *header(results), ""]
+def render(results: dict[str, Any], again: dict[str, Any] | None, title: str = "Results") -> str:
+    out = [f"### {title}", "", *header(results), ""]
     all_cells = cells(results)
     for (profile, workload, model), modes in all_cells.items():
         out += [f"#### {profile} · {workload} · {model}", "", *cell_table(modes), "",
@@ -178,17 +178,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", type=Path)
     parser.add_argument("--again", type=Path, default=None, help="a second run of the same command")
     parser.add_argument("--write", type=Path, default=None, help="replace the marked section of this file")
+    parser.add_argument("--marker", default="results", help="the section's marker name")
+    parser.add_argument("--title", default="Results")
     args = parser.parse_args(argv)
-    text = render(load(args.results), load(args.again) if args.again else None)
+    text = render(load(args.results), load(args.again) if args.again else None, args.title)
+    begin, end = f"<!-- {args.marker}:begin -->", f"<!-- {args.marker}:end -->"
     if args.write is None:
         print(text, end="")
         return 0
     doc = args.write.read_text(encoding="utf-8")
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{args.write}: no {BEGIN} … {END} markers")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    args.write.write_text(f"{head}{BEGIN}\n{text}{END}{tail}", encoding="utf-8")
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{args.write}: no {begin} … {end} markers")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    args.write.write_text(f"{head}{begin}\n{text}{end}{tail}", encoding="utf-8")
     return 0
 
 
