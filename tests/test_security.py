@@ -105,6 +105,20 @@ def test_the_redaction_runs_over_every_field_and_tracebacks() -> None:
 
 async def test_keys_and_message_text_never_reach_the_server_log(tmp_path: Path) -> None:
     """A real server at debug level; its whole output is read back after every kind of traffic."""
+    logged = await _server_log_after_traffic(tmp_path)
+    assert "response_ended" in logged  # the server did log (debug level): it just never logged secrets
+    for secret in [*KEYS, SECRET_TEXT, "PLUTONIUM"]:
+        assert secret not in logged
+
+
+async def test_log_text_logs_message_text_but_still_never_a_key(tmp_path: Path) -> None:
+    logged = await _server_log_after_traffic(tmp_path, "--log-text")
+    assert SECRET_TEXT in logged  # the debugging aid does what it says
+    for key in KEYS:
+        assert key not in logged
+
+
+async def _server_log_after_traffic(tmp_path: Path, *extra: str) -> str:
     port = free_port()
     script = Path(sys.executable).with_name("responses-lab")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "proto"]
@@ -113,7 +127,7 @@ async def test_keys_and_message_text_never_reach_the_server_log(tmp_path: Path) 
     with log_path.open("wb") as log_file:
         server = await asyncio.create_subprocess_exec(
             *command, "serve", "--port", str(port), "--db", ":memory:", "--log-level", "debug",
-            "--api-key", KEYS[0], "--api-key", KEYS[1], "--model-override", f"{FAST}:prefill-overhead=1",
+            "--api-key", KEYS[0], "--api-key", KEYS[1], "--model-override", f"{FAST}:prefill-overhead=1", *extra,
             env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
@@ -138,7 +152,4 @@ async def test_keys_and_message_text_never_reach_the_server_log(tmp_path: Path) 
         finally:
             server.terminate()
             await asyncio.wait_for(server.wait(), 30)
-    logged = log_path.read_text()
-    assert "response_ended" in logged  # the server did log (debug level): it just never logged secrets
-    for secret in [*KEYS, SECRET_TEXT, "PLUTONIUM"]:
-        assert secret not in logged
+    return log_path.read_text()

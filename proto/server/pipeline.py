@@ -218,7 +218,8 @@ class Pipeline:
         builder.lab.work.ledger_rows += 1
         self.totals.merge(builder.lab.work)
         self.metrics.observe(builder)
-        # Counts and ids only: never message text or keys (the request's content stays out of logs).
+        # Counts and ids only: message text only under --log-text (a debugging aid), keys never.
+        text = {"output_text": _output_text(response.output)} if self.settings.log_text else {}
         log.info(
             "response_ended",
             response_id=response.id,
@@ -228,6 +229,7 @@ class Pipeline:
             input_tokens=usage.input_tokens,
             cached_tokens=usage.input_tokens_details.cached_tokens,
             output_tokens=usage.output_tokens,
+            **text,
         )
         self.ledger.record(
             LedgerRow(
@@ -244,6 +246,10 @@ class Pipeline:
                 completed_at=time.time(),
             )
         )
+
+
+def _output_text(items: list[Item]) -> str:
+    return "".join(item.text() for item in items if isinstance(item, Message))
 
 
 def _first_user_text(items: list[Item]) -> str:
