@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest
 
-# The latency lab's quick run (< 3 min on 2 cores; notes/lab.md). The mock GPU's pacing scripts
+# The latency lab's quick run (< 3 min on 2 cores; NOTES.md). The mock GPU's pacing scripts
 # (scripts/gpu_pacing.py, scripts/ws_pacing.py) still run on their own.
 bench: $(STAMP)
 	$(BIN)/responses-lab bench --quick --out bench-out

@@ -4,7 +4,7 @@
 
 Sizes and times are drawn from ranges typical of coding agents (Codex/Claude-Code-style tool use:
 file reads of 0.5-3.5 k tokens, greps, test runs of seconds) — plausible, not measured; the
-format is documented in notes/gpu.md.
+format is documented in NOTES.md ("Workload format").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Generate the "Results" section of notes/lab.md from a bench run's results.json — never typed by hand.
+"""Generate the "Results" section of NOTES.md from a bench run's results.json — never typed by hand.
 
-    python scripts/notes_results.py bench-out/results.json [--again OTHER/results.json] [--write notes/lab.md]
+    python scripts/notes_results.py bench-out/results.json [--again OTHER/results.json] [--write NOTES.md]
         [--marker results] [--title Results]
 
 Prints Markdown; with ``--write`` it replaces the text between the ``<!-- MARKER:begin -->`` and

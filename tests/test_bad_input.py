@@ -224,7 +224,7 @@ async def test_longlived_oversized_frame_closes_1009(srv: ThreadedServer) -> Non
 
 async def test_longlived_invalid_utf8_fails_the_connection(srv: ThreadedServer) -> None:
     # uvicorn (0.54, wsproto) fails the connection with no close frame: the app sees a 1007 disconnect,
-    # the client a hang-up (notes/hardening-input.md). Either way the server must serve on.
+    # the client a hang-up (NOTES.md, "Hardening: limits and bad input"). Either way the server must serve on.
     assert await asyncio.to_thread(raw_invalid_utf8_close_code, ll_url(srv)) in (1007, None)
     async with connect(ll_url(srv), max_size=None) as ws:
         await longlived_rollout_ok(ws)

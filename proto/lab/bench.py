@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pings", type=int, default=None, help="WebSocket pings for the floor (default 500; --quick 200)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see notes/lab.md)")
+    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
     parser.add_argument("--no-plots", action="store_true")
 
 

@@ -41,7 +41,7 @@ class Profile:
     resolve_hop_ms: float
 
 
-# Values argued in notes/lab.md ("Profiles"): a BERT-scale safety classifier behind an in-region RPC
+# Values argued in NOTES.md (the lab's "Profiles"): a BERT-scale safety classifier behind an in-region RPC
 # (10–50 ms per check in published guardrail budgets; we take 20 ms), and one in-region RPC to a
 # routing/config service for model resolution (inter-AZ RTT 1.3–2.1 ms measured on EC2; we take 2 ms).
 PROFILES: dict[str, Profile] = {

@@ -62,7 +62,7 @@ class _Rule:
     name: str
     # Every match starts with one of these (lowercase) literals. ``str.find`` locates them at C speed and
     # the regex is only tried there: one pass per trigger instead of a regex attempt at every position,
-    # ~8x faster on mixed prose and code (notes/pipeline.md), still reading every character.
+    # ~8x faster on mixed prose and code (NOTES.md, "Pipeline stages"), still reading every character.
     triggers: tuple[str, ...]
     regex: re.Pattern[str]
 
