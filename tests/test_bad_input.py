@@ -223,9 +223,8 @@ async def test_longlived_oversized_frame_closes_1009(srv: ThreadedServer) -> Non
 
 
 async def test_longlived_invalid_utf8_fails_the_connection(srv: ThreadedServer) -> None:
-    # uvicorn (0.54, wsproto) fails the connection with no close frame: the app sees a 1007 disconnect,
-    # the client a hang-up (NOTES.md, "Hardening: limits and bad input"). Either way the server must serve on.
-    assert await asyncio.to_thread(raw_invalid_utf8_close_code, ll_url(srv)) in (1007, None)
+    # wsproto rejects the frame; LabWSProtocol sends the 1007 close frame uvicorn itself would not.
+    assert await asyncio.to_thread(raw_invalid_utf8_close_code, ll_url(srv)) == 1007
     async with connect(ll_url(srv), max_size=None) as ws:
         await longlived_rollout_ok(ws)
 
@@ -313,7 +312,7 @@ async def test_ga_oversized_frame_closes_1009(srv: ThreadedServer) -> None:
 
 
 async def test_ga_invalid_utf8_fails_the_connection(srv: ThreadedServer) -> None:
-    assert await asyncio.to_thread(raw_invalid_utf8_close_code, srv.url) in (1007, None)  # as in long-lived
+    assert await asyncio.to_thread(raw_invalid_utf8_close_code, srv.url) == 1007  # as in long-lived
     async with connect(srv.url, max_size=None) as ws:
         await ga_rollout_ok(ws)
 

@@ -13,6 +13,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, replace
 
 import uvicorn
+from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
+from wsproto import events
+from wsproto.connection import ConnectionState
 
 from proto.server.app import create_app
 from proto.server.config import Settings, check_bind
@@ -24,7 +27,7 @@ def uvicorn_config(settings: Settings, **extra: object) -> uvicorn.Config:
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        ws="wsproto",
+        ws=LabWSProtocol,
         ws_max_size=settings.max_frame_bytes,
         ws_ping_interval=None,  # the lab measures its own pings; keep-alive traffic would perturb it
         log_level=settings.log_level,
@@ -33,6 +36,21 @@ def uvicorn_config(settings: Settings, **extra: object) -> uvicorn.Config:
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # then uvicorn cancels what still runs (SSE)
         **extra,  # type: ignore[arg-type]
     )
+
+
+class LabWSProtocol(WSProtocol):
+    """uvicorn's wsproto protocol, failing a connection as RFC 6455 §7.1.7 asks: when wsproto itself
+    rejects a frame (invalid UTF-8 in a text frame: 1007; a protocol error: 1002), uvicorn 0.54 hangs up
+    without a close frame; this sends one with wsproto's code first."""
+
+    def handle_close(self, event: events.CloseConnection) -> None:
+        if not self.close_sent and self.conn.state is ConnectionState.OPEN:
+            self.transport.write(self.conn.send(events.CloseConnection(code=event.code, reason=event.reason)))
+            self.close_sent = True
+            self.queue.put_nowait({"type": "websocket.disconnect", "code": event.code, "reason": event.reason})
+            self.transport.close()
+            return
+        super().handle_close(event)
 
 
 class LabServer(uvicorn.Server):
@@ -63,7 +81,7 @@ def serve(settings: Settings) -> None:
             host=settings.host,
             port=settings.port,
             workers=settings.workers,
-            ws="wsproto",
+            ws=LabWSProtocol,
             ws_max_size=settings.max_frame_bytes,
             log_level=settings.log_level,
         )
