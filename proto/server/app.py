@@ -8,7 +8,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 
-import msgspec
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -16,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from proto.errors import ClientError, HttpErrorEnvelope
-from proto.server.auth import Auth
+from proto.errors import ClientError
+from proto.server.auth import Auth, error_response, unauthorized
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
 from proto.server.logs import configure as configure_logs
@@ -28,10 +27,6 @@ from proto.server.ws_ga import GaSession
 from proto.server.ws_longlived import LongLivedSession
 
 log = structlog.get_logger("proto.server")
-
-
-def error_response(exc: ClientError) -> Response:
-    return Response(msgspec.json.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type="application/json")
 
 
 class Server:
@@ -73,7 +68,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def responses_ws(ws: WebSocket) -> None:
         key_id = server.auth.identify(ws.headers)
         if key_id is None:
-            await ws.send_denial_response(error_response(ClientError("unauthorized", "missing or invalid API key")))
+            await ws.send_denial_response(error_response(unauthorized()))
             return
         protocol = ws.query_params.get("protocol", "ga")
         if protocol not in ("longlived", "ga"):
@@ -92,32 +87,26 @@ def create_app(settings: Settings | None = None) -> Starlette:
         finally:
             server.sessions.discard(session)
 
-    async def models(request: Request) -> Response:
-        if server.auth.identify(request.headers) is None:
-            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+    async def models(request: Request, key_id: str) -> Response:
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public()}
             for name, spec in sorted(server.pipeline.engines.specs.items())
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    async def healthz(request: Request) -> Response:
-        if server.auth.identify(request.headers) is None:
-            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+    async def healthz(request: Request, key_id: str) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def metrics(request: Request) -> Response:
-        if server.auth.identify(request.headers) is None:
-            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+    async def metrics(request: Request, key_id: str) -> Response:
         return Response(render_metrics(server), media_type="text/plain; version=0.0.4")
 
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", responses_ws),
             *HttpResponses(server.auth, server.pipeline).routes(),
-            Route("/v1/models", models),
-            Route("/healthz", healthz),
-            Route("/metrics", metrics),
+            Route("/v1/models", server.auth.guard(models)),
+            Route("/healthz", server.auth.guard(healthz)),
+            Route("/metrics", server.auth.guard(metrics)),
         ],
         lifespan=lifespan,
     )

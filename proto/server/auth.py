@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 
+import msgspec
 from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
 
+from proto.errors import ClientError, HttpErrorEnvelope
 from proto.server.ledger import fingerprint_api_key
+
+KeyedEndpoint = Callable[[Request, str], Awaitable[Response]]
+_encoder = msgspec.json.Encoder()
+
+
+def error_response(exc: ClientError) -> Response:
+    """OpenAI's JSON error body, with the status its code is registered with."""
+    return Response(_encoder.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type="application/json")
+
+
+def unauthorized() -> ClientError:
+    return ClientError("unauthorized", "missing or invalid API key")
 
 
 class Auth:
@@ -30,3 +47,14 @@ class Auth:
         for key in self._keys:
             matched |= hmac.compare_digest(given, key)
         return fingerprint_api_key(token.strip()) if matched else None
+
+    def guard(self, endpoint: KeyedEndpoint) -> Callable[[Request], Awaitable[Response]]:
+        """An HTTP endpoint that runs only for a known key, and is handed that key's ``api_key_id``."""
+
+        async def guarded(request: Request) -> Response:
+            key_id = self.identify(request.headers)
+            if key_id is None:
+                return error_response(unauthorized())
+            return await endpoint(request, key_id)
+
+        return guarded

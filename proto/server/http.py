@@ -28,20 +28,16 @@ from starlette.routing import Route
 from proto.actions import new_response_id
 from proto.codec import decode_body
 from proto.create import CreateLimits, check_outputs, validate_create
-from proto.errors import ClientError, HttpErrorEnvelope
+from proto.errors import ClientError
 from proto.events import CreateBody, ServerEvent
 from proto.items import Item
-from proto.server.auth import Auth
+from proto.server.auth import Auth, error_response
 from proto.server.pipeline import Pipeline, Prepared, timed
 from proto.server.respond import EndAtCalls, load_history, respond
 
 _encoder = msgspec.json.Encoder()
 _items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 JSON = "application/json"
-
-
-def error_response(exc: ClientError) -> Response:
-    return Response(_encoder.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type=JSON)
 
 
 def sse_frame(event: ServerEvent) -> bytes:
@@ -58,17 +54,14 @@ class HttpResponses:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/v1/responses", self.create, methods=["POST"]),
-            Route("/v1/responses/{response_id}", self.retrieve, methods=["GET"]),
-            Route("/v1/responses/{response_id}", self.delete, methods=["DELETE"]),
-            Route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"]),
+            Route("/v1/responses", self.auth.guard(self.create), methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.auth.guard(self.retrieve), methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.auth.guard(self.delete), methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", self.auth.guard(self.input_items), methods=["GET"]),
         ]
 
     # ------------------------------------------------------------------------------------ create
-    async def create(self, request: Request) -> Response:
-        key = self.auth.identify(request.headers)
-        if key is None:
-            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+    async def create(self, request: Request, key: str) -> Response:
         created = time.time()
         try:
             body = decode_body(await self._read_body(request))
@@ -139,31 +132,22 @@ class HttpResponses:
         return StreamingResponse(frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
     # ------------------------------------------------------------------------------------ stored
-    async def retrieve(self, request: Request) -> Response:
-        key = self.auth.identify(request.headers)
-        if key is None:
-            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+    async def retrieve(self, request: Request, key: str) -> Response:
         response_id = request.path_params["response_id"]
         stored = await self.pipeline.store.get(response_id, key)
         if stored is None:
             return error_response(_not_found(response_id))
         return Response(stored.response_json, media_type=JSON)
 
-    async def delete(self, request: Request) -> Response:
-        key = self.auth.identify(request.headers)
-        if key is None:
-            return error_response(ClientError("unauthorized", "missing or invalid API key"))
+    async def delete(self, request: Request, key: str) -> Response:
         response_id = request.path_params["response_id"]
         if not await self.pipeline.store.delete(response_id, key):
             return error_response(_not_found(response_id))
         return Response(_encoder.encode({"id": response_id, "object": "response", "deleted": True}), media_type=JSON)
 
-    async def input_items(self, request: Request) -> Response:
+    async def input_items(self, request: Request, key: str) -> Response:
         """OpenAI's list shape; ``order`` (default ``desc``, as OpenAI), ``limit`` (1–100, default 20),
         ``after`` (an item id)."""
-        key = self.auth.identify(request.headers)
-        if key is None:
-            return error_response(ClientError("unauthorized", "missing or invalid API key"))
         response_id = request.path_params["response_id"]
         raw = await self.pipeline.store.input_items(response_id, key)
         if raw is None:
