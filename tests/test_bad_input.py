@@ -232,6 +232,7 @@ async def test_longlived_invalid_utf8_fails_the_connection(srv: ThreadedServer) 
 async def _oversized_closes_1009(url: str) -> None:
     async with connect(url, max_size=None) as ws:
         await ws.send(dumps(create("x" * (MAX_FRAME + 1))))
+        assert_error(await recv(ws), "message_too_large", None)  # the typed error first, then the close
         with pytest.raises(ConnectionClosed) as closed:
             await recv(ws)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009

@@ -9,14 +9,17 @@ import math
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
+from typing import Any
 
 import uvicorn
-from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
+from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WebsocketBuffer, WSProtocol
 from wsproto import events
 from wsproto.connection import ConnectionState
 
+from proto.actions import error_reply
+from proto.errors import ClientError
 from proto.server.app import create_app
 from proto.server.config import Settings, check_bind
 from proto.server.logs import configure
@@ -38,10 +41,40 @@ def uvicorn_config(settings: Settings, **extra: object) -> uvicorn.Config:
     )
 
 
+class _ReportingBuffer(WebsocketBuffer):
+    """uvicorn's message buffer, telling its protocol when a message passes the size limit."""
+
+    def __init__(self, max_length: int, report: Callable[[], None]) -> None:
+        super().__init__(max_length)
+        self._report = report
+
+    def extend(self, event: events.TextMessage | events.BytesMessage) -> None:
+        try:
+            super().extend(event)
+        except FrameTooLargeError:
+            self._report()
+            raise
+
+
 class LabWSProtocol(WSProtocol):
-    """uvicorn's wsproto protocol, failing a connection as RFC 6455 §7.1.7 asks: when wsproto itself
-    rejects a frame (invalid UTF-8 in a text frame: 1007; a protocol error: 1002), uvicorn 0.54 hangs up
-    without a close frame; this sends one with wsproto's code first."""
+    """uvicorn's wsproto protocol, with the two refusals a client should be able to read:
+
+    * a message past ``--max-frame-bytes``: the typed ``message_too_large`` error frame, then uvicorn's
+      close 1009 (uvicorn alone only closes);
+    * a frame wsproto itself rejects (invalid UTF-8 in a text frame: 1007; a protocol error: 1002): the
+      connection is failed with a close frame carrying that code, as RFC 6455 §7.1.7 asks (uvicorn 0.54
+      hangs up without one).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer = _ReportingBuffer(self.config.ws_max_size, self._too_large)
+
+    def _too_large(self) -> None:
+        if self.close_sent or self.transport.is_closing():
+            return
+        limit = ClientError("message_too_large", f"a message may be at most {self.config.ws_max_size} bytes (--max-frame-bytes)")
+        self.transport.write(self.conn.send(events.TextMessage(data=error_reply(limit).data.decode())))
 
     def handle_close(self, event: events.CloseConnection) -> None:
         if not self.close_sent and self.conn.state is ConnectionState.OPEN:
