@@ -47,6 +47,7 @@ def bench_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = bench_main([
         "--modes", ",".join(MODES), "--workload", str(workload), "--model", "mock-4000tps", "--profile", "local",
         "--sessions", "2", "--rollouts", "1", "--warmup", "1", "--pings", "20", "--out", str(out),
+        "--model-override", "mock-4000tps:prefill-overhead=20,prefill-time-per-token=0",
     ])
     assert code == 0
     return out
@@ -86,3 +87,11 @@ def test_csv_and_plots_are_written(bench_out: Path) -> None:
     assert all(float(row["e2e_s_p50"]) > 0 for row in rows)
     for name in ("e2e_by_mode.png", "overhead_by_turn.png", "phases_by_mode.png", "ttft_cdf.png"):
         assert (bench_out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_model_overrides_reach_the_servers_the_lab_starts(bench_out: Path) -> None:
+    results = json.loads((bench_out / "results.json").read_text(encoding="utf-8"))
+    assert results["config"]["model_overrides"] == ["mock-4000tps:prefill-overhead=20,prefill-time-per-token=0"]
+    for run in results["runs"]:
+        # 20 ms constant prefill (times the load factor of 2 running out of 256): not the default 30 ms + per token.
+        assert 20.0 <= run["prefill_ms_per_turn"] < 20.2, run["mode"]

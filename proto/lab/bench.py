@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-time-scale", type=float, default=None, help="multiply recorded tool times (--quick: 0.1)")
     parser.add_argument("--pings", type=int, default=None, help="WebSocket pings for the floor (default 500; --quick 200)")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--model-override", action="append", default=None, metavar="MODEL:KNOB=V,…",
+        help="passed to the servers the lab starts, e.g. mock-1000tps:prefill-time-per-token=0.025 (repeatable)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
     parser.add_argument("--no-plots", action="store_true")
@@ -44,6 +48,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "url": args.url, "modes": args.modes, "workloads": args.workload, "models": args.model, "profiles": args.profile,
         "sessions": args.sessions, "rollouts": args.rollouts, "warmup": args.warmup, "turns": args.turns,
         "tool_time_scale": args.tool_time_scale, "pings": args.pings, "api_key": args.api_key,
+        "model_overrides": tuple(args.model_override) if args.model_override else None,
     }
     for name, value in changes.items():
         if value is not None:
@@ -51,6 +56,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     bad = [m for m in config.modes if m not in MODES] + [p for p in config.profiles if p not in PROFILES]
     if bad:
         raise SystemExit(f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: {', '.join(PROFILES)})")
+    if config.url and config.model_overrides:
+        raise SystemExit("--model-override applies to the servers the lab starts; with --url, start that server with it")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
         raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
     return config

@@ -66,6 +66,9 @@ class BenchConfig:
     url: str | None = None
     api_key: str | None = None
     quick: bool = False
+    # Passed to every server the lab starts (``--model-override``): ask "what if prefill were 10x faster?"
+    # or "what if suspended responses lost their KV pins?" (``pin-suspended=false``) on the same workload.
+    model_overrides: tuple[str, ...] = ()
 
     @classmethod
     def quick_preset(cls) -> BenchConfig:
@@ -102,7 +105,7 @@ class BenchResult:
 class ServerProcess:
     """``responses-lab serve`` as a child process: its CPU time is the server's alone."""
 
-    def __init__(self, profile: Profile, api_key: str | None = None) -> None:
+    def __init__(self, profile: Profile, api_key: str | None = None, model_overrides: tuple[str, ...] = ()) -> None:
         from proto.server.run import free_port
 
         self.port = free_port()
@@ -114,6 +117,8 @@ class ServerProcess:
                "--log-level", "warning"]
         if api_key:
             cmd += ["--api-key", api_key]
+        for override in model_overrides:
+            cmd += ["--model-override", override]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.http_url = f"http://127.0.0.1:{self.port}"
@@ -256,7 +261,7 @@ def _servers(config: BenchConfig) -> Iterator[list[tuple[str, str, str, Callable
     started: list[ServerProcess] = []
     try:
         for name in config.profiles:
-            started.append(ServerProcess(PROFILES[name], config.api_key))
+            started.append(ServerProcess(PROFILES[name], config.api_key, config.model_overrides))
         for server in started:
             server.wait_ready()
         yield [(s.profile.name, s.ws_url, s.http_url, s.cpu_s) for s in started]
@@ -353,7 +358,7 @@ def results_json(result: BenchResult, command: str) -> dict[str, Any]:
             "modes": list(config.modes), "workloads": list(config.workloads), "models": list(config.models),
             "sessions": config.sessions, "rollouts_per_session": config.rollouts, "warmup_per_session": config.warmup,
             "warmup_turns": config.warmup_turns, "turns": config.turns, "tool_time_scale": config.tool_time_scale,
-            "quick": config.quick, "url": config.url,
+            "quick": config.quick, "url": config.url, "model_overrides": list(config.model_overrides),
         },
         "command": command,
         "machine": machine(),
