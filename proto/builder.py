@@ -1,7 +1,15 @@
 """Builds one Response and the streaming events that describe it, in OpenAI's order. Sans-IO.
 
-The sampling loop calls these as the model produces output; the connection core stamps and frames the
-events. One builder per response: in the long-lived protocol it spans every turn of the rollout.
+The sampling loop calls these as the model produces output; the transport frames the events. One builder
+per response: in the long-lived protocol it spans every turn of the rollout.
+
+Two rules every event obeys:
+
+* **It is a snapshot.** An event holds copies of what it describes as it was when the event was made
+  (``output_item.added`` carries the item ``in_progress`` with empty content or arguments), never the live
+  object that later events change: events may be encoded in batches, after the item has moved on.
+* **Its ``sequence_number`` is stamped here**, the one place events are made, strictly increasing from 0
+  over the whole response (over every turn of a long-lived one).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from proto.events import (
     WebSearchSearching,
 )
 from proto.items import FunctionCall, Item, Message, OutputText, WebSearchAction, WebSearchCall
-from proto.response import IncompleteDetails, LabInfo, Response, ResponseError, TurnReport, Usage
+from proto.response import IncompleteDetails, LabInfo, Mode, Response, ResponseError, TurnReport, Usage
 from proto.work import WorkCounters
 
 
@@ -43,7 +51,7 @@ def new_item_id(prefix: str) -> str:
 
 
 class ResponseBuilder:
-    def __init__(self, response_id: str, request: CreateBody, mode: str, work: WorkCounters | None = None) -> None:
+    def __init__(self, response_id: str, request: CreateBody, mode: Mode, work: WorkCounters | None = None) -> None:
         self.response = Response(
             id=response_id,
             created_at=int(time.time()),
@@ -64,6 +72,14 @@ class ResponseBuilder:
             lab=LabInfo(mode=mode, work=work or WorkCounters()),
         )
         self._segment_start = 0  # index of the first output item of the current turn
+        self._turns_sent = 0  # lab.turns already reported on a response.done
+        self._flags_sent = 0  # lab.safety_flags likewise
+        self._sequence = 0
+
+    def next_sequence(self) -> int:
+        number = self._sequence
+        self._sequence += 1
+        return number
 
     @property
     def lab(self) -> LabInfo:
@@ -77,39 +93,73 @@ class ResponseBuilder:
 
     # ------------------------------------------------------------------------------ lifecycle
     def start(self) -> list[ServerEvent]:
-        snapshot = self._snapshot(output=[])
-        return [ResponseCreated(response=snapshot), ResponseInProgress(response=snapshot)]
+        snapshot = self._snapshot(output=[], lab=self._lab_since_last())
+        return [
+            ResponseCreated(response=snapshot, sequence_number=self.next_sequence()),
+            ResponseInProgress(response=snapshot, sequence_number=self.next_sequence()),
+        ]
 
     def record_turn(self, report: TurnReport) -> None:
         self.lab.turns.append(report)
         self.usage.add(report.prompt_tokens, report.cached_tokens, report.output_tokens)
 
     def suspend(self, calls: list[FunctionCall]) -> ResponseDone:
-        # Only this turn's output travels with response.done: re-sending the whole rollout on every
-        # suspension would make the long-lived response pay O(turns²) bytes for nothing.
+        # Only what is new since the last response.done travels with this one (this segment's output and
+        # turn report): re-sending the whole rollout on every suspension would make the long-lived
+        # response pay O(turns²) bytes for nothing. The terminal event carries the whole response.
         segment = self.response.output[self._segment_start :]
         self._segment_start = len(self.response.output)
         return ResponseDone(
-            response=self._snapshot(output=segment),
+            response=self._snapshot(output=segment, lab=self._lab_since_last()),
             pending_calls=[PendingCall(call_id=call.call_id, name=call.name) for call in calls],
+            sequence_number=self.next_sequence(),
         )
 
     def completed(self) -> ResponseCompleted:
         self.response.status = "completed"
-        return ResponseCompleted(response=self.response)
+        return ResponseCompleted(response=self._final(), sequence_number=self.next_sequence())
 
     def incomplete(self, reason: str) -> ResponseIncomplete:
         self.response.status = "cancelled" if reason == "cancelled" else "incomplete"
         self.response.incomplete_details = IncompleteDetails(reason=reason)
-        return ResponseIncomplete(response=self.response)
+        return ResponseIncomplete(response=self._final(), sequence_number=self.next_sequence())
 
     def failed(self, code: str, message: str) -> ResponseFailed:
         self.response.status = "failed"
         self.response.error = ResponseError(code=code, message=message)
-        return ResponseFailed(response=self.response)
+        return ResponseFailed(response=self._final(), sequence_number=self.next_sequence())
 
-    def _snapshot(self, output: list[Item]) -> Response:
-        return msgspec.structs.replace(self.response, output=output)
+    def reissue(self, terminal: ServerEvent) -> ServerEvent:
+        """The same terminal event (same type and number) over the response as it is now: work done
+        after the event was made (storing, billing) shows in its counters."""
+        assert isinstance(terminal, ResponseCompleted | ResponseIncomplete | ResponseFailed)
+        return type(terminal)(response=self._final(), sequence_number=terminal.sequence_number)
+
+    def _final(self) -> Response:
+        lab = self.lab
+        whole = msgspec.structs.replace(lab, turns=list(lab.turns), phases_ms=dict(lab.phases_ms), safety_flags=list(lab.safety_flags),
+                                        work=msgspec.structs.replace(lab.work), input_positions=None if lab.input_positions is None else list(lab.input_positions))
+        return self._snapshot(output=list(self.response.output), lab=whole)
+
+    def _lab_since_last(self) -> LabInfo:
+        lab = self.lab
+        turns, self._turns_sent = lab.turns[self._turns_sent :], len(lab.turns)
+        flags, self._flags_sent = lab.safety_flags[self._flags_sent :], len(lab.safety_flags)
+        return LabInfo(mode=lab.mode, turns=turns, phases_ms=dict(lab.phases_ms), safety_flags=flags, work=msgspec.structs.replace(lab.work))
+
+    def _snapshot(self, output: list[Item], lab: LabInfo) -> Response:
+        usage = self.usage
+        return msgspec.structs.replace(
+            self.response,
+            output=output,
+            usage=msgspec.structs.replace(
+                usage,
+                input_tokens_details=msgspec.structs.replace(usage.input_tokens_details),
+                output_tokens_details=msgspec.structs.replace(usage.output_tokens_details),
+            ),
+            metadata=dict(self.response.metadata),
+            lab=lab,
+        )
 
     # ------------------------------------------------------------------------------ output items
     def message(self) -> MessageStream:
@@ -122,9 +172,9 @@ class ResponseBuilder:
         item = WebSearchCall(id=new_item_id("ws"), status="in_progress", action=WebSearchAction(query=query))
         index = self._add(item)
         events: list[ServerEvent] = [
-            OutputItemAdded(output_index=index, item=item),
-            WebSearchInProgress(item_id=item.id, output_index=index),
-            WebSearchSearching(item_id=item.id, output_index=index),
+            OutputItemAdded(output_index=index, item=_copy_search(item), sequence_number=self.next_sequence()),
+            WebSearchInProgress(item_id=item.id, output_index=index, sequence_number=self.next_sequence()),
+            WebSearchSearching(item_id=item.id, output_index=index, sequence_number=self.next_sequence()),
         ]
         return item, index, events
 
@@ -132,67 +182,80 @@ class ResponseBuilder:
         item.status = "completed"
         if item.action is not None:
             item.action.sources = sources
-        return [WebSearchCompleted(item_id=item.id, output_index=index), OutputItemDone(output_index=index, item=item)]
+        return [
+            WebSearchCompleted(item_id=item.id, output_index=index, sequence_number=self.next_sequence()),
+            OutputItemDone(output_index=index, item=_copy_search(item), sequence_number=self.next_sequence()),
+        ]
 
     def _add(self, item: Item) -> int:
         self.response.output.append(item)
         return len(self.response.output) - 1
 
 
+def _copy_search(item: WebSearchCall) -> WebSearchCall:
+    action = item.action
+    if action is not None:
+        action = msgspec.structs.replace(action, sources=None if action.sources is None else list(action.sources))
+    return msgspec.structs.replace(item, action=action)
+
+
 class MessageStream:
-    """An assistant message streamed token by token."""
+    """An assistant message streamed token by token. ``item`` is the live output item; events carry
+    copies of it."""
 
     def __init__(self, builder: ResponseBuilder) -> None:
-        self.item = Message(id=new_item_id("msg"), role="assistant", content=[], status="in_progress")
+        self._builder = builder
+        self.item_id = new_item_id("msg")
+        self.item = Message(id=self.item_id, role="assistant", content=[], status="in_progress")
         self.index = builder._add(self.item)
         self._parts: list[str] = []
 
     def added(self) -> list[ServerEvent]:
-        assert self.item.id is not None
+        seq = self._builder.next_sequence
         return [
-            OutputItemAdded(output_index=self.index, item=self.item),
-            ContentPartAdded(item_id=self.item.id, output_index=self.index, content_index=0, part=OutputText(text="")),
+            OutputItemAdded(output_index=self.index, item=Message(id=self.item_id, role="assistant", content=[], status="in_progress"), sequence_number=seq()),
+            ContentPartAdded(item_id=self.item_id, output_index=self.index, content_index=0, part=OutputText(text=""), sequence_number=seq()),
         ]
 
     def delta(self, text: str) -> OutputTextDelta:
-        assert self.item.id is not None
         self._parts.append(text)
-        return OutputTextDelta(item_id=self.item.id, output_index=self.index, content_index=0, delta=text)
+        return OutputTextDelta(item_id=self.item_id, output_index=self.index, content_index=0, delta=text, sequence_number=self._builder.next_sequence())
 
     def done(self) -> list[ServerEvent]:
-        assert self.item.id is not None
+        seq = self._builder.next_sequence
         text = "".join(self._parts)
-        part = OutputText(text=text)
-        self.item.content = [part]
+        self.item.content = [OutputText(text=text)]
         self.item.status = "completed"
         return [
-            OutputTextDone(item_id=self.item.id, output_index=self.index, content_index=0, text=text),
-            ContentPartDone(item_id=self.item.id, output_index=self.index, content_index=0, part=part),
-            OutputItemDone(output_index=self.index, item=self.item),
+            OutputTextDone(item_id=self.item_id, output_index=self.index, content_index=0, text=text, sequence_number=seq()),
+            ContentPartDone(item_id=self.item_id, output_index=self.index, content_index=0, part=OutputText(text=text), sequence_number=seq()),
+            OutputItemDone(output_index=self.index, item=Message(id=self.item_id, role="assistant", content=[OutputText(text=text)], status="completed"), sequence_number=seq()),
         ]
 
 
 class CallStream:
-    """A function call whose arguments stream token by token."""
+    """A function call whose arguments stream token by token. ``item`` is the live output item; events
+    carry copies of it."""
 
     def __init__(self, builder: ResponseBuilder, name: str, call_id: str) -> None:
-        self.item = FunctionCall(id=new_item_id("fc"), call_id=call_id, name=name, arguments="", status="in_progress")
+        self._builder = builder
+        self.item_id = new_item_id("fc")
+        self.item = FunctionCall(id=self.item_id, call_id=call_id, name=name, arguments="", status="in_progress")
         self.index = builder._add(self.item)
         self._parts: list[str] = []
 
     def added(self) -> list[ServerEvent]:
-        return [OutputItemAdded(output_index=self.index, item=self.item)]
+        return [OutputItemAdded(output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=self._builder.next_sequence())]
 
     def delta(self, text: str) -> FunctionCallArgumentsDelta:
-        assert self.item.id is not None
         self._parts.append(text)
-        return FunctionCallArgumentsDelta(item_id=self.item.id, output_index=self.index, delta=text)
+        return FunctionCallArgumentsDelta(item_id=self.item_id, output_index=self.index, delta=text, sequence_number=self._builder.next_sequence())
 
     def done(self) -> list[ServerEvent]:
-        assert self.item.id is not None
+        seq = self._builder.next_sequence
         self.item.arguments = "".join(self._parts)
         self.item.status = "completed"
         return [
-            FunctionCallArgumentsDone(item_id=self.item.id, output_index=self.index, arguments=self.item.arguments, name=self.item.name),
-            OutputItemDone(output_index=self.index, item=self.item),
+            FunctionCallArgumentsDone(item_id=self.item_id, output_index=self.index, arguments=self.item.arguments, name=self.item.name, sequence_number=seq()),
+            OutputItemDone(output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=seq()),
         ]

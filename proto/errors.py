@@ -7,8 +7,6 @@ misuse of the core (a bug): it is never sent to the peer as if it were their fau
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 # code -> (HTTP status, OpenAI error type). One table so every transport reports the same thing.
@@ -30,6 +28,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "too_many_items": (400, "invalid_request_error"),
     "too_many_tools": (400, "invalid_request_error"),
     "too_many_pending_calls": (400, "invalid_request_error"),
+    "too_many_queued_items": (400, "invalid_request_error"),
     "binary_frame_not_supported": (400, "invalid_request_error"),
     "content_policy": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
@@ -37,6 +36,9 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "server_overloaded": (503, "server_error"),
     "engine_failure": (500, "server_error"),
     "server_shutting_down": (503, "server_error"),
+    "store_unavailable": (503, "server_error"),
+    "ledger_unavailable": (503, "server_error"),
+    "server_error": (500, "server_error"),
 }
 
 
@@ -88,6 +90,3 @@ def param_from_validation(exc: msgspec.ValidationError, prefix: str = "") -> str
     path = text[at + len(marker) : text.rfind("`")]
     return f"{prefix}{path}" if prefix else f"${path}"
 
-
-def describe(value: Any) -> str:
-    return type(value).__name__

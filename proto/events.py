@@ -70,49 +70,50 @@ CLIENT_EVENT_TYPES = frozenset({"response.create", "response.append", "response.
 # ----------------------------------------------------------------------------------------------- server
 
 
-class WireEvent(msgspec.Struct, tag_field="type", kw_only=True):
-    """Anything the server sends. Replies outside a response's stream (errors, inject acks) carry no
-    ``sequence_number``, as in the GA error envelope."""
+class WireEvent(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
+    """Anything the server sends: immutable, a snapshot of what it describes when it was made. Replies
+    outside a response's stream (errors, inject acks) carry no ``sequence_number``, as in the GA error
+    envelope."""
 
 
-class ServerEvent(WireEvent, kw_only=True):
-    # Stamped by the connection core when the event is framed; strictly increasing per response.
+class ServerEvent(WireEvent, kw_only=True, frozen=True):
+    # Stamped by the response's builder when the event is made; strictly increasing per response.
     sequence_number: int = 0
 
 
-class ResponseCreated(ServerEvent, tag="response.created"):
+class ResponseCreated(ServerEvent, tag="response.created", frozen=True):
     response: Response
 
 
-class ResponseInProgress(ServerEvent, tag="response.in_progress"):
+class ResponseInProgress(ServerEvent, tag="response.in_progress", frozen=True):
     response: Response
 
 
-class OutputItemAdded(ServerEvent, tag="response.output_item.added"):
+class OutputItemAdded(ServerEvent, tag="response.output_item.added", frozen=True):
     output_index: int
     item: Item
 
 
-class OutputItemDone(ServerEvent, tag="response.output_item.done"):
+class OutputItemDone(ServerEvent, tag="response.output_item.done", frozen=True):
     output_index: int
     item: Item
 
 
-class ContentPartAdded(ServerEvent, tag="response.content_part.added"):
+class ContentPartAdded(ServerEvent, tag="response.content_part.added", frozen=True):
     item_id: str
     output_index: int
     content_index: int
     part: OutputText
 
 
-class ContentPartDone(ServerEvent, tag="response.content_part.done"):
+class ContentPartDone(ServerEvent, tag="response.content_part.done", frozen=True):
     item_id: str
     output_index: int
     content_index: int
     part: OutputText
 
 
-class OutputTextDelta(ServerEvent, tag="response.output_text.delta"):
+class OutputTextDelta(ServerEvent, tag="response.output_text.delta", frozen=True):
     item_id: str
     output_index: int
     content_index: int
@@ -120,7 +121,7 @@ class OutputTextDelta(ServerEvent, tag="response.output_text.delta"):
     logprobs: list[Any] = msgspec.field(default_factory=list)
 
 
-class OutputTextDone(ServerEvent, tag="response.output_text.done"):
+class OutputTextDone(ServerEvent, tag="response.output_text.done", frozen=True):
     item_id: str
     output_index: int
     content_index: int
@@ -128,30 +129,30 @@ class OutputTextDone(ServerEvent, tag="response.output_text.done"):
     logprobs: list[Any] = msgspec.field(default_factory=list)
 
 
-class FunctionCallArgumentsDelta(ServerEvent, tag="response.function_call_arguments.delta"):
+class FunctionCallArgumentsDelta(ServerEvent, tag="response.function_call_arguments.delta", frozen=True):
     item_id: str
     output_index: int
     delta: str
 
 
-class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_arguments.done"):
+class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_arguments.done", frozen=True):
     item_id: str
     output_index: int
     arguments: str
     name: str | None = None
 
 
-class WebSearchInProgress(ServerEvent, tag="response.web_search_call.in_progress"):
+class WebSearchInProgress(ServerEvent, tag="response.web_search_call.in_progress", frozen=True):
     item_id: str
     output_index: int
 
 
-class WebSearchSearching(ServerEvent, tag="response.web_search_call.searching"):
+class WebSearchSearching(ServerEvent, tag="response.web_search_call.searching", frozen=True):
     item_id: str
     output_index: int
 
 
-class WebSearchCompleted(ServerEvent, tag="response.web_search_call.completed"):
+class WebSearchCompleted(ServerEvent, tag="response.web_search_call.completed", frozen=True):
     item_id: str
     output_index: int
 
@@ -161,7 +162,7 @@ class PendingCall(msgspec.Struct):
     name: str
 
 
-class ResponseDone(ServerEvent, tag="response.done"):
+class ResponseDone(ServerEvent, tag="response.done", frozen=True):
     """The long-lived response is suspended: it waits for ``pending_calls``' outputs (``can_append``)."""
 
     response: Response
@@ -169,24 +170,24 @@ class ResponseDone(ServerEvent, tag="response.done"):
     pending_calls: list[PendingCall] = msgspec.field(default_factory=list)
 
 
-class ResponseCompleted(ServerEvent, tag="response.completed"):
+class ResponseCompleted(ServerEvent, tag="response.completed", frozen=True):
     response: Response
 
 
-class ResponseIncomplete(ServerEvent, tag="response.incomplete"):
+class ResponseIncomplete(ServerEvent, tag="response.incomplete", frozen=True):
     response: Response
 
 
-class ResponseFailed(ServerEvent, tag="response.failed"):
+class ResponseFailed(ServerEvent, tag="response.failed", frozen=True):
     response: Response
 
 
-class InjectCreated(WireEvent, tag="response.inject.created"):
+class InjectCreated(WireEvent, tag="response.inject.created", frozen=True):
     response_id: str
     event_id: str | None = None
 
 
-class InjectFailed(WireEvent, tag="response.inject.failed"):
+class InjectFailed(WireEvent, tag="response.inject.failed", frozen=True):
     response_id: str
     code: str
     message: str
@@ -200,7 +201,7 @@ class ErrorDetail(msgspec.Struct, kw_only=True):
     param: str | None = None
 
 
-class ErrorEvent(WireEvent, tag="error"):
+class ErrorEvent(WireEvent, tag="error", frozen=True):
     status: int
     error: ErrorDetail
 

@@ -2,11 +2,23 @@
 
 Push frames in with ``receive`` / ``receive_binary``; each returns the actions the caller must carry out,
 in order: ``Reply`` (send these bytes), ``Start`` (run the pre-inference pipeline, then call ``opened`` or
-``abort``), ``Resume`` (hand the items to the suspended sampling loop), ``Enqueue`` (user messages for the
-next turn boundary), ``Cancel`` (stop the sampling task, then frame the terminal event). Every server event
-of the open response goes out through ``frame``, which stamps ``sequence_number`` and applies the
-server-side transitions (``response.done`` suspends; a terminal event ends). Peer errors never escape: they
-come back as ``Reply`` with an ``error`` frame and leave the state as it was (nothing half-applied).
+``abort``), ``Resume`` (hand the items to the suspended response), ``Cancel`` (stop the response; its
+terminal event says ``reason``), ``Close`` (send what is queued, then close the socket). Every server event
+of the open response goes out through ``frame``, which applies the server-side transitions
+(``response.done`` suspends; a terminal event ends) and encodes it. Peer errors never escape: they come
+back as ``Reply`` with an ``error`` frame and leave the state as it was (nothing half-applied).
+
+The core owns every decision about the open response, so the adapter keeps no flags of its own:
+
+* a cancel while the pre-inference pipeline runs is remembered; ``opened`` then says the response must
+  end ``cancelled`` at once;
+* user messages appended while the model samples wait here (``take_queued``, at the next turn boundary),
+  at most ``max_queued_items`` of them (``too_many_queued_items`` past that);
+* a ``response.done`` with more calls than ``max_pending_calls`` is refused (``too_many_pending_calls``):
+  the response fails with that code and the connection serves on;
+* the connection's age limit (``expire``): a suspended response ends ``incomplete``
+  (``websocket_connection_limit_reached``), a streaming one is let reach its next suspension or its end,
+  then one ``error`` and close 1000 — never a response cut without its terminal event.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import msgspec
 
 from proto import codec
 from proto.actions import Reply, Start, error_reply, new_response_id
+from proto.create import CreateLimits, validate_create
 from proto.errors import ClientError, LocalProtocolError
 from proto.events import (
     TERMINAL_EVENTS,
@@ -31,9 +44,11 @@ from proto.events import (
     ServerEvent,
     WireEvent,
 )
-from proto.items import FunctionCall, FunctionCallOutput, Item, Message
+from proto.items import FunctionCallOutput, Item, Message
 from proto.state import ABORT_RETURNS, REFUSALS, TRANSITIONS, Event, State
 from proto.work import WorkCounters
+
+CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection on purpose, the client reconnects
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,11 @@ class Limits:
     max_input_items: int = 2048
     max_tools: int = 128
     max_pending_calls: int = 64
+    max_queued_items: int = 2048
+
+    @property
+    def create(self) -> CreateLimits:
+        return CreateLimits(self.max_input_items, self.max_tools)
 
 
 @dataclass(frozen=True)
@@ -51,16 +71,18 @@ class Resume:
 
 
 @dataclass(frozen=True)
-class Enqueue:
-    items: list[Item]
+class Cancel:
+    response_id: str
+    reason: str = "cancelled"  # the terminal event's incomplete_details.reason
 
 
 @dataclass(frozen=True)
-class Cancel:
-    response_id: str
+class Close:
+    code: int
+    reason: str
 
 
-Action = Reply | Start | Resume | Enqueue | Cancel
+Action = Reply | Start | Resume | Cancel | Close
 
 
 @dataclass
@@ -69,11 +91,12 @@ class _Open:
 
     id: str
     work: WorkCounters
-    sequence: int = 0
     pending: dict[str, str] = field(default_factory=dict)  # call_id -> name, in call order
     received: dict[str, FunctionCallOutput] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)  # every call answered so far in this response
     extra: list[Item] = field(default_factory=list)  # user messages appended while suspended
+    queued: list[Item] = field(default_factory=list)  # user messages appended while sampling
+    cancel: Cancel | None = None  # asked for; the response has not ended yet
 
 
 class LongLivedCore:
@@ -90,6 +113,7 @@ class LongLivedCore:
         self._open: _Open | None = None
         self._before_open = State.IDLE
         self._last_id: str | None = None
+        self._expiring = False  # the age limit passed: close once no response is open
 
     # ------------------------------------------------------------------------------------ properties
     @property
@@ -98,7 +122,31 @@ class LongLivedCore:
 
     @property
     def pending_calls(self) -> list[str]:
+        """The calls the suspended response waits on, in call order (answered ones included)."""
         return list(self._open.pending) if self._open else []
+
+    @property
+    def outstanding_calls(self) -> list[str]:
+        """The pending calls that have no output yet."""
+        open_ = self._open
+        return [call_id for call_id in open_.pending if call_id not in open_.received] if open_ else []
+
+    @property
+    def busy(self) -> bool:
+        """A response is open (its pre-inference, sampling or suspended): the connection is not idle."""
+        return self._open is not None
+
+    @property
+    def cancelling(self) -> Cancel | None:
+        """The cancel asked for the open response, if any (what its terminal event must say)."""
+        return self._open.cancel if self._open else None
+
+    def take_queued(self) -> list[Item]:
+        """User messages appended while the model sampled: they join the context at this turn boundary."""
+        if self._open is None or not self._open.queued:
+            return []
+        items, self._open.queued = self._open.queued, []
+        return items
 
     # ------------------------------------------------------------------------------------ peer input
     def receive(self, data: str | bytes) -> list[Action]:
@@ -126,24 +174,12 @@ class LongLivedCore:
 
     def _create(self, event: ResponseCreate) -> list[Action]:
         self._check(Event.CREATE)
-        if event.model not in self._models:
-            raise ClientError("model_not_found", f"the model {event.model!r} does not exist", "$.model")
-        if len(event.tools) > self._limits.max_tools:
-            raise ClientError("too_many_tools", f"at most {self._limits.max_tools} tools", "$.tools")
-        if not isinstance(event.input, str) and len(event.input) > self._limits.max_input_items:
-            raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
-        work = WorkCounters(requests_validated=1)
-        items = codec.decode_items(event.input, code="invalid_event")
-        work.items_validated += len(items)
-        for index, item in enumerate(items):
-            # A full history must answer only calls it contains (as OpenAI checks); a continuation's
-            # outputs answer calls of the stored response, checked where that response is loaded.
-            if isinstance(item, FunctionCallOutput) and event.previous_response_id is None and not _answers(items, item):
-                raise ClientError("unknown_call_id", f"no function_call with call_id {item.call_id!r}", f"$.input[{index}].call_id")
+        items, work = validate_create(event, self._models, self._limits.create, root="$.", item_code="invalid_event")
         self._before_open = self.state
         self._transition(Event.CREATE)
         self._open = _Open(id=self._new_id(), work=work)
         return [Start(self._open.id, event, items, work)]
+
 
     def _append(self, raw: list[msgspec.Raw], response_id: str | None) -> list[Action]:
         if response_id is not None and self._open is not None and response_id != self._open.id:
@@ -173,10 +209,15 @@ class LongLivedCore:
                 outputs[call_id] = item
             else:
                 raise ClientError("invalid_request", "append accepts function_call_output and message items", f"{path}.type")
-        open_.work.items_validated += len(items)
         if self.state is not State.SUSPENDED:
+            if len(open_.queued) + len(messages) > self._limits.max_queued_items:
+                limit = self._limits.max_queued_items
+                raise ClientError("too_many_queued_items", f"at most {limit} messages may wait for the next turn (--max-queued-items)", "$.input")
+            open_.work.items_validated += len(items)
             self._transition(Event.APPEND)
-            return [Enqueue(messages)] if messages else []
+            open_.queued.extend(messages)
+            return []
+        open_.work.items_validated += len(items)
         open_.received.update(outputs)
         open_.extra.extend(messages)
         if len(open_.received) < len(open_.pending):
@@ -211,12 +252,39 @@ class LongLivedCore:
         if response_id is not None and response_id != self._open.id:
             raise ClientError("response_not_found", f"response {response_id!r} is not the open response", "$.response_id")
         self._transition(Event.CANCEL)
-        return [Cancel(self._open.id)]
+        return self._cut(Cancel(self._open.id))
+
+    def _cut(self, cancel: Cancel) -> list[Action]:
+        open_ = self._open
+        assert open_ is not None
+        if open_.cancel is not None:
+            return []  # already ending: the first reason stands
+        open_.cancel = cancel
+        # Still in the pre-inference pipeline: it runs to its end, then ``opened`` ends the response.
+        return [] if self.state is State.OPENING else [cancel]
+
+    def expire(self) -> list[Action]:
+        """The connection reached its age limit (call again when the open response has ended)."""
+        if self.state is State.CLOSED:
+            return []
+        self._expiring = True
+        if self._open is None:
+            limit = ClientError("websocket_connection_limit_reached", "the connection reached its maximum age; open a new one")
+            return [self.error(limit), Close(CLOSE_LIMIT_REACHED, "websocket_connection_limit_reached")]
+        if self.state is State.SUSPENDED:
+            return self._cut(Cancel(self._open.id, "websocket_connection_limit_reached"))
+        return []  # streaming: it reaches its next suspension or its end first
+
+    @property
+    def expiring(self) -> bool:
+        return self._expiring
 
     # ------------------------------------------------------------------------------------ our output
-    def opened(self) -> None:
-        """The pre-inference pipeline accepted the create; the response's events may now be framed."""
+    def opened(self) -> bool:
+        """The pre-inference pipeline accepted the create; the response's events may now be framed.
+        False when the client cancelled meanwhile: the response must end ``cancelled`` at once."""
         self._transition(Event.OPENED)
+        return self._open is None or self._open.cancel is None
 
     def abort(self, exc: ClientError) -> bytes:
         """The pre-inference pipeline refused the create: an error frame, and no response was opened."""
@@ -227,13 +295,18 @@ class LongLivedCore:
         return self.error(exc).data
 
     def frame(self, event: ServerEvent) -> bytes:
-        """Stamp and encode one event of the open response, applying its transition."""
+        """Encode one event of the open response, applying its transition.
+
+        Raises ``ClientError('too_many_pending_calls')`` for a ``response.done`` with more calls than one
+        response may hold open; nothing changes, and the response must end with that failure."""
         open_ = self._open
         if open_ is None:
             raise LocalProtocolError(f"frame({type(event).__name__}) with no open response (state {self.state.name})")
         if isinstance(event, ResponseDone):
-            if len(event.pending_calls) > self._limits.max_pending_calls:
-                raise LocalProtocolError("the sampler exceeded max_pending_calls")
+            limit = self._limits.max_pending_calls
+            if len(event.pending_calls) > limit:
+                count = len(event.pending_calls)
+                raise ClientError("too_many_pending_calls", f"the model made {count} parallel calls; at most {limit} may be pending (--max-pending-calls)")
             self._transition(Event.SUSPEND)
             open_.pending = {call.call_id: call.name for call in event.pending_calls}
         elif isinstance(event, TERMINAL_EVENTS):
@@ -245,8 +318,6 @@ class LongLivedCore:
         elif self.state is not State.STREAMING:
             # Only a sampling response has output to stream: not one waiting on its calls, not a closed one.
             raise LocalProtocolError(f"frame({type(event).__name__}) in state {self.state.name}")
-        event.sequence_number = open_.sequence
-        open_.sequence += 1
         return codec.encode(event)
 
     def error(self, exc: ClientError) -> Reply:
@@ -272,7 +343,4 @@ class LongLivedCore:
     def _reply(event: WireEvent) -> Reply:
         return Reply(codec.encode(event))
 
-
-def _answers(items: list[Item], output: FunctionCallOutput) -> bool:
-    return any(isinstance(item, FunctionCall) and item.call_id == output.call_id for item in items)
 

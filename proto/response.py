@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -10,6 +10,9 @@ from proto.items import Item, Tool
 from proto.work import WorkCounters
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+# How a response reached the server: the designs the lab compares (NOTES.md, "four transports").
+Mode = Literal["http", "http-prev", "ws", "longlived"]
+MODES: tuple[Mode, ...] = get_args(Mode)
 
 
 class InputTokensDetails(msgspec.Struct):
@@ -61,7 +64,7 @@ class TurnReport(msgspec.Struct, kw_only=True):
 
 
 class LabInfo(msgspec.Struct, kw_only=True):
-    mode: str
+    mode: Mode
     turns: list[TurnReport] = msgspec.field(default_factory=list)
     phases_ms: dict[str, float] = msgspec.field(default_factory=dict)
     safety_flags: list[str] = msgspec.field(default_factory=list)

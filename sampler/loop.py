@@ -1,14 +1,17 @@
-"""The suspending sampling loop: one task per open response.
+"""The suspending sampling loop: an async generator, one per open response.
 
 Each iteration is one *turn* (a sampling segment): the policy decides what the model says, the mock GPU
-paces its tokens, the builder turns them into events. Tool calls are handed to a service and awaited:
+paces its tokens, the builder turns them into events. The loop never calls up into its owner; it *yields*
+and its owner (``proto.server.driver``) decides what each step means:
 
-* hosted calls (``web_search``) go to an in-process service, and the loop continues;
-* local calls go to the *client*: ``Host.suspend`` sends ``response.done`` (``can_append: true``) and
-  awaits the outputs the client appends — or, for transports where a response ends at a local call
-  (HTTP, GA WebSocket), returns ``None`` and the response completes with the calls in its output.
-
-Same shape of code for both: the client is just another service.
+* ``Emit(events)`` — frame and send these events, in order; resumed with ``None``.
+* ``Boundary(final)`` — a turn boundary where items queued by the client may join the context (user
+  messages appended while the model sampled); resumed with the items the owner ingested (scanned,
+  rendered and tokenized once), possibly none. After the final answer (``final``) no items ends the loop.
+* ``Suspend(calls)`` — the model called local tools. Hosted calls (``web_search``) ran in process
+  already; local ones go to the *client*, just another service. Resumed with the items the owner
+  ingested (the outputs, then any user messages), or ``None`` when the response ends here (HTTP and GA
+  WebSocket end a response at its first local call).
 """
 
 from __future__ import annotations
@@ -16,13 +19,12 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from proto.builder import CallStream, MessageStream, ResponseBuilder
-from proto.events import ResponseDone, ServerEvent
+from proto.events import ServerEvent
 from proto.items import HOSTED_TOOL_NAMES, FunctionCall, Item, WebSearchCall, function_tool_names
 from proto.response import TurnReport
 from sampler.gpu import GpuSequence
@@ -31,22 +33,26 @@ from sampler.tokens import Conversation, TextStream, web_results_text
 from sampler.tools import WebSearch, query_of
 
 
-class Host(Protocol):
-    """What the loop needs from its transport."""
-
-    async def emit(self, events: Sequence[ServerEvent]) -> None:
-        """Frame and send these events, in order (may wait: back-pressure from the client)."""
-
-    async def suspend(self, done: ResponseDone) -> list[Item] | None:
-        """Local calls: hand them to the client. Returns their outputs (and any user messages appended
-        with them), or ``None`` when this transport ends the response here."""
-
-    def take_injected(self) -> list[Item]:
-        """User messages appended while the model was sampling, for the next turn boundary."""
-
-
 class MaxOutputTokens(Exception):
     """The response reached ``max_output_tokens``: it ends ``incomplete``."""
+
+
+@dataclass(frozen=True)
+class Emit:
+    events: tuple[ServerEvent, ...]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    final: bool  # the model gave its final answer: no items now ends the loop
+
+
+@dataclass(frozen=True)
+class Suspend:
+    calls: tuple[FunctionCall, ...]
+
+
+Step = Emit | Boundary | Suspend
 
 
 @dataclass
@@ -56,20 +62,12 @@ class Rollout:
     sequence: GpuSequence
     policy: Policy
     web_search: WebSearch
-    script: str  # the first user message: the directive script's source
+    script: str  # the first user message with directive lines: the directive script's source
     turn: int = 0  # index of the next sampling segment in the conversation (same count in every transport)
     max_output_tokens: int | None = None
     pending_phases: dict[str, float] = field(default_factory=dict)  # pipeline work to book on the next turn
     # This response's own input items, in the order they entered the context (what the store keeps).
     input_items: list[Item] = field(default_factory=list)
-    # Appended items enter the context through the pipeline (scan, render, tokenize: once each).
-    ingest: Callable[[list[Item]], None] | None = None
-
-    def add_items(self, items: list[Item]) -> None:
-        if self.ingest is not None:
-            self.ingest(items)
-        else:
-            self.conversation.add_input(items)
 
 
 @dataclass
@@ -81,38 +79,33 @@ class _Output:
     query: str = ""
 
 
-async def run(rollout: Rollout, host: Host) -> None:
-    """Sample until the model gives its final answer; the caller frames the terminal event.
-
-    Raises ``MaxOutputTokens``; propagates cancellation (the owner frames ``cancelled``). The GPU
-    sequence is the caller's to close.
-    """
+async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
+    """Sample until the model gives its final answer (see the module's steps); the owner frames the
+    terminal event. Raises ``MaxOutputTokens``; the GPU sequence is the owner's to close."""
     while True:
-        injected = host.take_injected()
-        if injected:
-            rollout.add_items(injected)
+        yield Boundary(final=False)  # items queued before this turn join now (the owner added them)
         plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
         outputs = _materialize(rollout, plan)
-        produced = await _sample(rollout, host, outputs)
+        produced: list[Item] = []
+        async with aclosing(_sample(rollout, outputs, produced)) as batches:
+            async for batch in batches:
+                yield Emit(batch)
         rollout.turn += 1
         calls = [item for item in produced if isinstance(item, FunctionCall | WebSearchCall)]
         if not calls:
-            late = host.take_injected()
+            late = yield Boundary(final=True)
             if not late:
                 return
-            # A user message arrived while the model was answering: it gets an answer too.
-            rollout.add_items(late)
-            continue
+            continue  # a user message arrived while the model was answering: it gets an answer too
         for call in calls:
             if isinstance(call, WebSearchCall):
-                await _run_hosted(rollout, host, call)
-        local = [c for c in calls if isinstance(c, FunctionCall)]
+                yield Emit(_run_hosted(rollout, call))
+        local = tuple(c for c in calls if isinstance(c, FunctionCall))
         if local:
             rollout.sequence.suspend()
-            items = await host.suspend(rollout.builder.suspend(local))
-            if items is None:
+            resumed = yield Suspend(local)
+            if resumed is None:
                 return
-            rollout.add_items(items)
 
 
 def _last_user_text(conversation: Conversation) -> str:
@@ -142,8 +135,9 @@ def _materialize(rollout: Rollout, plan: TurnPlan) -> list[_Output]:
     return outputs
 
 
-async def _sample(rollout: Rollout, host: Host, outputs: list[_Output]) -> list[Item]:
-    """One turn on the GPU: stream every output item token by token, record the engine's report."""
+async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]) -> AsyncGenerator[tuple[ServerEvent, ...], None]:
+    """One turn on the GPU: yield each wake-up's events (every output item token by token), fill
+    ``produced``, record the engine's report."""
     builder, conversation = rollout.builder, rollout.conversation
     ids = [token for out in outputs for token in out.ids]
     limit = rollout.max_output_tokens
@@ -156,7 +150,6 @@ async def _sample(rollout: Rollout, host: Host, outputs: list[_Output]) -> list[
     for out in outputs:
         spans.append((out, at, at + len(out.ids)))
         at += len(out.ids)
-    produced: list[Item] = []
     streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]] = {}
     text = TextStream(conversation.tokenizer)
     due = 0
@@ -187,7 +180,7 @@ async def _sample(rollout: Rollout, host: Host, outputs: list[_Output]) -> list[
                     else:
                         produced.append(stream[0])
             due += count
-            await host.emit(batch)
+            yield tuple(batch)
     report = rollout.sequence.last_report
     assert report is not None
     builder.record_turn(
@@ -207,7 +200,6 @@ async def _sample(rollout: Rollout, host: Host, outputs: list[_Output]) -> list[
         conversation.add_model_output(item, ids[first:end])
     if truncated:
         raise MaxOutputTokens
-    return produced
 
 
 def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]], key: int) -> list[ServerEvent]:
@@ -224,13 +216,13 @@ def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, Messag
     return events
 
 
-async def _run_hosted(rollout: Rollout, host: Host, call: WebSearchCall) -> None:
+def _run_hosted(rollout: Rollout, call: WebSearchCall) -> tuple[ServerEvent, ...]:
     """A hosted call, inside the loop: the service runs in process, its result joins the context."""
     started = time.perf_counter()
     query = call.action.query if call.action else ""
     sources = rollout.web_search.search(query)
     rollout.pending_phases["hosted_tools"] = rollout.pending_phases.get("hosted_tools", 0.0) + (time.perf_counter() - started) * 1e3
     index = rollout.builder.response.output.index(call)
-    await host.emit(rollout.builder.web_search_done(call, index, sources))
     rollout.conversation.add_hosted_result("web_search to=assistant", web_results_text(sources))
+    return tuple(rollout.builder.web_search_done(call, index, sources))
 

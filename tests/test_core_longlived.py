@@ -31,7 +31,7 @@ from proto.events import (
     ServerEvent,
 )
 from proto.items import FunctionCall, FunctionCallOutput, Message
-from proto.longlived import Action, Cancel, Enqueue, Limits, LongLivedCore, Reply, Resume, Start
+from proto.longlived import Action, Cancel, Limits, LongLivedCore, Reply, Resume, Start
 from proto.state import CLIENT_EVENTS, REFUSALS, TRANSITIONS, Event, State
 
 MODEL = "mock-1000tps"
@@ -283,8 +283,15 @@ def test_cancel_asks_the_adapter_to_stop_then_the_terminal_event_ends(state: Sta
     pipe = pipe_in(state)
     response_id = pipe.core.response_id
     assert response_id is not None
-    assert pipe.client(type="response.cancel", response_id=response_id) == [Cancel(response_id)]
-    assert pipe.core.state is state  # nothing ends until the terminal event is framed
+    actions = pipe.client(type="response.cancel", response_id=response_id)
+    assert pipe.core.cancelling == Cancel(response_id)
+    if state is State.OPENING:
+        assert actions == []  # the pre-inference pipeline runs to its end, then ``opened`` says "cancelled"
+        assert pipe.core.opened() is False
+    else:
+        assert actions == [Cancel(response_id)]
+    assert pipe.client(type="response.cancel", response_id=response_id) == []  # once is enough
+    assert pipe.core.state is (State.STREAMING if state is State.OPENING else state)  # nothing ends until the terminal event
     builder = ResponseBuilder(response_id, ResponseCreate(model=MODEL), "longlived")
     ended = codec.decode_server_event(pipe.core.frame(builder.incomplete("cancelled")))
     assert ended.response.status == "cancelled"  # type: ignore[union-attr]
@@ -520,7 +527,8 @@ def test_inject_while_streaming_enqueues_user_messages() -> None:
     pipe = pipe_in(State.STREAMING)
     actions = pipe.client(type="response.inject", response_id=pipe.core.response_id, input=[user("also")])
     assert isinstance(codec.decode_server_event(actions[0].data), InjectCreated)  # type: ignore[union-attr]
-    assert actions[1] == Enqueue([Message(role="user", content="also")])
+    assert len(actions) == 1  # the core keeps the message for the next turn boundary
+    assert pipe.core.take_queued() == [Message(role="user", content="also")]
 
 
 @pytest.mark.parametrize(
@@ -574,10 +582,13 @@ def test_parallel_outputs_over_two_appends_resume_once_in_call_order() -> None:
 
 def test_user_messages_while_streaming_wait_for_the_next_turn() -> None:
     pipe = pipe_in(State.OPENING)
-    assert pipe.append(user("before the first token")) == [Enqueue([Message(role="user", content="before the first token")])]
-    pipe.core.opened()
+    assert pipe.append(user("before the first token")) == []
+    assert pipe.core.opened()
+    assert pipe.core.take_queued() == [Message(role="user", content="before the first token")]
     actions = pipe.append(user("one"), {"role": "developer", "content": "two"})
-    assert actions == [Enqueue([Message(role="user", content="one"), Message(role="developer", content="two")])]
+    assert actions == []
+    assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="developer", content="two")]
+    assert pipe.core.take_queued() == []  # each is handed over once
     assert pipe.core.state is State.STREAMING
     assert pipe.append() == []  # an empty append is harmless
 
@@ -620,7 +631,7 @@ def test_sequence_numbers_increase_over_a_whole_multi_suspension_response() -> N
 
 def _snapshot(core: LongLivedCore) -> tuple[object, ...]:
     open_ = core._open
-    inner = None if open_ is None else (open_.id, open_.sequence, dict(open_.pending), dict(open_.received), set(open_.answered), list(open_.extra), open_.work.items_validated)
+    inner = None if open_ is None else (open_.id, dict(open_.pending), dict(open_.received), set(open_.answered), list(open_.extra), open_.work.items_validated)
     return core.state, inner, core._last_id
 
 
@@ -693,14 +704,16 @@ def test_abort_outside_opening_is_our_bug(state: State) -> None:
     assert pipe.core.state is state
 
 
-def test_more_pending_calls_than_the_limit_is_our_bug() -> None:
+def test_more_pending_calls_than_the_limit_is_refused_typed_and_changes_nothing() -> None:
     pipe = Pipe(Limits(max_pending_calls=1))
     pipe.open()
     assert pipe.builder is not None
     calls = [FunctionCall(call_id=f"c{i}", name="grep", arguments="{}") for i in range(2)]
-    with pytest.raises(LocalProtocolError, match="max_pending_calls"):
+    with pytest.raises(ClientError) as refused:
         pipe.core.frame(pipe.builder.suspend(calls))
-    assert pipe.core.state is State.STREAMING
+    assert refused.value.code == "too_many_pending_calls"
+    assert pipe.core.state is State.STREAMING and pipe.core.pending_calls == []
+    pipe.complete()  # the response still ends, with its one terminal event
 
 
 def test_receive_after_close_is_our_bug() -> None:

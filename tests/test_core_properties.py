@@ -35,7 +35,7 @@ from proto.events import (
     ServerEvent,
 )
 from proto.items import FunctionCall
-from proto.longlived import Cancel, Enqueue, Limits, LongLivedCore, Reply, Resume, Start
+from proto.longlived import Cancel, Limits, LongLivedCore, Reply, Resume, Start
 from proto.state import State
 
 MODEL = "mock-1000tps"
@@ -72,7 +72,6 @@ class CoreMachine(RuleBasedStateMachine):
         self.call_ids = (f"call_{n}" for n in itertools.count())
         self.builder: ResponseBuilder | None = None
         self.start: Start | None = None  # a create the pre-inference pipeline is working on
-        self.cancel_requested = False
         self.answered: list[str] = []
         self.last_id: str | None = None
         self.sequences: dict[str, list[int]] = {}
@@ -90,18 +89,13 @@ class CoreMachine(RuleBasedStateMachine):
                 case Start():
                     assert self.start is None and self.builder is None, "a second response opened"
                     self.start = action
-                    self.cancel_requested = False
                 case Cancel(response_id):
-                    assert response_id == self.core.response_id
-                    if self.builder is None:
-                        self.cancel_requested = True  # still in pre-inference: it ends right after
-                    else:
-                        self.end("cancelled")
+                    # During pre-inference the core keeps the cancel itself (``opened`` reports it).
+                    assert response_id == self.core.response_id and self.builder is not None
+                    self.end("cancelled")
                 case Resume(items):
                     assert self.core.state is State.STREAMING
                     assert items, "a resume carries the outputs"
-                case Enqueue(items):
-                    assert items and self.core.state in {State.OPENING, State.STREAMING}
 
     def emit(self, events: list[ServerEvent]) -> None:
         for event in events:
@@ -184,7 +178,7 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def answer_every_pending_call(self, data: st.DataObject) -> None:
         # The common case: outputs in a random order, maybe split over two appends, maybe with a message.
-        pending = data.draw(st.permutations(self.core.pending_calls))
+        pending = data.draw(st.permutations(self.core.outstanding_calls))
         cut = data.draw(st.integers(0, len(pending)))
         outputs = [{"type": "function_call_output", "call_id": call_id, "output": "ok"} for call_id in pending]
         first, second = outputs[:cut], outputs[cut:]
@@ -204,10 +198,10 @@ class CoreMachine(RuleBasedStateMachine):
             self.core.abort(ClientError("previous_response_not_found", "refused"))
             assert self.core.state in {State.IDLE, State.ENDED}
             return
-        self.core.opened()
+        cancelled = not self.core.opened()
         self.builder = ResponseBuilder(start.response_id, start.request, "longlived", start.work)
         self.emit(self.builder.start())
-        if self.cancel_requested:
+        if cancelled:
             self.end("cancelled")
 
     @precondition(lambda self: live(self) and self.builder is not None)

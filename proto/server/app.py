@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator
 
 import structlog
@@ -25,6 +23,7 @@ from proto.server.pipeline import Pipeline
 from proto.server.session import SHUTDOWN
 from proto.server.ws_ga import GaSession
 from proto.server.ws_longlived import LongLivedSession
+from sampler.clock import Clock
 
 log = structlog.get_logger("proto.server")
 
@@ -32,10 +31,10 @@ log = structlog.get_logger("proto.server")
 class Server:
     """Everything one app instance owns; ``app.state.server``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
         self.auth = Auth(settings.api_key)
-        self.pipeline = Pipeline(settings)
+        self.pipeline = Pipeline(settings, clock)
         self.sessions: set[LongLivedSession | GaSession] = set()
 
     async def drain(self, grace_s: float) -> int:
@@ -44,17 +43,20 @@ class Server:
         and wait up to ``grace_s`` for them. Returns how many were still open when the grace ran out."""
         for session in list(self.sessions):
             session.stop(SHUTDOWN)
-        deadline = time.monotonic() + grace_s
+        clock = self.pipeline.clock
+        end = clock.now() + grace_s
         # Polled: each session ends on its own task; one bounded wait is simpler than an event per session.
-        while self.sessions and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        while self.sessions and clock.now() < end:
+            await clock.sleep_until(clock.now() + 0.01)
         return len(self.sessions)
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, clock: Clock | None = None) -> Starlette:
+    """``clock`` drives the server's limits (idle, age, tool, send and shutdown timeouts): tests pass a
+    ``FakeClock`` to run them on virtual time."""
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
-    server = Server(settings)
+    server = Server(settings, clock)
     register_server(server)
 
     @contextlib.asynccontextmanager

@@ -27,6 +27,7 @@ class Settings:
     max_input_items: int = 2048
     max_tools: int = 128
     max_pending_calls: int = 64
+    max_queued_items: int = 2048  # long-lived: user messages appended while sampling, waiting for the next turn
     tool_timeout_s: float = 600.0  # a suspended response waits this long for outputs: incomplete, tool_timeout
     idle_timeout_s: float = 3600.0
     connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -31,9 +31,12 @@ from proto.create import CreateLimits, check_outputs, validate_create
 from proto.errors import ClientError
 from proto.events import CreateBody, ServerEvent
 from proto.items import Item
+from proto.longlived import Cancel
+from proto.response import Mode
 from proto.server.auth import Auth, error_response
+from proto.server.chain import load_history
+from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed
-from proto.server.respond import EndAtCalls, load_history, respond
 
 _encoder = msgspec.json.Encoder()
 _items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
@@ -43,6 +46,31 @@ JSON = "application/json"
 def sse_frame(event: ServerEvent) -> bytes:
     kind = type(event).__struct_config__.tag
     return b"event: " + str(kind).encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
+
+
+class _OneRequest:
+    """The ``Transport`` of one HTTP response: it ends at its first local call, nothing is appended to
+    it, and it is cut only when the client goes away. ``queue`` is where SSE frames go (``None``: a JSON
+    reply, nothing is framed — the Response object is the reply)."""
+
+    def __init__(self, queue: asyncio.Queue[bytes | None] | None) -> None:
+        self.queue = queue
+
+    def opened(self) -> bool:
+        return True
+
+    async def send(self, events: Sequence[ServerEvent]) -> None:
+        if self.queue is not None:
+            for event in events:
+                await self.queue.put(sse_frame(event))
+
+    suspends = False  # a response ends at its first local call: the calls are in its output
+
+    def queued(self) -> list[Item]:
+        return []
+
+    def cut(self) -> Cancel | None:
+        return None
 
 
 class HttpResponses:
@@ -65,12 +93,13 @@ class HttpResponses:
         created = time.time()
         try:
             body = decode_body(await self._read_body(request))
-            prepared, items = await self._prepare(body, key)
+            prepared = await self._prepare(body, key)
         except ClientError as exc:
             return error_response(exc)
         if body.stream:
-            return self._stream(prepared, key, items, created)
-        await respond(self.pipeline, prepared, EndAtCalls(_discard), key, items, created)
+            return self._stream(prepared, key, created)
+        terminal = await ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created).run()
+        del terminal  # the reply is the Response object itself, as it ended
         return Response(_encoder.encode(prepared.rollout.builder.response), media_type=JSON)
 
     async def _read_body(self, request: Request) -> bytes:
@@ -89,32 +118,26 @@ class HttpResponses:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _prepare(self, body: CreateBody, key: str) -> tuple[Prepared, list[Item]]:
+    async def _prepare(self, body: CreateBody, key: str) -> Prepared:
         if body.background:
             raise ClientError("invalid_request", "background responses are not supported", "background")
         items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
         phases: dict[str, float] = {}
         history: list[Item] = []
-        mode = "http"
+        mode: Mode = "http"
         if body.previous_response_id is not None:
             mode = "http-prev"
             with timed(phases, "store_load"):
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)
             check_outputs(history, items)
-        prepared = await self.pipeline.prepare(
-            new_response_id(), body, history, items, work, mode, scan_history=mode == "http", phases=phases
-        )
-        return prepared, items
+        return await self.pipeline.prepare(new_response_id(), body, history, items, work, mode, scan_history=mode == "http", phases=phases)
 
-    def _stream(self, prepared: Prepared, key: str, items: list[Item], created: float) -> Response:
+    def _stream(self, prepared: Prepared, key: str, created: float) -> Response:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.pipeline.settings.send_queue)
-
-        async def send(event: ServerEvent) -> None:
-            await queue.put(sse_frame(event))
 
         async def produce() -> None:
             try:
-                await respond(self.pipeline, prepared, EndAtCalls(send), key, items, created)
+                await ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created).run()
             finally:
                 await queue.put(None)
 
@@ -124,7 +147,7 @@ class HttpResponses:
                 while (chunk := await queue.get()) is not None:
                     yield chunk
             finally:
-                if not task.done():  # the client went away: stop sampling (respond bills what was done)
+                if not task.done():  # the client went away: stop sampling (the driver bills what was done)
                     task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -182,6 +205,3 @@ def _too_large(limit: int) -> ClientError:
 def _not_found(response_id: str) -> ClientError:
     return ClientError("response_not_found", f"response with id {response_id!r} not found", "response_id")
 
-
-async def _discard(event: ServerEvent) -> None:
-    del event

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -21,12 +21,14 @@ from proto.builder import ResponseBuilder
 from proto.errors import ClientError
 from proto.events import CreateBody
 from proto.items import FunctionCall, Item, Message, WebSearchCall
+from proto.response import Mode
 from proto.server.config import Settings
 from proto.server.ledger import LedgerRow, UsageLedger
 from proto.server.metrics import PipelineMetrics
 from proto.server.safety import SafetyScanner
 from proto.server.store import ResponseStore
 from proto.work import WorkCounters
+from sampler.clock import Clock, RealClock
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
 from sampler.models import MODELS, ModelSpec
@@ -99,12 +101,14 @@ def _knob_value(current: object, text: str) -> object:
 class Prepared:
     rollout: Rollout
     gpu: MockGPU
-    phases: dict[str, float] = field(default_factory=dict)
 
 
 class Pipeline:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
+        # The clock of the server's own limits (idle, age, tool and send timeouts): tests run them on
+        # virtual time. The mock GPU keeps its own real clock.
+        self.clock: Clock = clock or RealClock()
         self.tokenizer = Tokenizer()
         self.scanner = SafetyScanner(settings.safety)  # type: ignore[arg-type]
         self.engines = Engines(settings.model_override)
@@ -150,7 +154,7 @@ class Pipeline:
         history: list[Item],
         new_items: list[Item],
         work: WorkCounters,
-        mode: str,
+        mode: Mode,
         scan_history: bool,
         phases: dict[str, float] | None = None,
         conversation: Conversation | None = None,
@@ -189,8 +193,7 @@ class Pipeline:
             input_items=list(new_items),
         )
         builder.lab.phases_ms = dict(phases)
-        rollout.ingest = lambda items: self.ingest(rollout, items)
-        return Prepared(rollout, gpu, phases)
+        return Prepared(rollout, gpu)
 
     def ingest(self, rollout: Rollout, items: list[Item]) -> None:
         """Items appended to an open response: scanned, rendered and tokenized once, on arrival."""

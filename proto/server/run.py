@@ -14,20 +14,24 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WebsocketBuffer, WSProtocol
 from wsproto import events
 from wsproto.connection import ConnectionState
+from wsproto.frame_protocol import Opcode
 
 from proto.actions import error_reply
 from proto.errors import ClientError
 from proto.server.app import create_app
 from proto.server.config import Settings, check_bind
 from proto.server.logs import configure
+from proto.server.session import FRAMES_EXTENSION
+from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, **extra: object) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, clock: Clock | None = None, **extra: object) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(settings),
+        create_app(settings, clock),
         host=settings.host,
         port=settings.port,
         ws=LabWSProtocol,
@@ -63,12 +67,38 @@ class LabWSProtocol(WSProtocol):
       close 1009 (uvicorn alone only closes);
     * a frame wsproto itself rejects (invalid UTF-8 in a text frame: 1007; a protocol error: 1002): the
       connection is failed with a close frame carrying that code, as RFC 6455 §7.1.7 asks (uvicorn 0.54
-      hangs up without one).
+      hangs up without one);
+
+    and one addition, offered to the app as the ASGI extension ``FRAMES_EXTENSION``: a ``websocket.send``
+    message carrying a list of already-encoded UTF-8 text frames, written with one ``transport.write``
+    (ASGI's ``text`` must be a ``str``: our frames would be decoded only to be encoded again, and sent one
+    write each). The frames go through wsproto's own frame serializer, so a negotiated
+    permessage-deflate still applies.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.buffer = _ReportingBuffer(self.config.ws_max_size, self._too_large)
+
+    def handle_connect(self, event: events.Request) -> None:
+        super().handle_connect(event)
+        self.scope["extensions"][FRAMES_EXTENSION] = {}
+
+    async def send(self, message: Any) -> None:
+        frames = message.get(FRAMES_EXTENSION) if message["type"] == "websocket.send" else None
+        if frames is None:
+            await super().send(message)
+            return
+        await self.writable.wait()  # back-pressure: the transport paused writing past its high-water mark
+        if self.disconnected:
+            raise ClientDisconnected()
+        connection = self.conn.connection
+        if not self.handshake_complete or connection is None or self.response_started:
+            raise RuntimeError("websocket.send before the handshake completed")
+        if self.close_sent or connection.state is not ConnectionState.OPEN or self.transport.is_closing():
+            return  # as uvicorn does for a send after close: nothing more goes out
+        serialize = connection._proto._serialize_frame  # whole messages only: no fragmented one is open
+        self.transport.write(b"".join(serialize(Opcode.TEXT, data) for data in frames))
 
     def _too_large(self) -> None:
         if self.close_sent or self.transport.is_closing():
@@ -141,9 +171,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ThreadedServer:
     """uvicorn in a thread with its own event loop; ``url`` once started."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = replace(settings, port=settings.port or free_port(settings.host))
-        self.server = LabServer(uvicorn_config(self.settings))
+        self.server = LabServer(uvicorn_config(self.settings, clock))
         self.thread = threading.Thread(target=self._run, name="responses-lab-server", daemon=True)
         self.app = self.server.config.app
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's event loop, once started

@@ -1,8 +1,11 @@
 """What both WebSocket sessions share: the outbound queue and its writer, and being told to stop.
 
-**The outbox.** One writer task drains a bounded queue of text frames, so replies and response events leave
-in the order they were framed. Policy for a *slow reader* (a client that stops reading while the model
-streams):
+**The outbox.** One writer task drains a bounded queue of text frames (each encoded to bytes once, where
+it was framed), so replies and response events leave in the order they were framed. Each wake-up of the
+writer takes *every* frame queued so far and hands them to the transport in one write (``write_frames``:
+one ASGI message, one ``transport.write``) under one deadline: a GPU wake-up that releases several tokens
+costs one syscall, not one per token. Policy for a *slow reader* (a client that stops reading while the
+model streams):
 
 * back-pressure first: the writer awaits the transport (uvicorn pauses writing past asyncio's high-water
   mark), the queue fills up to ``--send-queue`` frames, then whoever frames an event — the sampler — waits.
@@ -22,13 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto.server.config import Settings
+from proto.server.timers import deadline
+from sampler.clock import Clock
+
+# The ASGI extension our uvicorn protocol (``run.LabWSProtocol``) offers: a ``websocket.send`` message
+# carrying already-encoded UTF-8 text frames, written in one go. Any other server gets ``send_text``.
+FRAMES_EXTENSION = "responses_lab.text_frames"
 
 CLOSE_GOING_AWAY = 1001  # RFC 6455: the server is going down
 CLOSE_POLICY_VIOLATION = 1008  # RFC 6455: the generic code when no other fits (here: a reader too slow)
@@ -52,12 +61,14 @@ SLOW_READER = Stop(CLOSE_POLICY_VIOLATION, "slow reader: the send queue stayed f
 class Outbox:
     """A bounded frame queue and the task that writes it (see the module's policy)."""
 
-    def __init__(self, ws: WebSocket, settings: Settings, on_slow: Callable[[], None]) -> None:
+    def __init__(self, ws: WebSocket, settings: Settings, clock: Clock, on_slow: Callable[[], None]) -> None:
         self.ws = ws
         self._on_slow = on_slow
+        self._clock = clock
         self.bound = settings.send_queue
         self.send_timeout_s = settings.send_timeout_s
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.bound)
+        self._batched = FRAMES_EXTENSION in ws.scope.get("extensions", {})
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.bound)
         self._task: asyncio.Task[None] | None = None
         self.peak = 0  # the most frames ever queued at once (≤ bound): what the slow-reader test asserts
         self.gone = False  # the client cannot be written to any more: frames are discarded
@@ -67,12 +78,16 @@ class Outbox:
         self._task = asyncio.create_task(self._run(), name=name)
         return self._task
 
-    async def put(self, data: str | None) -> None:
+    async def put(self, data: bytes | None) -> None:
         """Queue one frame (waits while the queue is full); ``None`` ends the writer after what is queued."""
         await self._queue.put(data)
         size = self._queue.qsize()
         if size > self.peak:
             self.peak = size
+
+    async def put_many(self, frames: Sequence[bytes]) -> None:
+        for data in frames:
+            await self.put(data)
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -83,7 +98,7 @@ class Outbox:
         task = self._task
         if task is not None and not task.done():
             try:
-                async with asyncio.timeout(grace_s):
+                async with deadline(self._clock, self._clock.now() + grace_s):
                     await self._queue.put(None)
                     await asyncio.shield(task)
             except TimeoutError:
@@ -92,21 +107,38 @@ class Outbox:
                     await task
         if close is not None and (self.slow or not self.gone):
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
-                async with asyncio.timeout(_CLOSE_WAIT_S):
+                async with deadline(self._clock, self._clock.now() + _CLOSE_WAIT_S):
                     await self.ws.close(close.code, close.reason)
 
     async def _run(self) -> None:
-        while (data := await self._queue.get()) is not None:
-            if self.gone:
-                continue  # nobody will read it; a producer must not stay blocked on a dead client
-            try:
-                async with asyncio.timeout(self.send_timeout_s):
-                    await self.ws.send_text(data)
-            except TimeoutError:
-                self.gone = self.slow = True
-                self._on_slow()
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                self.gone = True  # the reader sees the disconnect and cleans up
+        queue = self._queue
+        while True:
+            batch: list[bytes] = []
+            data = await queue.get()
+            while data is not None:
+                batch.append(data)
+                if queue.empty():
+                    break
+                data = queue.get_nowait()
+            if batch and not self.gone:  # once gone nobody reads: a producer must not stay blocked on it
+                await self._write(batch)
+            if data is None:
+                return
+
+    async def _write(self, batch: list[bytes]) -> None:
+        clock = self._clock
+        try:
+            async with deadline(clock, clock.now() + self.send_timeout_s):
+                if self._batched:
+                    await self.ws.send({"type": "websocket.send", FRAMES_EXTENSION: batch})
+                else:
+                    for data in batch:
+                        await self.ws.send_text(data.decode())
+        except TimeoutError:
+            self.gone = self.slow = True
+            self._on_slow()
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            self.gone = True  # the reader sees the disconnect and cleans up
 
 
 class Stopped(Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -25,11 +25,13 @@ from proto.create import CreateLimits, check_outputs
 from proto.errors import ClientError
 from proto.events import ResponseCompleted, ServerEvent
 from proto.ga import Close, GaCore
-from proto.items import Tool
+from proto.items import Item, Tool
+from proto.longlived import Cancel
+from proto.server.chain import load_history
+from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed
-from proto.server.respond import EndAtCalls, load_history, respond
 from proto.server.session import SLOW_READER, Outbox, Stop, StoppableReader, Stopped
-from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers
+from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from sampler.gpu import MockGPU
 from sampler.tokens import Conversation
 
@@ -49,18 +51,21 @@ class Cached:
 
 
 class GaSession(StoppableReader):
+    """One connection; the ``Transport`` of its response in flight (which ends at its first local call)."""
+
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
         settings = pipeline.settings
         self.ws = ws
         self.pipeline = pipeline
         self.api_key_id = api_key_id
+        self.clock = pipeline.clock
         self.core = GaCore(
             pipeline.engines.names(),
             CreateLimits(settings.max_input_items, settings.max_tools),
-            time.monotonic(),
+            self.clock.now(),
             settings.connection_max_age_s,
         )
-        self.out = Outbox(ws, settings, lambda: self.stop(SLOW_READER))
+        self.out = Outbox(ws, settings, self.clock, lambda: self.stop(SLOW_READER))
         self.task: asyncio.Task[None] | None = None
         self.cached: Cached | None = None
         self._close: tuple[int, str] | None = None
@@ -73,25 +78,27 @@ class GaSession(StoppableReader):
         try:
             while True:
                 try:
-                    message = await self._parked(asyncio.wait_for(self.ws.receive(), self.timers.due_in(time.monotonic(), self.task is not None)))
+                    now = self.clock.now()
+                    async with deadline(self.clock, now + self.timers.due_in(now, self.task is not None)):
+                        message = await self._parked(self.ws.receive())
                 except TimeoutError:
-                    if self.timers.idle(time.monotonic(), self.task is not None):
+                    if self.timers.idle(self.clock.now(), self.task is not None):
                         self._close = (CLOSE_IDLE, IDLE_REASON)
                         await self.out.put(None)  # the writer sends what is queued, then closes
                         break
-                    if not self.timers.aged(time.monotonic()):
+                    if not self.timers.aged(self.clock.now()):
                         continue  # a response in flight: the idle clock starts when it ends
                     if self.task is not None:  # a response in flight ends before the connection does
                         await asyncio.shield(self.task)
                     if await self._act_all(self.core.expire()):
                         break
                     continue
-                self.timers.touch(time.monotonic())
+                self.timers.touch(self.clock.now())
                 if message["type"] == "websocket.disconnect":
                     break
                 text = message.get("text")
                 if text is not None:
-                    actions = self.core.receive(text, time.monotonic())
+                    actions = self.core.receive(text, self.clock.now())
                 else:
                     actions = self.core.receive_binary(message.get("bytes") or b"")
                 if await self._act_all(actions):
@@ -101,12 +108,12 @@ class GaSession(StoppableReader):
         finally:
             task, self.task = self.task, None
             if task is not None and not task.done():
-                task.cancel()  # respond() bills what was done
+                task.cancel()  # the driver bills what was done
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             stop = self.stopping  # shutdown: a response in flight hears why before the close
             if stop is not None and stop.error is not None and task is not None:
-                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data.decode())
+                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data)
             self.core.close()
             close = stop or (Stop(*self._close) if self._close else None)
             await self.out.finish(close, self.pipeline.settings.shutdown_grace_s)
@@ -116,7 +123,7 @@ class GaSession(StoppableReader):
         for action in actions:
             match action:
                 case Reply(data):
-                    await self.out.put(data.decode())
+                    await self.out.put(data)
                 case Start():
                     self.task = asyncio.create_task(self._respond(action), name=f"response-{action.response_id}")
                 case Close(code, reason):
@@ -129,16 +136,13 @@ class GaSession(StoppableReader):
 
     # --------------------------------------------------------------------------------- one response
     async def _respond(self, start: Start) -> None:
-        created = time.time()
         try:
             try:
                 prepared = await self._prepare(start)
             except ClientError as exc:
-                await self.out.put(self.core.error(exc).data.decode())
+                await self.out.put(self.core.error(exc).data)
                 return
-            terminal = await respond(
-                self.pipeline, prepared, EndAtCalls(self._send), self.api_key_id, start.items, created, start.request.generate
-            )
+            terminal = await ResponseDriver(self.pipeline, prepared, self, self.api_key_id).run(start.request.generate)
             if isinstance(terminal, ResponseCompleted):
                 rollout = prepared.rollout
                 self.cached = Cached(
@@ -151,7 +155,7 @@ class GaSession(StoppableReader):
                 )
         finally:
             self.task = None
-            self.timers.touch(time.monotonic())
+            self.timers.touch(self.clock.now())
             self.core.finished()
 
     async def _prepare(self, start: Start) -> Prepared:
@@ -178,5 +182,18 @@ class GaSession(StoppableReader):
         check_outputs(history, start.items)
         return await self.pipeline.prepare(start.response_id, request, history, start.items, work, "ws", scan_history=False, phases=phases)
 
-    async def _send(self, event: ServerEvent) -> None:
-        await self.out.put(codec.encode(event).decode())
+    # --------------------------------------------------------------------------------- Transport
+    def opened(self) -> bool:
+        return True
+
+    async def send(self, events: Sequence[ServerEvent]) -> None:
+        encode = codec.encode
+        await self.out.put_many([encode(event) for event in events])
+
+    suspends = False  # a response ends at its first local call: the calls are in its output
+
+    def queued(self) -> list[Item]:
+        return []  # nothing is appended to a GA response: the next turn is a new response.create
+
+    def cut(self) -> Cancel | None:
+        return None  # cut only when the client went away or the server shuts down
