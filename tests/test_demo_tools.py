@@ -9,18 +9,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from proto.client.demo import (
-    BUGGY_STATS,
-    FIX_PATCH,
-    FIXED_STATS,
-    SCRIPT,
-    Timeline,
-    Workspace,
-    apply_hunks,
-    demo_request,
-    make_repo,
-    parse_unified_diff,
-)
+from proto.client.demo.fixture import BUGGY_STATS, FIX_PATCH, FIXED_STATS, make_repo
+from proto.client.demo.patch import apply_hunks, parse_unified_diff
+from proto.client.demo.script import SCRIPT, demo_request
+from proto.client.demo.timeline import Timeline
+from proto.client.demo.workspace import Workspace
 from proto.client.longlived import ClientEvent, Rollout
 from sampler.policy import parse_script
 
