@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import psutil
 from websockets.asyncio.client import connect
 
 from proto.lab.clients import Transport, make_client
-from proto.lab.metrics import Trace, percentile, rollout_metrics, summarize
+from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan, shorten
 from sampler.policy import Workload, load_workload
 
@@ -289,95 +288,6 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                         result.cells.append(CellResult(profile, w.name, model, mode, config.sessions, traces, cpu_s, wall))
     result.wall_s = time.perf_counter() - t0
     return result
-
-
-# ---- results.json -------------------------------------------------------------------------------
-
-
-def run_record(cell: CellResult) -> dict[str, Any]:
-    """One ``runs[]`` entry: SPEC §6's fields, then the lab's extras."""
-    metrics = [rollout_metrics(t) for t in cell.traces]
-    s = summarize(metrics)
-    turns = max(s.turns, 1)
-    usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
-    phases: dict[str, float] = {}
-    prefill = decode = 0.0
-    for trace in cell.traces:
-        for key in usage:
-            usage[key] += trace.usage[key]
-        for name, ms in trace.phases_ms.items():
-            phases[name] = phases.get(name, 0.0) + ms
-        prefill += sum(float(r["prefill_ms"]) for r in trace.reports)
-        decode += sum(float(r["decode_ms"]) for r in trace.reports)
-    return {
-        "mode": cell.mode,
-        "workload": cell.workload,
-        "model": cell.model,
-        "sessions": cell.sessions,
-        "e2e_s_p50": s.e2e_s_p50,
-        "ttft_ms_p50": s.ttft_ms_p50,
-        "tpot_ms_p50": s.tpot_ms_p50,
-        "itl_ms_p99": s.itl_ms_p99,
-        "turn_overhead_ms_p50": s.turn_overhead_ms_p50,
-        "turn_overhead_ms_by_turn": s.turn_overhead_ms_by_turn,
-        "server_cpu_ms_per_turn": None if cell.server_cpu_s is None else cell.server_cpu_s * 1e3 / turns,
-        "client_bytes_sent_per_turn": sum(t.bytes_sent for t in cell.traces) / turns,
-        "usage": usage,
-        "phases_ms": {name: ms / turns for name, ms in sorted(phases.items())},  # mean per turn
-        # extras
-        "profile": cell.profile,
-        "rollouts": len(cell.traces),
-        "turns": s.turns,
-        "statuses": sorted({t.status for t in cell.traces}),
-        "e2e_s": sorted(m.e2e_s for m in metrics),
-        "ttft_ms_p90": percentile(s.ttft_ms, 90),
-        "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns) if s.turns else None,
-        "turn_overhead_ms_p90": percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
-        "prefill_ms_per_turn": prefill / turns,
-        "decode_ms_per_turn": decode / turns,
-        "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
-        "wall_s": cell.wall_s,
-        "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
-    }
-
-
-def results_json(result: BenchResult, command: str) -> dict[str, Any]:
-    config = result.config
-    every = [x for pings in result.pings_ms.values() for x in pings]
-    return {
-        "floor": {
-            "ws_ping_rtt_ms_p50": percentile(every, 50),
-            "ws_ping_rtt_ms_p90": percentile(every, 90),
-            "pings": len(every),
-            "by_profile": {p: percentile(xs, 50) for p, xs in result.pings_ms.items()},
-        },
-        "runs": [run_record(cell) for cell in result.cells],
-        "profiles": {name: {"safety_hop_ms": PROFILES[name].safety_hop_ms, "resolve_hop_ms": PROFILES[name].resolve_hop_ms}
-                     for name in config.profiles if name in PROFILES and not config.url},
-        "config": {
-            "modes": list(config.modes), "workloads": list(config.workloads), "models": list(config.models),
-            "sessions": config.sessions, "rollouts_per_session": config.rollouts, "warmup_per_session": config.warmup,
-            "warmup_turns": config.warmup_turns, "turns": config.turns, "tool_time_scale": config.tool_time_scale,
-            "quick": config.quick, "url": config.url, "model_overrides": list(config.model_overrides),
-        },
-        "command": command,
-        "machine": machine(),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result.started)),
-        "wall_s": result.wall_s,
-    }
-
-
-def machine() -> dict[str, Any]:
-    import platform
-
-    return {
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "platform": platform.platform(terse=True),
-        "processor": platform.processor() or platform.machine(),
-    }
 
 
 def with_overrides(config: BenchConfig, **changes: Any) -> BenchConfig:
