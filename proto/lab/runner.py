@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
-import tempfile
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import psutil
 from websockets.asyncio.client import connect
 
+from proto.client.child import ChildServer, cpu_seconds
 from proto.lab.clients import Transport, make_client
 from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan, shorten
@@ -99,58 +96,6 @@ class BenchResult:
 
 
 # ---- the server ---------------------------------------------------------------------------------
-
-
-class ServerProcess:
-    """``responses-lab serve`` as a child process: its CPU time is the server's alone."""
-
-    def __init__(self, profile: Profile, api_key: str | None = None, model_overrides: tuple[str, ...] = ()) -> None:
-        from proto.server.run import free_port
-
-        self.port = free_port()
-        self.profile = profile
-        self.api_key = api_key
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process; closed in stop())
-        cmd = [sys.executable, "-m", "proto", "serve", "--port", str(self.port), "--db", ":memory:",
-               "--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
-               "--log-level", "warning"]
-        if api_key:
-            cmd += ["--api-key", api_key]
-        for override in model_overrides:
-            cmd += ["--model-override", override]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.http_url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.http_url + "/healthz", headers=headers, timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"the server did not answer /healthz within {timeout_s} s:\n{self.log()}")
-
-    def cpu_s(self) -> float:
-        times = psutil.Process(self.proc.pid).cpu_times()
-        return float(times.user + times.system)
-
-    def log(self) -> str:
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 def external_server_pid(url: str) -> int | None:
@@ -247,26 +192,28 @@ def _servers(config: BenchConfig) -> Iterator[list[tuple[str, str, str, Callable
         ws_url = config.url
         http_url = ws_url.replace("wss://", "https://").replace("ws://", "http://").split("/v1/")[0]
         pid = external_server_pid(http_url)
-        cpu: Callable[[], float] | None = None
-        if pid is not None:
-            proc = psutil.Process(pid)
-
-            def cpu() -> float:
-                t = proc.cpu_times()
-                return float(t.user + t.system)
-
+        cpu = None if pid is None else functools.partial(cpu_seconds, psutil.Process(pid))
         yield [("external", ws_url, http_url, cpu)]
         return
-    started: list[ServerProcess] = []
+    started: list[ChildServer] = []
     try:
-        for name in config.profiles:
-            started.append(ServerProcess(PROFILES[name], config.api_key, config.model_overrides))
+        for name in config.profiles:  # all started before any is waited for: they boot side by side
+            started.append(ChildServer(server_flags(PROFILES[name], config), api_key=config.api_key))
         for server in started:
             server.wait_ready()
-        yield [(s.profile.name, s.ws_url, s.http_url, s.cpu_s) for s in started]
+        yield [(name, s.ws_url, s.http_url, s.cpu_s) for name, s in zip(config.profiles, started, strict=True)]
     finally:
         for server in started:
             server.stop()
+
+
+def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
+    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides."""
+    flags = ["--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
+             "--log-level", "warning"]
+    for override in config.model_overrides:
+        flags += ["--model-override", override]
+    return flags
 
 
 async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = None,
