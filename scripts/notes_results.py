@@ -11,27 +11,17 @@ first run (mode ÷ http, per profile) set against the same ratio of a second run
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+from proto.lab.results import cells, load, ratio
 
 MODES = ("http", "http-prev", "ws", "longlived")
 TOLERANCE = 0.05  # ratios must repeat within ±5 %
 # (figure, key, what we compare) — the ratios the repeatability check covers.
 RATIO_KEYS = (("E2E p50", "e2e_s_p50"), ("TTFT p50", "ttft_ms_p50"), ("overhead p50", "turn_overhead_ms_p50"),
               ("server CPU/turn", "server_cpu_ms_per_turn"))
-
-
-def load(path: Path) -> dict[str, Any]:
-    return dict(json.loads(path.read_text(encoding="utf-8")))
-
-
-def cells(results: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
-    out: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
-    for run in results["runs"]:
-        out.setdefault((run.get("profile", ""), run["workload"], run["model"]), {})[run["mode"]] = run
-    return out
 
 
 def pct(a: float | None, b: float | None) -> str:
@@ -127,7 +117,7 @@ def claims(all_cells: dict[tuple[str, str, str], dict[str, dict[str, Any]]]) -> 
 
 
 def repeatability(first: dict[str, Any], second: dict[str, Any]) -> tuple[list[str], float]:
-    a, b = cells(first), cells(second)
+    a, b = cells(first["runs"]), cells(second["runs"])
     rows = ["| cell | mode | ratio to http | run 1 | run 2 | difference |", "|---|---|---|---|---|---|"]
     worst = 0.0
     worst_by_key: dict[str, float] = {}
@@ -139,7 +129,7 @@ def repeatability(first: dict[str, Any], second: dict[str, Any]) -> tuple[list[s
             if mode not in modes or mode not in other:
                 continue
             for label, field in RATIO_KEYS:
-                x1, x2 = _ratio(modes[mode], modes["http"], field), _ratio(other[mode], other["http"], field)
+                x1, x2 = ratio(modes[mode], modes["http"], field), ratio(other[mode], other["http"], field)
                 if x1 is None or x2 is None:
                     continue
                 diff = x2 / x1 - 1
@@ -152,14 +142,9 @@ def repeatability(first: dict[str, Any], second: dict[str, Any]) -> tuple[list[s
     return rows, worst
 
 
-def _ratio(run: dict[str, Any], base: dict[str, Any], field: str) -> float | None:
-    x, y = run.get(field), base.get(field)
-    return None if x is None or not y else float(x) / float(y)
-
-
 def render(results: dict[str, Any], again: dict[str, Any] | None, title: str = "Results") -> str:
     out = [f"### {title}", "", *header(results), ""]
-    all_cells = cells(results)
+    all_cells = cells(results["runs"])
     for (profile, workload, model), modes in all_cells.items():
         out += [f"#### {profile} · {workload} · {model}", "", *cell_table(modes), "",
                 "Where one rollout's time goes (p50 E2E; prefill, decode and overhead summed over its turns):", "",

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import ipaddress
 import json
-import os
 import resource
 import statistics
 import sys
@@ -33,6 +32,8 @@ from urllib.parse import urlparse
 import httpx
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
+
+from proto.client.child import ChildServer
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 TOOLS = [{"type": "function", "name": "grep"}]
@@ -239,35 +240,6 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-@contextlib.contextmanager
-def own_server(extra: list[str]) -> Any:
-    """``responses-lab serve`` on a free loopback port with a throwaway database; yields (url, process)."""
-    import subprocess
-
-    from proto.server.run import free_port
-
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "proto", "serve", "--port", str(port), "--db", str(Path(tmp) / "soak.db"), *extra]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
-        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(500):
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                        break
-                time.sleep(0.02)
-            yield url, psutil.Process(process.pid)
-        finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
 def check_loopback(url: str) -> None:
     host = urlparse(url).hostname or ""
     try:
@@ -303,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         process = psutil.Process(args.server_pid) if args.server_pid else None
         report = asyncio.run(Soak(args.url, args, process).run())
     else:
-        with own_server(["--model-override", FAST_OVERRIDE]) as (url, process):
-            report = asyncio.run(Soak(url, args, process).run())
+        with (tempfile.TemporaryDirectory() as tmp,
+              ChildServer(["--model-override", FAST_OVERRIDE], db=str(Path(tmp) / "soak.db")) as server):
+            report = asyncio.run(Soak(server.http_url, args, server.process).run())
     text = json.dumps(asdict(report), indent=1)
     if args.out is not None:
         args.out.write_text(text + "\n")

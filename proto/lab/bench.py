@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from proto.lab.clients import MODES
-from proto.lab.report import print_table, write_csv, write_json, write_plots
-from proto.lab.runner import PROFILES, BenchConfig, results_json, run_bench
+from proto.lab.report import print_table, write_plots
+from proto.lab.results import results_json, write_csv, write_json
+from proto.lab.runner import PROFILES, BenchConfig, run_bench
 
 
 def _csv(value: str) -> tuple[str, ...]:

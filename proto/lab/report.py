@@ -1,86 +1,19 @@
-"""The lab's outputs: results.json (SPEC §6), results.csv, the PNG plots and the printed table."""
+"""The lab's outputs for people: the printed table and the PNG plots, both read from results.json
+(``proto.lab.results`` shapes and writes it, results.csv too)."""
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-BASELINE = "http"
+from proto.lab.results import BASELINE, cells, ratio
+
 MODE_ORDER = ("http", "http-prev", "ws", "longlived")
 MODE_COLORS = {"http": "#d62728", "http-prev": "#ff7f0e", "ws": "#1f77b4", "longlived": "#2ca02c"}
-
-
-def clean(value: Any) -> Any:
-    """NaN/inf → null, so results.json is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [clean(v) for v in value]
-    return value
-
-
-def cell_key(run: dict[str, Any]) -> tuple[str, str, str]:
-    return (run["workload"], run["model"], run.get("profile", ""))
-
-
-def cells(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
-    """(workload, model, profile) → mode → run, in first-seen order."""
-    out: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
-    for run in runs:
-        out.setdefault(cell_key(run), {})[run["mode"]] = run
-    return out
-
-
-def ratio(run: dict[str, Any], base: dict[str, Any] | None, key: str) -> float | None:
-    if base is None or not base.get(key) or run.get(key) is None:
-        return None
-    return float(run[key]) / float(base[key])
-
-
-def write_json(results: dict[str, Any], out: Path) -> Path:
-    path = out / "results.json"
-    path.write_text(json.dumps(clean(results), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    return path
-
-
-CSV_FIELDS = ("profile", "workload", "model", "mode", "sessions", "rollouts", "turns", "e2e_s_p50", "ttft_ms_p50",
-              "ttft_ms_p90", "tpot_ms_p50", "itl_ms_p99", "turn_overhead_ms_p50", "turn_overhead_ms_p90",
-              "prefill_ms_per_turn", "server_cpu_ms_per_turn", "client_bytes_sent_per_turn", "input_tokens",
-              "cached_tokens", "output_tokens", "e2e_vs_http", "ttft_vs_http", "overhead_first_turn_ms",
-              "overhead_last_turn_ms")
-
-
-def write_csv(results: dict[str, Any], out: Path) -> Path:
-    path = out / "results.csv"
-    runs = results["runs"]
-    phase_names = sorted({name for run in runs for name in run["phases_ms"]})
-    by_cell = cells(runs)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow([*CSV_FIELDS, *(f"phase_{n}_ms_per_turn" for n in phase_names)])
-        for run in runs:
-            base = by_cell[cell_key(run)].get(BASELINE)
-            by_turn = run["turn_overhead_ms_by_turn"]
-            row = dict(run, **run["usage"], e2e_vs_http=ratio(run, base, "e2e_s_p50"), ttft_vs_http=ratio(run, base, "ttft_ms_p50"),
-                       overhead_first_turn_ms=by_turn[0] if by_turn else None,
-                       overhead_last_turn_ms=by_turn[-1] if by_turn else None)
-            writer.writerow([_fmt(row.get(k)) for k in CSV_FIELDS] + [_fmt(run["phases_ms"].get(n, 0.0)) for n in phase_names])
-    return path
-
-
-def _fmt(value: Any) -> Any:
-    if isinstance(value, float):
-        return "" if not math.isfinite(value) else f"{value:.6g}"
-    return "" if value is None else value
 
 
 # ---- the table ----------------------------------------------------------------------------------
@@ -145,7 +78,7 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     by_cell = cells(results["runs"])
-    labels = [" · ".join(x for x in (p, w, m) if x) for (w, m, p) in by_cell]
+    labels = [" · ".join(x for x in key if x) for key in by_cell]
     paths = []
 
     def grid(title: str) -> tuple[Any, list[Any]]:

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,12 +18,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import psutil
 from websockets.asyncio.client import connect
 
+from proto.client.child import ChildServer, cpu_seconds
 from proto.lab.clients import Transport, make_client
-from proto.lab.metrics import Trace, percentile, rollout_metrics, summarize
+from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan, shorten
 from sampler.policy import Workload, load_workload
 
@@ -100,58 +96,6 @@ class BenchResult:
 
 
 # ---- the server ---------------------------------------------------------------------------------
-
-
-class ServerProcess:
-    """``responses-lab serve`` as a child process: its CPU time is the server's alone."""
-
-    def __init__(self, profile: Profile, api_key: str | None = None, model_overrides: tuple[str, ...] = ()) -> None:
-        from proto.server.run import free_port
-
-        self.port = free_port()
-        self.profile = profile
-        self.api_key = api_key
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process; closed in stop())
-        cmd = [sys.executable, "-m", "proto", "serve", "--port", str(self.port), "--db", ":memory:",
-               "--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
-               "--log-level", "warning"]
-        if api_key:
-            cmd += ["--api-key", api_key]
-        for override in model_overrides:
-            cmd += ["--model-override", override]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.http_url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.http_url + "/healthz", headers=headers, timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"the server did not answer /healthz within {timeout_s} s:\n{self.log()}")
-
-    def cpu_s(self) -> float:
-        times = psutil.Process(self.proc.pid).cpu_times()
-        return float(times.user + times.system)
-
-    def log(self) -> str:
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 def external_server_pid(url: str) -> int | None:
@@ -248,26 +192,28 @@ def _servers(config: BenchConfig) -> Iterator[list[tuple[str, str, str, Callable
         ws_url = config.url
         http_url = ws_url.replace("wss://", "https://").replace("ws://", "http://").split("/v1/")[0]
         pid = external_server_pid(http_url)
-        cpu: Callable[[], float] | None = None
-        if pid is not None:
-            proc = psutil.Process(pid)
-
-            def cpu() -> float:
-                t = proc.cpu_times()
-                return float(t.user + t.system)
-
+        cpu = None if pid is None else functools.partial(cpu_seconds, psutil.Process(pid))
         yield [("external", ws_url, http_url, cpu)]
         return
-    started: list[ServerProcess] = []
+    started: list[ChildServer] = []
     try:
-        for name in config.profiles:
-            started.append(ServerProcess(PROFILES[name], config.api_key, config.model_overrides))
+        for name in config.profiles:  # all started before any is waited for: they boot side by side
+            started.append(ChildServer(server_flags(PROFILES[name], config), api_key=config.api_key))
         for server in started:
             server.wait_ready()
-        yield [(s.profile.name, s.ws_url, s.http_url, s.cpu_s) for s in started]
+        yield [(name, s.ws_url, s.http_url, s.cpu_s) for name, s in zip(config.profiles, started, strict=True)]
     finally:
         for server in started:
             server.stop()
+
+
+def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
+    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides."""
+    flags = ["--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
+             "--log-level", "warning"]
+    for override in config.model_overrides:
+        flags += ["--model-override", override]
+    return flags
 
 
 async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = None,
@@ -289,95 +235,6 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                         result.cells.append(CellResult(profile, w.name, model, mode, config.sessions, traces, cpu_s, wall))
     result.wall_s = time.perf_counter() - t0
     return result
-
-
-# ---- results.json -------------------------------------------------------------------------------
-
-
-def run_record(cell: CellResult) -> dict[str, Any]:
-    """One ``runs[]`` entry: SPEC §6's fields, then the lab's extras."""
-    metrics = [rollout_metrics(t) for t in cell.traces]
-    s = summarize(metrics)
-    turns = max(s.turns, 1)
-    usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
-    phases: dict[str, float] = {}
-    prefill = decode = 0.0
-    for trace in cell.traces:
-        for key in usage:
-            usage[key] += trace.usage[key]
-        for name, ms in trace.phases_ms.items():
-            phases[name] = phases.get(name, 0.0) + ms
-        prefill += sum(float(r["prefill_ms"]) for r in trace.reports)
-        decode += sum(float(r["decode_ms"]) for r in trace.reports)
-    return {
-        "mode": cell.mode,
-        "workload": cell.workload,
-        "model": cell.model,
-        "sessions": cell.sessions,
-        "e2e_s_p50": s.e2e_s_p50,
-        "ttft_ms_p50": s.ttft_ms_p50,
-        "tpot_ms_p50": s.tpot_ms_p50,
-        "itl_ms_p99": s.itl_ms_p99,
-        "turn_overhead_ms_p50": s.turn_overhead_ms_p50,
-        "turn_overhead_ms_by_turn": s.turn_overhead_ms_by_turn,
-        "server_cpu_ms_per_turn": None if cell.server_cpu_s is None else cell.server_cpu_s * 1e3 / turns,
-        "client_bytes_sent_per_turn": sum(t.bytes_sent for t in cell.traces) / turns,
-        "usage": usage,
-        "phases_ms": {name: ms / turns for name, ms in sorted(phases.items())},  # mean per turn
-        # extras
-        "profile": cell.profile,
-        "rollouts": len(cell.traces),
-        "turns": s.turns,
-        "statuses": sorted({t.status for t in cell.traces}),
-        "e2e_s": sorted(m.e2e_s for m in metrics),
-        "ttft_ms_p90": percentile(s.ttft_ms, 90),
-        "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns) if s.turns else None,
-        "turn_overhead_ms_p90": percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
-        "prefill_ms_per_turn": prefill / turns,
-        "decode_ms_per_turn": decode / turns,
-        "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
-        "wall_s": cell.wall_s,
-        "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
-    }
-
-
-def results_json(result: BenchResult, command: str) -> dict[str, Any]:
-    config = result.config
-    every = [x for pings in result.pings_ms.values() for x in pings]
-    return {
-        "floor": {
-            "ws_ping_rtt_ms_p50": percentile(every, 50),
-            "ws_ping_rtt_ms_p90": percentile(every, 90),
-            "pings": len(every),
-            "by_profile": {p: percentile(xs, 50) for p, xs in result.pings_ms.items()},
-        },
-        "runs": [run_record(cell) for cell in result.cells],
-        "profiles": {name: {"safety_hop_ms": PROFILES[name].safety_hop_ms, "resolve_hop_ms": PROFILES[name].resolve_hop_ms}
-                     for name in config.profiles if name in PROFILES and not config.url},
-        "config": {
-            "modes": list(config.modes), "workloads": list(config.workloads), "models": list(config.models),
-            "sessions": config.sessions, "rollouts_per_session": config.rollouts, "warmup_per_session": config.warmup,
-            "warmup_turns": config.warmup_turns, "turns": config.turns, "tool_time_scale": config.tool_time_scale,
-            "quick": config.quick, "url": config.url, "model_overrides": list(config.model_overrides),
-        },
-        "command": command,
-        "machine": machine(),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result.started)),
-        "wall_s": result.wall_s,
-    }
-
-
-def machine() -> dict[str, Any]:
-    import platform
-
-    return {
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "platform": platform.platform(terse=True),
-        "processor": platform.processor() or platform.machine(),
-    }
 
 
 def with_overrides(config: BenchConfig, **changes: Any) -> BenchConfig:

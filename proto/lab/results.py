@@ -1,0 +1,192 @@
+"""results.json (SPEC §6) and results.csv: what a bench run produced, shaped, written and read back.
+
+The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
+``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
+:func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``scripts/notes_results.py`` — load
+it with :func:`load` and group it with :func:`cells`, so the format is described here only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from proto.lab.metrics import percentile, rollout_metrics, summarize
+from proto.lab.runner import PROFILES, BenchResult, CellResult
+
+BASELINE = "http"  # the mode every ratio ("vs http") is taken against
+
+# ---- shaping ------------------------------------------------------------------------------------
+
+
+def run_record(cell: CellResult) -> dict[str, Any]:
+    """One ``runs[]`` entry: SPEC §6's fields, then the lab's extras."""
+    metrics = [rollout_metrics(t) for t in cell.traces]
+    s = summarize(metrics)
+    turns = max(s.turns, 1)
+    usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
+    phases: dict[str, float] = {}
+    prefill = decode = 0.0
+    for trace in cell.traces:
+        for key in usage:
+            usage[key] += trace.usage[key]
+        for name, ms in trace.phases_ms.items():
+            phases[name] = phases.get(name, 0.0) + ms
+        prefill += sum(float(r["prefill_ms"]) for r in trace.reports)
+        decode += sum(float(r["decode_ms"]) for r in trace.reports)
+    return {
+        "mode": cell.mode,
+        "workload": cell.workload,
+        "model": cell.model,
+        "sessions": cell.sessions,
+        "e2e_s_p50": s.e2e_s_p50,
+        "ttft_ms_p50": s.ttft_ms_p50,
+        "tpot_ms_p50": s.tpot_ms_p50,
+        "itl_ms_p99": s.itl_ms_p99,
+        "turn_overhead_ms_p50": s.turn_overhead_ms_p50,
+        "turn_overhead_ms_by_turn": s.turn_overhead_ms_by_turn,
+        "server_cpu_ms_per_turn": None if cell.server_cpu_s is None else cell.server_cpu_s * 1e3 / turns,
+        "client_bytes_sent_per_turn": sum(t.bytes_sent for t in cell.traces) / turns,
+        "usage": usage,
+        "phases_ms": {name: ms / turns for name, ms in sorted(phases.items())},  # mean per turn
+        # extras
+        "profile": cell.profile,
+        "rollouts": len(cell.traces),
+        "turns": s.turns,
+        "statuses": sorted({t.status for t in cell.traces}),
+        "e2e_s": sorted(m.e2e_s for m in metrics),
+        "ttft_ms_p90": percentile(s.ttft_ms, 90),
+        "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns) if s.turns else None,
+        "turn_overhead_ms_p90": percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
+        "prefill_ms_per_turn": prefill / turns,
+        "decode_ms_per_turn": decode / turns,
+        "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
+        "wall_s": cell.wall_s,
+        "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
+    }
+
+
+def results_json(result: BenchResult, command: str) -> dict[str, Any]:
+    config = result.config
+    every = [x for pings in result.pings_ms.values() for x in pings]
+    return {
+        "floor": {
+            "ws_ping_rtt_ms_p50": percentile(every, 50),
+            "ws_ping_rtt_ms_p90": percentile(every, 90),
+            "pings": len(every),
+            "by_profile": {p: percentile(xs, 50) for p, xs in result.pings_ms.items()},
+        },
+        "runs": [run_record(cell) for cell in result.cells],
+        "profiles": {name: {"safety_hop_ms": PROFILES[name].safety_hop_ms, "resolve_hop_ms": PROFILES[name].resolve_hop_ms}
+                     for name in config.profiles if name in PROFILES and not config.url},
+        "config": {
+            "modes": list(config.modes), "workloads": list(config.workloads), "models": list(config.models),
+            "sessions": config.sessions, "rollouts_per_session": config.rollouts, "warmup_per_session": config.warmup,
+            "warmup_turns": config.warmup_turns, "turns": config.turns, "tool_time_scale": config.tool_time_scale,
+            "quick": config.quick, "url": config.url, "model_overrides": list(config.model_overrides),
+        },
+        "command": command,
+        "machine": machine(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result.started)),
+        "wall_s": result.wall_s,
+    }
+
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    return {
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+# ---- writing ------------------------------------------------------------------------------------
+
+
+def clean(value: Any) -> Any:
+    """NaN/inf → null, so results.json is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    return value
+
+
+def write_json(results: dict[str, Any], out: Path) -> Path:
+    path = out / "results.json"
+    path.write_text(json.dumps(clean(results), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+CSV_FIELDS = ("profile", "workload", "model", "mode", "sessions", "rollouts", "turns", "e2e_s_p50", "ttft_ms_p50",
+              "ttft_ms_p90", "tpot_ms_p50", "itl_ms_p99", "turn_overhead_ms_p50", "turn_overhead_ms_p90",
+              "prefill_ms_per_turn", "server_cpu_ms_per_turn", "client_bytes_sent_per_turn", "input_tokens",
+              "cached_tokens", "output_tokens", "e2e_vs_http", "ttft_vs_http", "overhead_first_turn_ms",
+              "overhead_last_turn_ms")
+
+
+def write_csv(results: dict[str, Any], out: Path) -> Path:
+    path = out / "results.csv"
+    runs = results["runs"]
+    phase_names = sorted({name for run in runs for name in run["phases_ms"]})
+    by_cell = cells(runs)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow([*CSV_FIELDS, *(f"phase_{n}_ms_per_turn" for n in phase_names)])
+        for run in runs:
+            base = by_cell[cell_key(run)].get(BASELINE)
+            by_turn = run["turn_overhead_ms_by_turn"]
+            row = dict(run, **run["usage"], e2e_vs_http=ratio(run, base, "e2e_s_p50"), ttft_vs_http=ratio(run, base, "ttft_ms_p50"),
+                       overhead_first_turn_ms=by_turn[0] if by_turn else None,
+                       overhead_last_turn_ms=by_turn[-1] if by_turn else None)
+            writer.writerow([_fmt(row.get(k)) for k in CSV_FIELDS] + [_fmt(run["phases_ms"].get(n, 0.0)) for n in phase_names])
+    return path
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        return "" if not math.isfinite(value) else f"{value:.6g}"
+    return "" if value is None else value
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+
+def load(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def cell_key(run: dict[str, Any]) -> tuple[str, str, str]:
+    """(profile, workload, model): the cell a run belongs to (``profile`` is "" in files that lack it)."""
+    return (run.get("profile", ""), run["workload"], run["model"])
+
+
+def cells(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
+    """(profile, workload, model) → mode → run, in first-seen order."""
+    out: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        out.setdefault(cell_key(run), {})[run["mode"]] = run
+    return out
+
+
+def ratio(run: dict[str, Any], base: dict[str, Any] | None, key: str) -> float | None:
+    """``run[key] / base[key]``; None when either is missing or the base is zero."""
+    if base is None or not base.get(key) or run.get(key) is None:
+        return None
+    return float(run[key]) / float(base[key])
