@@ -5,7 +5,7 @@ arguments and append to an in-memory pending buffer (a lock held only for that a
 or a sleep); one background thread takes the buffer in FIFO batches and writes each batch in one
 transaction (WAL, ``synchronous=NORMAL``).
 
-Three tables' worth of facts per response:
+Two tables, three facts per response:
 - ``started()`` writes an *open* row (table ``open_responses``) when a response starts;
 - ``progress()`` updates that open row with what was delivered so far (several updates of one id still in
   the buffer are coalesced into one, the latest figures win);
@@ -15,9 +15,11 @@ At start-up, before serving, ``reconcile()`` turns every open row left by a dead
 with status ``incomplete`` and the open row's last progress figures.
 
 Guarantees (one server process per database file):
-- A response whose ``record()`` returned is billed exactly once: the writer retries a failed batch
-  (exponential backoff from ``retry_initial`` doubling to ``retry_max``) until the database takes it, for
-  as long as the server runs, and the ``usage`` primary key refuses a second row for the same id.
+- Never twice: the ``usage`` primary key refuses a second row for an id, whoever writes it (a retried
+  batch, a buggy caller, ``reconcile()``).
+- A response whose ``record()`` returned is billed exactly once unless the process dies (or ``close()``'s
+  deadline passes) before its batch commits: the writer retries a failed batch (exponential backoff from
+  ``retry_initial`` doubling to ``retry_max``) until the database takes it, for as long as the server runs.
 - Only a crash loses rows still in the buffer (normally milliseconds' worth). A committed transaction
   survives a crash of the process (SIGKILL) in WAL mode; a power loss or an OS crash may roll back the
   last transactions (``synchronous=NORMAL``).
@@ -200,6 +202,11 @@ class _Progress:  # mutable: a later progress() of the same id overwrites it whi
 
 
 _Op = LedgerRow | _Start | _Progress
+
+
+def _kind(op: _Op) -> str:
+    return "usage row" if isinstance(op, LedgerRow) else "open row" if isinstance(op, _Start) else "progress"
+
 _Entry = tuple[int, _Op]  # (sequence number, operation)
 
 _COLUMNS: Final = ", ".join(f.name for f in fields(LedgerRow))
@@ -386,7 +393,7 @@ class UsageLedger:
                 self.overflow += 1
                 raise LedgerFullError(
                     f"usage ledger has {self._max_pending} operations waiting for the database;"
-                    f" {type(op).__name__.lstrip('_').lower()} for {op.response_id!r} refused"
+                    f" {_kind(op)} for {op.response_id!r} refused"
                 )
             self._seq += 1
             self._buffer.append((self._seq, op))
@@ -506,7 +513,7 @@ class UsageLedger:
     def _reject(self, op: _Op, exc: sqlite3.Error) -> None:
         if isinstance(op, LedgerRow):
             self.failed += 1
-        log.error("ledger.row_rejected", kind=type(op).__name__.lstrip("_"), response_id=op.response_id, error=str(exc))
+        log.error("ledger.row_rejected", kind=_kind(op), response_id=op.response_id, error=str(exc))
 
     def _give_up(self, error: sqlite3.Error) -> None:
         with self._lock:
