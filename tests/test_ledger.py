@@ -13,7 +13,6 @@ from structlog.testing import capture_logs
 
 from proto.server.ledger import (
     LedgerError,
-    LedgerFullError,
     LedgerRow,
     UsageLedger,
     fingerprint_api_key,
@@ -120,7 +119,7 @@ def test_close_without_start_still_writes_the_queue() -> None:
 
 
 def test_many_threads_record_concurrently(tmp_path: Path) -> None:
-    led = UsageLedger(str(tmp_path / "l.db"), queue_size=64, batch_size=32)
+    led = UsageLedger(str(tmp_path / "l.db"), batch_size=32)
     led.start()
 
     def worker(base: int) -> None:
@@ -155,25 +154,6 @@ async def test_many_tasks_record_then_aclose(tmp_path: Path) -> None:
     reopened = UsageLedger(str(tmp_path / "l.db"))
     assert len(reopened.rows(mode="longlived")) == 1000
     reopened.close()
-
-
-def test_full_queue_blocks_then_raises_never_drops() -> None:
-    led = UsageLedger(":memory:", queue_size=1, put_timeout=0.01)  # writer not started: queue stays full
-    led.record(row(1))
-    with pytest.raises(LedgerFullError):
-        led.record(row(2))
-    assert led.queue_full_waits == 1
-    led.close()
-    assert led.rows_written == 1
-
-
-def test_full_queue_waits_for_the_writer() -> None:
-    led = UsageLedger(":memory:", queue_size=1, put_timeout=10.0)
-    led.record(row(1))
-    led.start()  # the writer frees the slot, so the blocked caller gets in
-    led.record(row(2))
-    led.close()
-    assert led.rows_written == 2
 
 
 def test_bad_rows_are_refused_on_the_callers_stack() -> None:

@@ -126,11 +126,24 @@ async def test_concurrent_puts_and_reads(store: ResponseStore) -> None:
 
 
 async def test_sql_runs_off_the_event_loop_thread(store: ResponseStore) -> None:
+    # A memory database lives in one connection: one thread does everything.
     sql_threads: set[int] = set()
-    await store._call(lambda db: db.set_trace_callback(lambda _sql: sql_threads.add(threading.get_ident())))
+    await store._write("trace", lambda db: db.set_trace_callback(lambda _sql: sql_threads.add(threading.get_ident())))
     await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
     await store.chain("resp_1", KEY)
     assert len(sql_threads) == 1 and threading.get_ident() not in sql_threads
+
+
+async def test_a_file_store_writes_on_one_thread_and_reads_on_a_pool(tmp_path: Path) -> None:
+    store = ResponseStore(str(tmp_path / "store.sqlite3"), readers=2)
+    name = lambda _db: threading.current_thread().name  # noqa: E731
+    writers = {await store._write("name", name) for _ in range(5)}
+    readers = set(await asyncio.gather(*(store._read("name", name) for _ in range(20))))
+    assert len(writers) == 1 and next(iter(writers)).startswith("response-store-writer")
+    assert 1 <= len(readers) <= 2 and all(r.startswith("response-store-reader") for r in readers)
+    await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
+    assert await store.get("resp_1", KEY) is not None  # a reader connection sees the writer's commit
+    await store.aclose()
 
 
 async def test_persistence_across_reopen(tmp_path: Path) -> None:

@@ -1,30 +1,68 @@
 """The billing stage: a usage ledger in SQLite, one row per response, written off the hot path.
 
-``record()`` only validates the row and puts it on a bounded queue; one background thread takes rows off
-in batches and inserts each batch in one transaction (WAL, ``synchronous=NORMAL``: a crash may lose the
-last transactions, a clean ``close()`` loses nothing).
+The event loop never waits on the disk. ``started()``, ``progress()`` and ``record()`` validate their
+arguments and append to an in-memory pending buffer (a lock held only for that append, never across SQL
+or a sleep); one background thread takes the buffer in FIFO batches and writes each batch in one
+transaction (WAL, ``synchronous=NORMAL``).
+
+Two tables, three facts per response:
+- ``started()`` writes an *open* row (table ``open_responses``) when a response starts;
+- ``progress()`` updates that open row with what was delivered so far (several updates of one id still in
+  the buffer are coalesced into one, the latest figures win);
+- ``record()`` writes the final usage row (table ``usage``) and deletes the open row, in the same
+  transaction.
+At start-up, before serving, ``reconcile()`` turns every open row left by a dead process into a usage row
+with status ``incomplete`` and the open row's last progress figures.
+
+Guarantees (one server process per database file):
+- Never twice: the ``usage`` primary key refuses a second row for an id, whoever writes it (a retried
+  batch, a buggy caller, ``reconcile()``).
+- A response whose ``record()`` returned is billed exactly once unless the process dies (or ``close()``'s
+  deadline passes) before its batch commits: the writer retries a failed batch (exponential backoff from
+  ``retry_initial`` doubling to ``retry_max``) until the database takes it, for as long as the server runs.
+- Only a crash loses rows still in the buffer (normally milliseconds' worth). A committed transaction
+  survives a crash of the process (SIGKILL) in WAL mode; a power loss or an OS crash may roll back the
+  last transactions (``synchronous=NORMAL``).
+- A response in flight at a crash is billed at most once, and at least the figures of its last durable
+  ``progress()`` (zero tokens if none was durable yet), provided its ``started()`` was durable: a
+  response whose open row was still in the buffer at the crash leaves no trace and is not billed.
+- ``close()`` keeps retrying up to its deadline; what it still could not write is counted in ``failed``
+  and logged with its ids (``ledger.close_unwritten``). A response whose open row was durable is then
+  billed ``incomplete`` by the next start's ``reconcile()``.
 
 Policies:
 - Duplicate ``response_id`` (billing a response twice is a bug): the row is refused by the primary key,
   the first row stays, ``duplicates`` counts it and the id is logged (``duplicate_ids`` keeps the last 100).
-- Queue full (the disk cannot keep up): ``record()`` blocks the caller up to ``put_timeout`` seconds, then
-  raises ``LedgerFullError``. Rows are never dropped silently; ``queue_full_waits`` counts the stalls.
-- A failed batch (disk error) is rolled back, counted in ``failed`` and logged with its ids.
+  A duplicate is not a write error: it is never retried.
+- Pending buffer full (``max_pending`` operations not yet durable: the disk has been failing or slow for a
+  long time): the call raises ``LedgerFullError`` at once and ``overflow`` counts it. Nothing waits.
+  A ``progress()`` coalesced into an update already pending never overflows.
+- A batch that fails for a reason tied to one of its rows (constraint, binding: in practice impossible,
+  rows are validated on the caller's stack) is split; the offending operation is dropped, counted in
+  ``failed`` and logged (``ledger.row_rejected``) instead of blocking every row behind it forever.
 
-Lifecycle: ``start()`` (or ``async astart()``) spawns the writer; ``close()`` / ``async aclose()`` writes
-everything queued before it returns; ``flush()`` waits for what is queued so far (tests, admin).
+Counters, plain ints readable from the loop: ``rows_written`` (usage rows inserted, reconciled ones
+included), ``retries`` (failed write attempts that were retried), ``pending`` (operations accepted and not
+yet durable: open rows, progress updates, usage rows), ``failed`` (usage rows given up on), ``overflow``,
+``duplicates``, ``reconciled``.
+
+Lifecycle: ``reconcile()`` (or ``async areconcile()``) before serving, ``start()`` (or ``async astart()``)
+spawns the writer; ``close()`` / ``async aclose()`` writes everything pending (up to the deadline) before
+it returns; ``flush()`` waits for what is pending so far (tests, admin).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-import queue
 import sqlite3
 import threading
+import time
+import uuid
 from collections import deque
 from dataclasses import astuple, dataclass, fields
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
@@ -32,6 +70,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_DB_PATH: Final = "responses-lab.sqlite3"
 MODES: Final = ("http", "http-prev", "ws", "longlived")
+INCOMPLETE: Final = "incomplete"  # the status reconcile() bills a response that never ended
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -48,6 +87,19 @@ CREATE TABLE IF NOT EXISTS usage (
     completed_at  REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS usage_by_key ON usage (api_key_id, created_at);
+CREATE TABLE IF NOT EXISTS open_responses (
+    response_id   TEXT PRIMARY KEY,
+    api_key_id    TEXT NOT NULL,
+    model         TEXT NOT NULL,
+    mode          TEXT NOT NULL CHECK (mode IN ('http', 'http-prev', 'ws', 'longlived')),
+    created_at    REAL NOT NULL,
+    input_tokens  INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    turns         INTEGER NOT NULL DEFAULT 0,
+    progress_at   REAL,
+    owner         TEXT NOT NULL
+);
 """
 
 
@@ -60,6 +112,31 @@ def fingerprint_api_key(api_key: str | None) -> str:
     if not api_key:
         return "anonymous"
     return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:24]
+
+
+def _check_mode(mode: object) -> None:
+    if mode not in MODES:
+        raise ValueError(f"ledger mode must be one of {MODES}, not {mode!r}")
+
+
+def _check_text(**values: object) -> None:
+    for name, value in values.items():
+        if not isinstance(value, str):
+            raise ValueError(f"ledger {name} must be a str, not {type(value).__name__}")
+
+
+def _check_counts(**values: object) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"ledger {name} must be an int, not {type(value).__name__}")
+        if value < 0:
+            raise ValueError("ledger token counts and turns must be >= 0")
+
+
+def _check_times(**values: object) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"ledger {name} must be unix seconds, not {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -78,32 +155,84 @@ class LedgerRow:
 
     def __post_init__(self) -> None:
         # Refused at record() time, on the caller's stack, rather than later in the writer thread.
-        if self.mode not in MODES:
-            raise ValueError(f"ledger mode must be one of {MODES}, not {self.mode!r}")
-        if min(self.input_tokens, self.cached_tokens, self.output_tokens, self.turns) < 0:
-            raise ValueError("ledger token counts and turns must be >= 0")
+        _check_mode(self.mode)
+        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status)
+        _check_counts(
+            input_tokens=self.input_tokens,
+            cached_tokens=self.cached_tokens,
+            output_tokens=self.output_tokens,
+            turns=self.turns,
+        )
+        _check_times(created_at=self.created_at, completed_at=self.completed_at)
 
+
+@dataclass(frozen=True)
+class OpenResponse:
+    """A response that started and is not billed yet, with what was delivered so far (durable rows only)."""
+
+    response_id: str
+    api_key_id: str
+    model: str
+    mode: str
+    created_at: float
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    turns: int
+    progress_at: float | None  # unix seconds of the last durable progress(); None: none yet
+
+
+@dataclass(frozen=True)
+class _Start:
+    response_id: str
+    api_key_id: str
+    model: str
+    mode: str
+    created_at: float
+
+
+@dataclass
+class _Progress:  # mutable: a later progress() of the same id overwrites it while it is still pending
+    response_id: str
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    turns: int
+    at: float
+
+
+_Op = LedgerRow | _Start | _Progress
+
+
+def _kind(op: _Op) -> str:
+    return "usage row" if isinstance(op, LedgerRow) else "open row" if isinstance(op, _Start) else "progress"
+
+_Entry = tuple[int, _Op]  # (sequence number, operation)
 
 _COLUMNS: Final = ", ".join(f.name for f in fields(LedgerRow))
 _INSERT: Final = (
     f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(fields(LedgerRow)))})"
 )
+_OPEN_COLUMNS: Final = ", ".join(f.name for f in fields(OpenResponse))
+_INSERT_OPEN: Final = (
+    "INSERT OR IGNORE INTO open_responses (response_id, api_key_id, model, mode, created_at, owner)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_PROGRESS: Final = (
+    "UPDATE open_responses SET input_tokens = ?, cached_tokens = ?, output_tokens = ?, turns = ?,"
+    " progress_at = ? WHERE response_id = ?"
+)
+_DELETE_OPEN: Final = "DELETE FROM open_responses WHERE response_id = ?"
+# Deterministic failures tied to the rows of a batch: retrying the same batch can never succeed.
+_ROW_ERRORS: Final = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, sqlite3.ProgrammingError)
 
 
 class LedgerError(RuntimeError):
-    pass
+    """The ledger refused a call: closed, not started, or its database failed where it cannot retry."""
 
 
 class LedgerFullError(LedgerError):
-    """The writer fell ``put_timeout`` seconds behind a full queue: the row was not accepted."""
-
-
-class _Stop:
-    pass
-
-
-_STOP: Final = _Stop()
-_Item = LedgerRow | threading.Event | _Stop
+    """``max_pending`` operations are waiting for the database: the call was refused, nothing was queued."""
 
 
 class UsageLedger:
@@ -111,161 +240,383 @@ class UsageLedger:
         self,
         path: str = DEFAULT_DB_PATH,
         *,
-        queue_size: int = 10_000,
+        max_pending: int = 100_000,
         batch_size: int = 500,
-        put_timeout: float = 5.0,
+        busy_timeout: float = 10.0,
+        retry_initial: float = 0.02,
+        retry_max: float = 1.0,
+        close_timeout: float = 30.0,
     ) -> None:
-        # One connection shared by the writer and readers under a lock: it is the only way ":memory:"
-        # shows the same database to both, and readers are rare (tests, admin).
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        self._db_lock = threading.Lock()
-        with self._db_lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=queue_size)
+        if max_pending < 1 or batch_size < 1:
+            raise ValueError("max_pending and batch_size must be >= 1")
+        self.path = path
+        self._memory = path in (":memory:", "")
+        self._busy_timeout = busy_timeout
+        self._retry_initial = retry_initial
+        self._retry_max = max(retry_max, retry_initial)
+        self._close_timeout = close_timeout
+        self._max_pending = max_pending
         self._batch_size = batch_size
-        self._put_timeout = put_timeout
+        self._owner = uuid.uuid4().hex  # marks this process's open rows: reconcile() never bills them
+        try:
+            self._wdb = self._connect()
+            self._wdb.execute("PRAGMA journal_mode=WAL")
+            self._wdb.execute("PRAGMA synchronous=NORMAL")
+            self._wdb.executescript(_SCHEMA)
+            # A file gets its own reader connection: WAL readers never wait on the writer's lock. A memory
+            # database exists in one connection only, so readers share the writer's (under its lock).
+            self._rdb = self._wdb if self._memory else self._connect()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"usage ledger {path!r} cannot be opened: {exc}") from exc
+        self._wlock = threading.Lock()  # the writer connection: the writer thread and reconcile()
+        self._rlock = self._wlock if self._memory else threading.Lock()
+        # The pending buffer. _lock guards it and is only ever held for in-memory work.
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the writer waits for work
+        self._done = threading.Condition(self._lock)  # flush() waits for durability
+        self._buffer: deque[_Entry] = deque()
+        self._inflight: list[_Entry] = []  # the batch the writer is writing (or retrying)
+        self._progress: dict[str, _Progress] = {}  # pending progress updates still in _buffer, by id
+        self._seq = 0  # sequence number of the last accepted operation
+        self._done_seq = 0  # every operation up to this one is durable (or given up on)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._stopping = False
+        self._deadline: float | None = None  # monotonic; set by close()
         self._db_closed = False
-        self.path = path
         self.rows_written = 0
-        self.duplicates = 0
+        self.retries = 0
         self.failed = 0
-        self.queue_full_waits = 0
+        self.overflow = 0
+        self.duplicates = 0
+        self.reconciled = 0
         self.duplicate_ids: deque[str] = deque(maxlen=100)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=self._busy_timeout)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        if self._closed:
-            raise LedgerError("ledger is closed")
-        self._thread = threading.Thread(target=self._run, name="usage-ledger-writer", daemon=True)
+        with self._lock:
+            if self._closed:
+                raise LedgerError("ledger is closed")
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="usage-ledger-writer", daemon=True)
         self._thread.start()
 
     async def astart(self) -> None:
         self.start()
 
-    def close(self) -> None:
-        """Write everything queued, stop the writer, close the database. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True  # record() refuses from here on, so the queue only drains
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join()
-        self._drain()  # never started, or rows that raced past the _closed check
-        with self._db_lock:
-            self._db.close()
+    def close(self, timeout: float | None = None) -> None:
+        """Write everything pending, retrying up to ``timeout`` seconds (default ``close_timeout``), stop
+        the writer, close the database. What could not be written by then is counted in ``failed`` and its
+        ids logged. Blocks: from the loop, use ``aclose()``. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # every call refuses from here on, so the buffer only drains
+            self._stopping = True
+            self._deadline = time.monotonic() + (self._close_timeout if timeout is None else timeout)
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        else:
+            self._run()  # never started: drain on the caller's thread, same retries and deadline
+        with self._rlock:
             self._db_closed = True
+            with contextlib.suppress(sqlite3.Error):
+                if self._rdb is not self._wdb:
+                    self._rdb.close()
+                self._wdb.close()
 
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.close)
+    async def aclose(self, timeout: float | None = None) -> None:
+        await asyncio.to_thread(self.close, timeout)
 
     def flush(self, timeout: float | None = 30.0) -> None:
-        """Return once every row queued before this call is committed."""
-        if self._thread is None or self._closed:
-            raise LedgerError("flush() needs a started, open ledger")
-        done = threading.Event()
-        self._queue.put(done)
-        if not done.wait(timeout):
-            raise LedgerError(f"ledger flush timed out after {timeout}s")
+        """Return once every operation accepted before this call is durable (or given up on)."""
+        with self._lock:
+            if self._thread is None or self._closed:
+                raise LedgerError("flush() needs a started, open ledger")
+            target = self._seq
+            if not self._done.wait_for(lambda: self._done_seq >= target, timeout):
+                raise LedgerError(f"ledger flush timed out after {timeout}s ({self.pending} pending)")
 
-    async def aflush(self) -> None:
-        await asyncio.to_thread(self.flush)
+    async def aflush(self, timeout: float | None = 30.0) -> None:
+        await asyncio.to_thread(self.flush, timeout)
 
-    # -- hot path --------------------------------------------------------------------------------------
+    # -- hot path: never touch the database, never wait ------------------------------------------------
+
+    def started(self, response_id: str, api_key_id: str, model: str, mode: str, created_at: float) -> None:
+        """A response started: its open row is written soon (see the crash guarantee in the module doc).
+
+        Raises ``ValueError`` on bad arguments, ``LedgerFullError`` past ``max_pending``, ``LedgerError``
+        once closed."""
+        _check_mode(mode)
+        _check_text(response_id=response_id, api_key_id=api_key_id, model=model)
+        _check_times(created_at=created_at)
+        self._accept(_Start(response_id, api_key_id, model, mode, created_at))
+
+    def progress(
+        self, response_id: str, input_tokens: int, cached_tokens: int, output_tokens: int, turns: int
+    ) -> None:
+        """What a started response has delivered so far (cumulative figures, not increments).
+
+        Coalesced with an update of the same id still pending (the latest figures win). A no-op in the
+        database for an id without an open row (never started, or already recorded)."""
+        _check_text(response_id=response_id)
+        _check_counts(input_tokens=input_tokens, cached_tokens=cached_tokens, output_tokens=output_tokens, turns=turns)
+        now = time.time()
+        with self._lock:
+            pending = self._progress.get(response_id) if not self._closed else None
+            if pending is not None:
+                pending.input_tokens, pending.cached_tokens = input_tokens, cached_tokens
+                pending.output_tokens, pending.turns, pending.at = output_tokens, turns, now
+                return
+        self._accept(_Progress(response_id, input_tokens, cached_tokens, output_tokens, turns, now))
 
     def record(self, row: LedgerRow) -> None:
-        """Queue ``row`` for the writer; returns at once unless the queue is full (see module policy)."""
-        if self._closed:
-            raise LedgerError("ledger is closed")
-        try:
-            self._queue.put_nowait(row)
-        except queue.Full:
-            self.queue_full_waits += 1
-            try:
-                self._queue.put(row, timeout=self._put_timeout)
-            except queue.Full:
-                raise LedgerFullError(f"usage ledger queue full for {self._put_timeout}s") from None
+        """The final usage row of an ended response, written with the removal of its open row in one
+        transaction. Returns at once: ``LedgerFullError`` past ``max_pending``, ``LedgerError`` once
+        closed; once it returned, the row is written exactly once while the server runs."""
+        if not isinstance(row, LedgerRow):
+            raise ValueError(f"record() takes a LedgerRow, not {type(row).__name__}")
+        self._accept(row)
+
+    def _accept(self, op: _Op) -> None:
+        with self._lock:
+            if self._closed:
+                raise LedgerError("ledger is closed")
+            if len(self._buffer) + len(self._inflight) >= self._max_pending:
+                self.overflow += 1
+                raise LedgerFullError(
+                    f"usage ledger has {self._max_pending} operations waiting for the database;"
+                    f" {_kind(op)} for {op.response_id!r} refused"
+                )
+            self._seq += 1
+            self._buffer.append((self._seq, op))
+            if isinstance(op, _Progress):
+                self._progress[op.response_id] = op
+            self._wake.notify()
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Operations accepted and not yet durable (open rows, progress updates, usage rows)."""
+        return len(self._buffer) + len(self._inflight)
 
     # -- writer thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            items = [self._queue.get()]
-            while len(items) < self._batch_size:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if self._handle(items):
-                return
+            with self._lock:
+                while not self._buffer and not self._stopping:
+                    self._wake.wait()
+                if not self._buffer:
+                    return
+                while self._buffer and len(self._inflight) < self._batch_size:
+                    entry = self._buffer.popleft()
+                    self._inflight.append(entry)
+                    if isinstance(entry[1], _Progress) and self._progress.get(entry[1].response_id) is entry[1]:
+                        del self._progress[entry[1].response_id]  # sealed: a later update is a new entry
+                last_seq = self._inflight[-1][0]
+            if not self._write_until_done():
+                return  # close() deadline passed: everything left was given up on
+            with self._lock:
+                self._inflight = []
+                self._done_seq = last_seq
+                self._done.notify_all()
 
-    def _handle(self, items: list[_Item]) -> bool:
-        """Write rows in queue order; flush markers are set once the rows before them are committed."""
-        rows: list[LedgerRow] = []
-        for item in items:
-            if isinstance(item, LedgerRow):
-                rows.append(item)
-                continue
-            self._write(rows)
-            rows = []
-            if isinstance(item, _Stop):
-                return True
-            item.set()
-        self._write(rows)
-        return False
-
-    def _drain(self) -> None:
-        items: list[_Item] = []
+    def _write_until_done(self) -> bool:
+        """Write ``_inflight``, retrying with backoff; False once close()'s deadline passed (all given up)."""
+        backoff = self._retry_initial
+        attempts = 0
         while True:
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        self._handle(items)
+            error = self._commit(self._inflight)
+            if error is None:
+                if attempts:
+                    log.info("ledger.write_recovered", attempts=attempts + 1, pending=self.pending)
+                return True
+            attempts += 1
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                self._give_up(error)
+                return False
+            self.retries += 1
+            if attempts == 1:
+                log.warning("ledger.write_retrying", error=str(error), batch=len(self._inflight), pending=self.pending)
+            with self._lock:
+                wait = backoff if deadline is None else min(backoff, max(0.0, deadline - time.monotonic()))
+                end = time.monotonic() + wait
+                # A record() wakes this too: keep backing off. close() sets the deadline: retry at once.
+                while self._deadline is deadline and (left := end - time.monotonic()) > 0:
+                    self._wake.wait(left)
+            backoff = min(backoff * 2, self._retry_max)
 
-    def _write(self, rows: list[LedgerRow]) -> None:
-        if not rows:
-            return
+    def _commit(self, batch: list[_Entry]) -> sqlite3.Error | None:
+        """Write ``batch`` in one transaction. A row-specific error splits it (the offending operation is
+        rejected); on a transient error, return it with ``batch`` cut down to what is still unwritten."""
+        try:
+            self._write(batch)
+            return None
+        except _ROW_ERRORS as exc:
+            if len(batch) == 1:
+                self._reject(batch[0][1], exc)
+                return None
+            for i in range(len(batch)):
+                error = self._commit(batch[i : i + 1])
+                if error is not None:
+                    del batch[:i]
+                    return error
+            return None
+        except sqlite3.Error as exc:
+            return exc
+        except Exception as exc:  # a bug: keep the thread alive and the rows pending, retried and visible
+            log.exception("ledger.write_bug", batch=len(batch))
+            return sqlite3.Error(f"{type(exc).__name__}: {exc}")
+
+    def _write(self, batch: list[_Entry]) -> None:
+        inserted: list[str] = []
         duplicates: list[str] = []
-        with self._db_lock:
+        with self._wlock:
+            db = self._wdb
+            if self._deadline is not None:  # closing: never wait on a lock past the deadline
+                remaining = max(0.0, self._deadline - time.monotonic())
+                db.execute(f"PRAGMA busy_timeout = {int(min(self._busy_timeout, remaining) * 1000)}")
             try:
-                self._db.execute("BEGIN")
-                for row in rows:
-                    if self._db.execute(_INSERT, astuple(row)).rowcount == 0:
-                        duplicates.append(row.response_id)
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                self.failed += len(rows)
-                log.error("ledger.write_failed", error=str(exc), response_ids=[r.response_id for r in rows])
-                return
-        self.rows_written += len(rows) - len(duplicates)
+                db.execute("BEGIN IMMEDIATE")  # take the write lock first: a busy database fails here
+                for _, op in batch:
+                    if isinstance(op, LedgerRow):
+                        rowcount = db.execute(_INSERT, astuple(op)).rowcount
+                        (inserted if rowcount else duplicates).append(op.response_id)
+                        db.execute(_DELETE_OPEN, (op.response_id,))
+                    elif isinstance(op, _Start):
+                        db.execute(_INSERT_OPEN, (*astuple(op), self._owner))
+                    else:
+                        db.execute(
+                            _UPDATE_PROGRESS,
+                            (op.input_tokens, op.cached_tokens, op.output_tokens, op.turns, op.at, op.response_id),
+                        )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
+        self.rows_written += len(inserted)
         self.duplicates += len(duplicates)
         for response_id in duplicates:
             self.duplicate_ids.append(response_id)
             log.error("ledger.duplicate_response", response_id=response_id)
 
-    # -- reading back ----------------------------------------------------------------------------------
+    def _reject(self, op: _Op, exc: sqlite3.Error) -> None:
+        if isinstance(op, LedgerRow):
+            self.failed += 1
+        log.error("ledger.row_rejected", kind=_kind(op), response_id=op.response_id, error=str(exc))
+
+    def _give_up(self, error: sqlite3.Error) -> None:
+        with self._lock:
+            lost = [op for _, op in (*self._inflight, *self._buffer)]
+            self._inflight = []
+            self._buffer.clear()
+            self._progress.clear()
+            self._done_seq = self._seq
+            self._done.notify_all()
+        usage = [op.response_id for op in lost if isinstance(op, LedgerRow)]
+        self.failed += len(usage)
+        log.error(
+            "ledger.close_unwritten",
+            error=str(error),
+            response_ids=usage,
+            open_ids=[op.response_id for op in lost if isinstance(op, _Start)],
+            progress_ids=[op.response_id for op in lost if isinstance(op, _Progress)],
+        )
+
+    # -- start-up --------------------------------------------------------------------------------------
+
+    def reconcile(self, timeout: float = 30.0) -> int:
+        """Bill every open row left by a dead process: one usage row, status ``incomplete``, with the open
+        row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
+        Open rows that already have a usage row are deleted. Returns how many rows it billed.
+
+        Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``): every open row not
+        written by this ledger object is taken for a dead process's. Retries a busy database up to
+        ``timeout`` seconds, then raises ``LedgerError``."""
+        deadline = time.monotonic() + timeout
+        backoff = self._retry_initial
+        while True:
+            try:
+                billed = self._reconcile_once()
+                break
+            except sqlite3.Error as exc:
+                if isinstance(exc, _ROW_ERRORS) or time.monotonic() >= deadline:
+                    raise LedgerError(f"ledger reconcile failed: {exc}") from exc
+                self.retries += 1
+                time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                backoff = min(backoff * 2, self._retry_max)
+        self.rows_written += len(billed)
+        self.reconciled += len(billed)
+        if billed:
+            log.warning(
+                "ledger.reconciled",
+                count=len(billed),
+                response_ids=[row.response_id for row in billed],
+                output_tokens=sum(row.output_tokens for row in billed),
+            )
+        return len(billed)
+
+    async def areconcile(self, timeout: float = 30.0) -> int:
+        return await asyncio.to_thread(self.reconcile, timeout)
+
+    def _reconcile_once(self) -> list[LedgerRow]:
+        with self._wlock:
+            if self._db_closed:
+                raise LedgerError("ledger is closed")
+            db = self._wdb
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                found = db.execute(
+                    f"SELECT {_OPEN_COLUMNS} FROM open_responses o WHERE owner != ? AND NOT EXISTS"
+                    " (SELECT 1 FROM usage u WHERE u.response_id = o.response_id) ORDER BY created_at, rowid",
+                    (self._owner,),
+                ).fetchall()
+                billed = [
+                    LedgerRow(
+                        response_id=o.response_id,
+                        api_key_id=o.api_key_id,
+                        model=o.model,
+                        mode=o.mode,
+                        status=INCOMPLETE,
+                        input_tokens=o.input_tokens,
+                        cached_tokens=o.cached_tokens,
+                        output_tokens=o.output_tokens,
+                        turns=o.turns,
+                        created_at=o.created_at,
+                        completed_at=o.created_at if o.progress_at is None else o.progress_at,
+                    )
+                    for o in (OpenResponse(*r) for r in found)
+                ]
+                db.executemany(_INSERT, [astuple(row) for row in billed])
+                db.execute("DELETE FROM open_responses WHERE owner != ?", (self._owner,))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
+        return billed
+
+    # -- reading back (committed rows only; a file's reads never wait on the writer) -------------------
 
     def get(self, response_id: str) -> LedgerRow | None:
-        rows = self._select("WHERE response_id = ?", (response_id,))
-        return rows[0] if rows else None
+        rows = self._select(f"SELECT {_COLUMNS} FROM usage WHERE response_id = ?", (response_id,))
+        return LedgerRow(*rows[0]) if rows else None
 
     def rows(
         self, *, api_key_id: str | None = None, mode: str | None = None, limit: int | None = None
     ) -> list[LedgerRow]:
-        """Committed rows (not those still queued), oldest first."""
+        """Committed rows (not those still pending), oldest first."""
         where, args = [], []
         for column, value in (("api_key_id", api_key_id), ("mode", mode)):
             if value is not None:
@@ -274,11 +625,20 @@ class UsageLedger:
         sql = ("WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, rowid"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return self._select(sql, tuple(args))
+        return [LedgerRow(*r) for r in self._select(f"SELECT {_COLUMNS} FROM usage {sql}", tuple(args))]
 
-    def _select(self, tail: str, args: tuple[object, ...]) -> list[LedgerRow]:
-        with self._db_lock:
+    def open_responses(self) -> list[OpenResponse]:
+        """Durable open rows (started, not recorded yet), oldest first."""
+        return [
+            OpenResponse(*r)
+            for r in self._select(f"SELECT {_OPEN_COLUMNS} FROM open_responses ORDER BY created_at, rowid", ())
+        ]
+
+    def _select(self, sql: str, args: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        with self._rlock:
             if self._db_closed:
                 raise LedgerError("ledger is closed")
-            cursor = self._db.execute(f"SELECT {_COLUMNS} FROM usage {tail}", args)
-            return [LedgerRow(*r) for r in cursor.fetchall()]
+            try:
+                return list(self._rdb.execute(sql, args).fetchall())
+            except sqlite3.Error as exc:
+                raise LedgerError(f"usage ledger read failed: {exc}") from exc

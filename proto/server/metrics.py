@@ -70,7 +70,13 @@ class _ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks()))
         queued = sum(session.out.qsize() for session in self.server.sessions)
         yield GaugeMetricFamily("responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued)
-        yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=pipeline.ledger.rows_written)
+        ledger = pipeline.ledger
+        yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written)
+        yield GaugeMetricFamily("responses_lab_ledger_rows_retried", "ledger write attempts that failed and were retried", value=ledger.retries)
+        yield GaugeMetricFamily("responses_lab_ledger_pending", "ledger operations accepted, not yet durable", value=ledger.pending)
+        yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
+        yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
+        yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
 
 
 def register_server(server: Server) -> None:

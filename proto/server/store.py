@@ -1,8 +1,17 @@
 """The response store: stored Responses and their input items in SQLite, isolated per API key.
 
-Every call runs on one dedicated worker thread that owns the connection, so the event loop never waits on
-the disk and SQLite sees a single writer (no ``database is locked`` between our own calls; the ledger may
-share the file, WAL lets its writer and ours take turns under ``busy_timeout``).
+The event loop never waits on the disk: every call runs on the store's own threads, and reads do not
+queue behind writes. A file database gets one writer thread with its connection (``put``, ``delete``: one
+writer, as SQLite wants; they run in the order they were called) and a pool of ``readers`` threads, each
+with its own connection (``get``, ``input_items``, ``chain``). In WAL mode a reader never waits on a
+writer's lock, ours or another process's (the ledger may share the file), so a write stuck on a lock
+holds up only the writes behind it. A memory database (``":memory:"``) exists in one connection only: it
+keeps one thread for everything (nothing else can lock it, so nothing waits long there).
+
+Storage faults are typed: any SQLite error (a lock held longer than ``busy_timeout`` seconds, a disk
+error, a missing table…) raises ``StoreUnavailable`` with a message, never a raw ``sqlite3`` error, so the
+caller can end the response with a typed error. ``busy_timeout`` is each connection's SQLite busy timeout:
+how long one statement waits for a lock before it fails.
 
 Isolation: every lookup is keyed by ``(response_id, api_key_id)``, so another key's response is simply not
 found, exactly like a missing one (the server answers 404 for both). ``put`` on an id that another key
@@ -16,7 +25,9 @@ transport's cost shows up as ``chain()`` reading every earlier response on every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,39 +66,87 @@ class StoredResponse:
 
 
 class StoreError(RuntimeError):
-    pass
+    """The store refused the call: the id belongs to another API key, or the store is closed."""
+
+
+class StoreUnavailable(Exception):
+    """The database failed the call (locked past ``busy_timeout``, disk error, …): nothing was read or
+    written. ``operation`` names the call; the ``sqlite3`` error is the ``__cause__``."""
+
+    def __init__(self, operation: str, message: str) -> None:
+        super().__init__(f"response store {operation} failed: {message}")
+        self.operation = operation
 
 
 class ResponseStore:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, busy_timeout: float = 10.0, readers: int = 4) -> None:
+        if readers < 1:
+            raise ValueError("readers must be >= 1")
         self.path = path
+        self.busy_timeout = busy_timeout
         self.reads = 0  # rows read
         self.writes = 0  # rows put
         self.deletes = 0
         self.bytes_read = 0  # payload bytes (response + input items) returned
         self.bytes_written = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store")
-        self._db: sqlite3.Connection | None = None
-        self._executor.submit(self._open).result()  # fail here, not on the first request
+        self._counts = threading.Lock()  # the counters: readers run on several threads
+        self._memory = path in (":memory:", "")
+        self._local = threading.local()  # each store thread's connection
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._closed = False
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store-writer")
+        self._readers = (
+            self._writer
+            if self._memory
+            else ThreadPoolExecutor(max_workers=readers, thread_name_prefix="response-store-reader")
+        )
+        try:
+            self._writer.submit(self._open_writer).result()  # fail here, not on the first request
+        except sqlite3.Error as exc:
+            self._shutdown()
+            raise StoreUnavailable("open", str(exc)) from exc
 
-    def _open(self) -> None:
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+    # -- threads and connections -----------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout, check_same_thread=False)
+        with self._connections_lock:
+            self._connections.append(db)
+        self._local.db = db
+        return db
+
+    def _open_writer(self) -> None:
+        db = self._connect()
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
-        self._db = db
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:  # a reader thread's first call
+            db = self._connect()
+            db.execute("PRAGMA query_only=1")
+        return db
+
+    async def _call(self, operation: str, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
         def job() -> T:
-            if self._db is None:
-                raise StoreError("response store is closed")
-            return fn(self._db)
+            try:
+                return fn(self._db())
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(operation, str(exc)) from exc
 
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._executor, job)
+            future = asyncio.get_running_loop().run_in_executor(self._writer if write else self._readers, job)
         except RuntimeError as exc:  # the executor refuses new work once shut down
             raise StoreError("response store is closed") from exc
         return await future
+
+    async def _write(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._call(operation, fn, write=True)
+
+    async def _read(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._call(operation, fn, write=False)
 
     # -- API -------------------------------------------------------------------------------------------
 
@@ -125,13 +184,14 @@ class ResponseStore:
             )
             if cursor.rowcount == 0:
                 raise StoreError(f"response id {response_id!r} belongs to another API key")
-            self.writes += 1
-            self.bytes_written += len(response_json) + len(input_items_json)
+            with self._counts:
+                self.writes += 1
+                self.bytes_written += len(response_json) + len(input_items_json)
 
-        await self._call(write)
+        await self._write("put", write)
 
     async def get(self, response_id: str, api_key_id: str) -> StoredResponse | None:
-        return await self._call(lambda db: self._get(db, response_id, api_key_id))
+        return await self._read("get", lambda db: self._get(db, response_id, api_key_id))
 
     async def input_items(self, response_id: str, api_key_id: str) -> bytes | None:
         def read(db: sqlite3.Connection) -> bytes | None:
@@ -141,24 +201,26 @@ class ResponseStore:
             ).fetchone()
             if found is None:
                 return None
-            self.reads += 1
-            self.bytes_read += len(found[0])
+            with self._counts:
+                self.reads += 1
+                self.bytes_read += len(found[0])
             return bytes(found[0])
 
-        return await self._call(read)
+        return await self._read("input_items", read)
 
     async def delete(self, response_id: str, api_key_id: str) -> bool:
         def remove(db: sqlite3.Connection) -> bool:
             cursor = db.execute(
                 "DELETE FROM responses WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id)
             )
-            self.deletes += cursor.rowcount
+            with self._counts:
+                self.deletes += cursor.rowcount
             return cursor.rowcount > 0
 
-        return await self._call(remove)
+        return await self._write("delete", remove)
 
     async def chain(self, response_id: str, api_key_id: str) -> list[StoredResponse] | None:
-        """The conversation ending at ``response_id``, oldest first.
+        """The conversation ending at ``response_id``, oldest first, read from one snapshot.
 
         ``None`` when any link is missing, deleted, another key's, or loops back: a continuation must not
         run on a partial history (the server answers ``previous_response_not_found``).
@@ -168,38 +230,48 @@ class ResponseStore:
             links: list[StoredResponse] = []
             seen: set[str] = set()
             next_id: str | None = response_id
-            while next_id is not None:
-                if next_id in seen:
-                    return None
-                seen.add(next_id)
-                found = self._get(db, next_id, api_key_id)
-                if found is None:
-                    return None
-                links.append(found)
-                next_id = found.previous_response_id
+            db.execute("BEGIN")  # one read transaction: a concurrent delete cannot tear the chain
+            try:
+                while next_id is not None:
+                    if next_id in seen:
+                        return None
+                    seen.add(next_id)
+                    found = self._get(db, next_id, api_key_id)
+                    if found is None:
+                        return None
+                    links.append(found)
+                    next_id = found.previous_response_id
+            finally:
+                if db.in_transaction:  # read-only: ending it either way is the same
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
             links.reverse()
             return links
 
-        return await self._call(walk)
+        return await self._read("chain", walk)
 
     def close(self) -> None:
-        """Finish queued calls, close the database, stop the thread. Idempotent."""
+        """Finish queued calls, close the database, stop the threads. Idempotent; blocks (from the loop,
+        ``aclose()``)."""
+        with self._connections_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._shutdown()
 
-        def shut() -> None:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-        try:
-            self._executor.submit(shut).result()
-        except RuntimeError:
-            return  # already shut down
-        self._executor.shutdown(wait=True)
+    def _shutdown(self) -> None:
+        self._readers.shutdown(wait=True)
+        self._writer.shutdown(wait=True)
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for db in connections:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
 
-    # -- worker-thread helpers -------------------------------------------------------------------------
+    # -- store-thread helpers --------------------------------------------------------------------------
 
     def _get(self, db: sqlite3.Connection, response_id: str, api_key_id: str) -> StoredResponse | None:
         found = db.execute(
@@ -211,6 +283,7 @@ class ResponseStore:
         stored = StoredResponse(
             found[0], found[1], bytes(found[2]), bytes(found[3]), found[4], float(found[5]), found[6]
         )
-        self.reads += 1
-        self.bytes_read += stored.size
+        with self._counts:
+            self.reads += 1
+            self.bytes_read += stored.size
         return stored

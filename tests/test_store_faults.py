@@ -1,0 +1,123 @@
+"""The response store under storage faults: every SQLite failure is a typed ``StoreUnavailable``, and a
+read never waits behind a write stuck on a lock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from proto.server.store import ResponseStore, StoreError, StoreUnavailable
+
+KEY = "key_alice"
+GUARD = 10.0  # seconds: only ever reached when the behaviour under test is broken
+
+
+def payload(response_id: str) -> tuple[bytes, bytes]:
+    return json.dumps({"id": response_id}).encode(), json.dumps([{"type": "message", "content": "hi"}]).encode()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> str:
+    return str(tmp_path / "store.sqlite3")
+
+
+@pytest.fixture
+def lock(path: str) -> Iterator[Callable[[], sqlite3.Connection]]:
+    """Hold the database file's write lock from a second connection (``BEGIN EXCLUSIVE``) until COMMIT."""
+    held: list[sqlite3.Connection] = []
+
+    def take() -> sqlite3.Connection:
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        held.append(db)
+        return db
+
+    yield take
+    for db in held:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        db.close()
+
+
+@pytest.fixture
+async def store(path: str) -> AsyncIterator[ResponseStore]:
+    s = ResponseStore(path, busy_timeout=0.01)
+    await s.put("resp_1", KEY, *payload("resp_1"), None, "m")
+    yield s
+    await s.aclose()
+
+
+async def test_a_locked_database_fails_writes_typed_and_reads_still_answer(
+    store: ResponseStore, lock: Callable[[], sqlite3.Connection]
+) -> None:
+    holder = lock()
+    with pytest.raises(StoreUnavailable) as put_failed:
+        await asyncio.wait_for(store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m"), GUARD)
+    assert put_failed.value.operation == "put" and "locked" in str(put_failed.value)
+    assert isinstance(put_failed.value.__cause__, sqlite3.OperationalError)
+    with pytest.raises(StoreUnavailable) as delete_failed:
+        await asyncio.wait_for(store.delete("resp_1", KEY), GUARD)
+    assert delete_failed.value.operation == "delete"
+    # WAL: readers do not need the write lock.
+    assert await store.get("resp_1", KEY) is not None
+    assert await store.input_items("resp_1", KEY) is not None
+    holder.execute("COMMIT")
+    await store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m")
+    chain = await store.chain("resp_2", KEY)
+    assert chain is not None and [r.response_id for r in chain] == ["resp_1", "resp_2"]
+    assert store.writes == 2
+
+
+async def test_a_read_does_not_wait_behind_a_write_stuck_on_a_lock(path: str, lock: Callable[[], sqlite3.Connection]) -> None:
+    store = ResponseStore(path, busy_timeout=GUARD)  # the stuck write waits until the lock goes
+    await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
+    stuck = threading.Event()
+    await store._write("trace", lambda db: db.set_trace_callback(lambda sql: stuck.set() if "INSERT" in sql else None))
+    holder = lock()
+    put = asyncio.create_task(store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m"))
+    assert await asyncio.to_thread(stuck.wait, GUARD)  # the writer is inside SQLite, waiting on the lock
+    got = await asyncio.wait_for(store.get("resp_1", KEY), GUARD)
+    chain = await asyncio.wait_for(store.chain("resp_1", KEY), GUARD)
+    assert got is not None and chain is not None and await store.get("resp_2", KEY) is None
+    assert not put.done()  # the reads answered while the write still waited
+    holder.execute("COMMIT")
+    await asyncio.wait_for(put, GUARD)
+    assert await store.get("resp_2", KEY) is not None
+    await store.aclose()
+
+
+async def test_every_call_turns_a_storage_fault_into_store_unavailable(store: ResponseStore, path: str) -> None:
+    with sqlite3.connect(path) as other:
+        other.execute("DROP TABLE responses")
+    other.close()
+    calls = {
+        "put": store.put("resp_3", KEY, *payload("resp_3"), None, "m"),
+        "get": store.get("resp_1", KEY),
+        "input_items": store.input_items("resp_1", KEY),
+        "chain": store.chain("resp_1", KEY),
+        "delete": store.delete("resp_1", KEY),
+    }
+    for operation, call in calls.items():
+        with pytest.raises(StoreUnavailable) as failed:
+            await call
+        assert failed.value.operation == operation and "no such table" in str(failed.value)
+
+
+async def test_refusals_stay_store_errors(store: ResponseStore) -> None:
+    with pytest.raises(StoreError):
+        await store.put("resp_1", "key_mallory", b"{}", b"[]", None, "m")  # another key's id
+    await store.aclose()
+    with pytest.raises(StoreError):
+        await store.get("resp_1", KEY)
+
+
+def test_a_database_that_cannot_be_opened_is_typed_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailable) as failed:
+        ResponseStore(str(tmp_path / "no-such-dir" / "store.sqlite3"))
+    assert failed.value.operation == "open"
