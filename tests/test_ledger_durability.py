@@ -156,6 +156,10 @@ def test_a_failing_write_is_retried_not_dropped(path: str) -> None:
     with capture_logs() as logs:
         led.record(row(1))
         led.flush(timeout=GUARD)
+        # flush() returns once the row is durable; the writer logs its recovery just after.
+        give_up = time.monotonic() + GUARD
+        while len(logs) < 2 and time.monotonic() < give_up:
+            time.sleep(0.001)
     assert (led.rows_written, led.retries, led.failed) == (1, 3, 0)
     assert [e["event"] for e in logs] == ["ledger.write_retrying", "ledger.write_recovered"]
     led._wdb = real

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import time
 from collections.abc import AsyncIterator
 
 import structlog

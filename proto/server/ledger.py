@@ -436,7 +436,7 @@ class UsageLedger:
             error = self._commit(self._inflight)
             if error is None:
                 if attempts:
-                    log.info("ledger.write_recovered", attempts=attempts + 1, pending=self.pending)
+                    log.warning("ledger.write_recovered", attempts=attempts + 1, pending=self.pending)
                 return True
             attempts += 1
             deadline = self._deadline

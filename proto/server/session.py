@@ -98,7 +98,7 @@ class Outbox:
         task = self._task
         if task is not None and not task.done():
             try:
-                async with deadline(self._clock, self._clock.now() + grace_s):
+                async with asyncio.timeout(grace_s):  # real time: shutdown's grace, not a protocol limit
                     await self._queue.put(None)
                     await asyncio.shield(task)
             except TimeoutError:
@@ -107,7 +107,7 @@ class Outbox:
                     await task
         if close is not None and (self.slow or not self.gone):
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
-                async with deadline(self._clock, self._clock.now() + _CLOSE_WAIT_S):
+                async with asyncio.timeout(_CLOSE_WAIT_S):
                     await self.ws.close(close.code, close.reason)
 
     async def _run(self) -> None:
