@@ -23,6 +23,7 @@ import httpx
 import pytest
 import wsproto
 import wsproto.events as wse
+from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -226,9 +227,10 @@ class RawClient:
 
 
 @pytest.mark.parametrize("protocol", ["longlived", "ga"])
-async def test_a_slow_reader_is_held_back_then_disconnected(make_server: Any, protocol: str) -> None:
+async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> None:
     tokens = 200_000  # 50 s of output at 4000 tokens/s: far more than every buffer on the way holds
-    with make_server(send_queue=32, send_timeout_s=1.0) as srv:
+    async with virtual(send_queue=32, send_timeout_s=1.0) as virtual_server:  # the send timeout on virtual time
+        srv = virtual_server.server
         server = state(srv)
         before = gpu_gauges(srv)
         target = "/v1/responses" + ("?protocol=longlived" if protocol == "longlived" else "")
@@ -236,6 +238,9 @@ async def test_a_slow_reader_is_held_back_then_disconnected(make_server: Any, pr
         client.send_text(create(f"!tokens {tokens} !say never"))  # and never read
         await wait_for(lambda: bool(server.sessions), "the session started")
         session = next(iter(server.sessions))
+        await wait_for(lambda: session.out.qsize() >= 32, "the send queue filled: the sampler waits")
+        assert session.stopping is None  # held back, not yet given up on
+        await virtual_server.advance(1.0)
         await wait_for(lambda: session.stopping is not None, "the slow reader was given up on")
         code, frames = await asyncio.to_thread(client.read_to_close)  # the client reads again: the close comes through
         client.sock.close()

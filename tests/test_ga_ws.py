@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from transports import MODEL, TOOLS, ga_events, outputs_for, running
+from virtual import virtual
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -114,14 +115,14 @@ async def test_one_response_in_flight(srv: ThreadedServer) -> None:
 
 
 async def test_connection_age_limit() -> None:
-    with running(connection_max_age_s=0.3) as server:
-        async with connect(server.url) as ws:
-            ok = await ga_events(ws, create(input="hi", store=False))
-            assert ok[-1]["type"] == "response.completed"
-            frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
-            assert frame["type"] == "error" and frame["error"]["code"] == "websocket_connection_limit_reached"
-            with pytest.raises(ConnectionClosed):
-                await asyncio.wait_for(ws.recv(), 5)
+    async with virtual(connection_max_age_s=0.3) as server, connect(server.url) as ws:
+        ok = await ga_events(ws, create(input="hi", store=False))
+        assert ok[-1]["type"] == "response.completed"
+        await server.advance(0.3)
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert frame["type"] == "error" and frame["error"]["code"] == "websocket_connection_limit_reached"
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 5)
 
 
 async def test_only_response_create_is_accepted(srv: ThreadedServer) -> None:

@@ -4,7 +4,6 @@ input items per event are also cases of the bad-input matrix (tests/test_bad_inp
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 
 import httpx
@@ -130,47 +129,44 @@ async def test_idle_clock_starts_after_the_last_response(protocol: str) -> None:
 
 
 async def test_a_suspended_response_is_governed_by_the_tool_timeout_not_idle() -> None:
-    async with virtual(idle_timeout_s=0.2, tool_timeout_s=0.8) as srv:
-        async with connect(ll(srv.url)) as ws:
-            await ws.send(json.dumps(create()))
-            events = await until(ws, {*TERMINAL, "response.done", "error"})
-            assert events[-1]["type"] == "response.done"
-            await srv.advance(0.7)  # idle would have closed it three times over: a suspended response is not idle
-            await srv.advance(0.15)
-            terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
-            assert terminal["type"] == "response.incomplete", terminal
-            assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
-            await srv.advance(0.25)
-            assert await closed_with(ws) == (1000, "idle_timeout")
+    async with virtual(idle_timeout_s=0.2, tool_timeout_s=0.8) as srv, connect(ll(srv.url)) as ws:
+        await ws.send(json.dumps(create()))
+        events = await until(ws, {*TERMINAL, "response.done", "error"})
+        assert events[-1]["type"] == "response.done"
+        await srv.advance(0.7)  # idle would have closed it three times over: a suspended response is not idle
+        await srv.advance(0.15)
+        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        assert terminal["type"] == "response.incomplete", terminal
+        assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
+        await srv.advance(0.25)
+        assert await closed_with(ws) == (1000, "idle_timeout")
 
 
 # ------------------------------------------------------------------------------------ tool timeout
 async def test_tool_timeout_ends_the_response_and_the_connection_serves_on() -> None:
-    async with virtual(tool_timeout_s=0.3) as srv:
-        async with connect(ll(srv.url)) as ws:
-            await ws.send(json.dumps(create()))
-            events = await until(ws, {*TERMINAL, "response.done", "error"})
-            done = events[-1]
-            assert done["type"] == "response.done"
-            await srv.advance(0.3)
-            terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
-            assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
-            await ws.send(json.dumps({"type": "response.append", "input": outputs(done["pending_calls"])}))
-            assert_error(await recv(ws), "response_already_completed", None)  # too late: typed, not a crash
-            await longlived_rollout_ok(ws)
+    async with virtual(tool_timeout_s=0.3) as srv, connect(ll(srv.url)) as ws:
+        await ws.send(json.dumps(create()))
+        events = await until(ws, {*TERMINAL, "response.done", "error"})
+        done = events[-1]
+        assert done["type"] == "response.done"
+        await srv.advance(0.3)
+        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
+        await ws.send(json.dumps({"type": "response.append", "input": outputs(done["pending_calls"])}))
+        assert_error(await recv(ws), "response_already_completed", None)  # too late: typed, not a crash
+        await longlived_rollout_ok(ws)
 
 
 async def test_tool_timeout_does_not_apply_to_ga_where_nothing_waits_server_side() -> None:
-    async with virtual(tool_timeout_s=0.2) as srv:
-        async with connect(srv.url) as ws:
-            await ws.send(json.dumps(create(store=False)))
-            first = (await until(ws, {*TERMINAL, "error"}))[-1]
-            calls = [item for item in first["response"]["output"] if item["type"] == "function_call"]
-            await srv.advance(0.5)  # longer than the tool timeout: the cached response is still there
-            follow = {"type": "response.create", "model": MODEL, "tools": TOOLS, "store": False, "previous_response_id": first["response"]["id"], "input": outputs(calls)}
-            await ws.send(json.dumps(follow))
-            second = (await until(ws, {*TERMINAL, "error"}))[-1]
-            assert second["type"] == "response.completed", second
+    async with virtual(tool_timeout_s=0.2) as srv, connect(srv.url) as ws:
+        await ws.send(json.dumps(create(store=False)))
+        first = (await until(ws, {*TERMINAL, "error"}))[-1]
+        calls = [item for item in first["response"]["output"] if item["type"] == "function_call"]
+        await srv.advance(0.5)  # longer than the tool timeout: the cached response is still there
+        follow = {"type": "response.create", "model": MODEL, "tools": TOOLS, "store": False, "previous_response_id": first["response"]["id"], "input": outputs(calls)}
+        await ws.send(json.dumps(follow))
+        second = (await until(ws, {*TERMINAL, "error"}))[-1]
+        assert second["type"] == "response.completed", second
 
 
 # ------------------------------------------------------------------------------------ connection age
@@ -181,32 +177,29 @@ async def aged(ws: ClientConnection) -> None:
 
 
 async def test_longlived_age_limit_closes_an_idle_connection() -> None:
-    async with virtual(connection_max_age_s=0.3) as srv:
-        async with connect(ll(srv.url)) as ws:
-            await srv.advance(0.3)
-            await aged(ws)
+    async with virtual(connection_max_age_s=0.3) as srv, connect(ll(srv.url)) as ws:
+        await srv.advance(0.3)
+        await aged(ws)
 
 
 async def test_longlived_age_limit_ends_a_suspended_response_with_its_terminal_event() -> None:
-    async with virtual(connection_max_age_s=0.5) as srv:
-        async with connect(ll(srv.url)) as ws:
-            await ws.send(json.dumps(create()))
-            events = await until(ws, {*TERMINAL, "response.done", "error"})
-            assert events[-1]["type"] == "response.done"
-            await srv.advance(0.5)
-            terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
-            assert terminal["type"] == "response.incomplete", terminal
-            assert terminal["response"]["incomplete_details"]["reason"] == "websocket_connection_limit_reached"
-            await aged(ws)
+    async with virtual(connection_max_age_s=0.5) as srv, connect(ll(srv.url)) as ws:
+        await ws.send(json.dumps(create()))
+        events = await until(ws, {*TERMINAL, "response.done", "error"})
+        assert events[-1]["type"] == "response.done"
+        await srv.advance(0.5)
+        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        assert terminal["type"] == "response.incomplete", terminal
+        assert terminal["response"]["incomplete_details"]["reason"] == "websocket_connection_limit_reached"
+        await aged(ws)
 
 
 async def test_longlived_age_limit_lets_a_streaming_response_finish() -> None:
-    async with virtual(connection_max_age_s=0.2) as srv:
-        async with connect(ll(srv.url)) as ws:
-            await ws.send(json.dumps(create("!tokens 4000 !say long")))  # ~1 s of real decode at 4000 tokens/s
-            await until(ws, {"response.output_text.delta"})
-            await srv.advance(0.2)  # aged while streaming: the response is let finish
-            terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
-            assert terminal["type"] == "response.completed", terminal
-            await srv.advance(0.1)  # the next check after the response ended closes the connection
-            await aged(ws)
+    async with virtual(connection_max_age_s=0.2) as srv, connect(ll(srv.url)) as ws:
+        await ws.send(json.dumps(create("!tokens 4000 !say long")))  # ~1 s of real decode at 4000 tokens/s
+        await until(ws, {"response.output_text.delta"})
+        await srv.advance(0.2)  # aged while streaming: the response is let finish
+        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        assert terminal["type"] == "response.completed", terminal
+        await srv.advance(0.1)  # the next check after the response ended closes the connection
+        await aged(ws)
