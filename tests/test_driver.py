@@ -67,9 +67,8 @@ async def test_output_item_added_carries_the_item_as_it_was_when_added_over_webs
 
 async def test_output_item_added_carries_the_item_as_it_was_when_added_over_sse() -> None:
     with running(model_override=[BURST]) as srv:
-        async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
-            async with client.stream("POST", "/v1/responses", json=create(stream=True)) as reply:
-                body = "".join([chunk async for chunk in reply.aiter_text()])
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client, client.stream("POST", "/v1/responses", json=create(stream=True)) as reply:
+            body = "".join([chunk async for chunk in reply.aiter_text()])
     events = [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
     assert events[-1]["type"] == "response.completed"
     assert_added_are_snapshots(events)
