@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from proto.errors import ClientError, param_from_validation
-from proto.events import CLIENT_EVENT_TYPES, AnyServerEvent, ClientEvent, CreateBody, ServerEvent
+from proto.events import CLIENT_EVENT_TYPES, AnyServerEvent, ClientEvent, CreateBody
 from proto.items import EasyMessage, Item, Message
 
 _event_decoder = msgspec.json.Decoder(ClientEvent)
@@ -121,14 +121,7 @@ def encode(value: Any) -> bytes:
     return _encoder.encode(value)
 
 
-def encode_text(value: Any) -> str:
-    return _encoder.encode(value).decode()
-
-
 def decode_server_event(data: str | bytes) -> AnyServerEvent:
     """For clients and tests: one server frame → its typed event."""
     return _server_decoder.decode(data)
 
-
-def to_builtins(event: ServerEvent) -> Any:
-    return msgspec.to_builtins(event)

@@ -6,6 +6,7 @@ report the failing path as ``$.input[3].call_id`` (and accept OpenAI's type-less
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any
 
 import msgspec
@@ -65,7 +66,7 @@ class ResponseCancel(ClientEventBase, tag="response.cancel"):
 
 
 ClientEvent = ResponseCreate | ResponseAppend | ResponseInject | ResponseCancel
-CLIENT_EVENT_TYPES = frozenset({"response.create", "response.append", "response.inject", "response.cancel"})
+CLIENT_EVENT_TYPES = frozenset(str(kind.__struct_config__.tag) for kind in typing.get_args(ClientEvent))
 
 # ----------------------------------------------------------------------------------------------- server
 

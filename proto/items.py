@@ -95,9 +95,6 @@ Tool = FunctionTool | WebSearchTool | WebSearchPreviewTool
 HOSTED_TOOL_NAMES = frozenset({"web_search", "web_search_preview"})
 
 
-def hosted_tool_names(tools: list[Tool]) -> frozenset[str]:
-    """Hosted tools the model may call by name (``web_search`` for either spelling)."""
-    return frozenset("web_search" for tool in tools if not isinstance(tool, FunctionTool))
 
 
 def function_tool_names(tools: list[Tool]) -> frozenset[str]:

@@ -16,7 +16,7 @@ from sampler.kvcache import BlockKey, PrefixCache, block_keys
 from sampler.models import ModelSpec
 from sampler.timing import Timing
 
-__all__ = ["EngineFailure", "EngineOverloaded", "GpuSequence", "MockGPU", "TurnReport"]
+__all__ = ["EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU"]
 
 
 class EngineFailure(Exception):
@@ -24,7 +24,7 @@ class EngineFailure(Exception):
 
 
 @dataclass
-class TurnReport:
+class EngineReport:
     prompt_tokens: int
     cached_tokens: int
     prefill_ms: float  # modelled, load factor and jitter included: TTFT minus this is API overhead
@@ -66,7 +66,7 @@ class MockGPU:
 class GpuSequence:
     def __init__(self, gpu: MockGPU) -> None:
         self._gpu = gpu
-        self.last_report: TurnReport | None = None
+        self.last_report: EngineReport | None = None
         self._held: list[BlockKey] = []  # blocks pinned between turns
         self._turn_pins: list[BlockKey] = []  # cached blocks pinned while a turn computes on them
         self._has_slot = False
@@ -127,7 +127,7 @@ class GpuSequence:
                         return  # closed under our feet: the caller wants nothing more
 
             self._store(prompt_ids, output_ids)
-            self.last_report = TurnReport(
+            self.last_report = EngineReport(
                 prompt_tokens=len(prompt_ids),
                 cached_tokens=cached,
                 prefill_ms=prefill_ms,

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from proto.lab.results import cells, load, ratio
+from proto.response import MODES
 
-MODES = ("http", "http-prev", "ws", "longlived")
 TOLERANCE = 0.05  # ratios must repeat within ±5 %
 # (figure, key, what we compare) — the ratios the repeatability check covers.
 RATIO_KEYS = (("E2E p50", "e2e_s_p50"), ("TTFT p50", "ttft_ms_p50"), ("overhead p50", "turn_overhead_ms_p50"),

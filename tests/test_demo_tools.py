@@ -14,7 +14,7 @@ from proto.client.demo.patch import apply_hunks, parse_unified_diff
 from proto.client.demo.script import SCRIPT, demo_request
 from proto.client.demo.timeline import Timeline
 from proto.client.demo.workspace import Workspace
-from proto.client.longlived import ClientEvent, Rollout
+from proto.client.longlived import ClientEvent, RolloutResult
 from sampler.policy import parse_script
 
 
@@ -211,7 +211,7 @@ def test_the_timeline_shows_suspension_tool_and_resumption_but_not_every_delta()
     response = {"status": "completed", "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 60}, "output_tokens": 20},
                 "lab": {"turns": [{"turn": 0, "prompt_tokens": 100, "cached_tokens": 60, "prefill_ms": 1.0, "queue_wait_ms": 0.0,
                                    "decode_ms": 20.0, "output_tokens": 20}]}}
-    timeline.summary(Rollout(response=response, events=[_event(0.020, type="response.completed")], appends=1))
+    timeline.summary(RolloutResult(response=response, events=[_event(0.020, type="response.completed")], appends=1))
     summary = out.getvalue()
     assert "input 100 (cached 60) · output 20" in summary
     assert "1,000 modelled decode" in summary

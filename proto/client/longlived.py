@@ -37,7 +37,7 @@ class ClientEvent:
 
 
 @dataclass
-class Rollout:
+class RolloutResult:
     """What one ``rollout()`` observed."""
 
     response: dict[str, Any]
@@ -104,12 +104,12 @@ class LongLivedClient:
         tools: Mapping[str, ToolFn],
         on_event: Callable[[ClientEvent], None] | None = None,
         timeout: float | None = 120.0,
-    ) -> Rollout:
+    ) -> RolloutResult:
         """Open a response, answer every suspension with the tools' outputs, return at the terminal event.
 
         Pending calls of one suspension run concurrently; their outputs go back in one ``response.append``.
         """
-        seen = Rollout(response={})
+        seen = RolloutResult(response={})
         sent_before = self.bytes_sent
 
         def note(event: ClientEvent) -> None:

@@ -28,8 +28,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from proto.lab.metrics import SEND, TERMINAL, Mark, Trace
 from proto.lab.plan import RolloutPlan, TurnSend
+from proto.response import MODES
 
-MODES = ("http", "http-prev", "ws", "longlived")
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -209,7 +209,7 @@ class GaWebSocketClient(_WebSocketClient, _ChainedClient):
                 return dict(event["response"])
 
 
-class LongLivedClient(_WebSocketClient):
+class LongLivedLabClient(_WebSocketClient):
     """The prototype: one response for the whole rollout; outputs go back with ``response.append``."""
 
     mode = "longlived"
@@ -245,5 +245,5 @@ def make_client(mode: str, ws_url: str, http_url: str, api_key: str | None = Non
     if mode == "ws":
         return GaWebSocketClient(ws_url, api_key)
     if mode == "longlived":
-        return LongLivedClient(ws_url, api_key)
+        return LongLivedLabClient(ws_url, api_key)
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

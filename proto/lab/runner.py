@@ -14,8 +14,7 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import psutil
@@ -237,5 +236,3 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
     return result
 
 
-def with_overrides(config: BenchConfig, **changes: Any) -> BenchConfig:
-    return replace(config, **{k: v for k, v in changes.items() if v is not None})

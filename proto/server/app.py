@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator
 
 import structlog

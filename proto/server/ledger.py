@@ -66,18 +66,20 @@ from typing import Any, Final
 
 import structlog
 
+from proto.response import MODES
+
 log = structlog.get_logger(__name__)
 
 DEFAULT_DB_PATH: Final = "responses-lab.sqlite3"
-MODES: Final = ("http", "http-prev", "ws", "longlived")
+_MODES_SQL: Final = ", ".join(f"'{mode}'" for mode in MODES)
 INCOMPLETE: Final = "incomplete"  # the status reconcile() bills a response that never ended
 
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS usage (
     response_id   TEXT PRIMARY KEY,
     api_key_id    TEXT NOT NULL,
     model         TEXT NOT NULL,
-    mode          TEXT NOT NULL CHECK (mode IN ('http', 'http-prev', 'ws', 'longlived')),
+    mode          TEXT NOT NULL CHECK (mode IN ({_MODES_SQL})),
     status        TEXT NOT NULL,
     input_tokens  INTEGER NOT NULL,
     cached_tokens INTEGER NOT NULL,
@@ -91,7 +93,7 @@ CREATE TABLE IF NOT EXISTS open_responses (
     response_id   TEXT PRIMARY KEY,
     api_key_id    TEXT NOT NULL,
     model         TEXT NOT NULL,
-    mode          TEXT NOT NULL CHECK (mode IN ('http', 'http-prev', 'ws', 'longlived')),
+    mode          TEXT NOT NULL CHECK (mode IN ({_MODES_SQL})),
     created_at    REAL NOT NULL,
     input_tokens  INTEGER NOT NULL DEFAULT 0,
     cached_tokens INTEGER NOT NULL DEFAULT 0,

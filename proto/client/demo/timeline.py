@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from proto.client.demo.script import SCRIPT_LINES, TOOLS
-from proto.client.longlived import ClientEvent, Rollout
+from proto.client.longlived import ClientEvent, RolloutResult
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Timeline:
         self.console.print(f"[dim]{at:9.1f} ms[/]  [{style}]{escape(f'{label:<19}')}[/] {detail}", highlight=False)
 
     # ------------------------------------------------------------------------------ summary
-    def summary(self, result: Rollout) -> None:
+    def summary(self, result: RolloutResult) -> None:
         response = result.response
         lab = response.get("lab") or {}
         turns = lab.get("turns") or []
