@@ -299,7 +299,7 @@ def test_bad_started_and_progress_are_refused_on_the_callers_stack() -> None:
 
 
 async def test_metrics_export_the_ledger_counters(path: str) -> None:
-    from proto.server.metrics import _ServerCollector
+    from proto.server.app import ServerCollector
 
     led = fast(path, max_pending=1)
     led.record(row(1))
@@ -307,7 +307,7 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
         led.record(row(2))
     pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}), totals=WorkCounters(), ledger=led)
     server = SimpleNamespace(pipeline=pipeline, sessions=[])
-    values = {m.name: m.samples[0].value for m in _ServerCollector(server).collect() if m.name.startswith("responses_lab_ledger")}  # type: ignore[arg-type]
+    values = {m.name: m.samples[0].value for m in ServerCollector(server).collect() if m.name.startswith("responses_lab_ledger")}  # type: ignore[arg-type]
     assert values == {
         "responses_lab_ledger_rows_written": 0,
         "responses_lab_ledger_rows_retried": 0,

@@ -11,10 +11,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from proto.response import MODES
 from proto.lab.report import print_table, write_plots
 from proto.lab.results import results_json, write_csv, write_json
 from proto.lab.runner import PROFILES, BenchConfig, run_bench
+from proto.response import MODES
 
 
 def _csv(value: str) -> tuple[str, ...]:

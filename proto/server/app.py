@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 
 import structlog
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,7 +24,6 @@ from proto.server.auth import Auth, error_response, unauthorized
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
 from proto.server.logs import configure as configure_logs
-from proto.server.metrics import register_server, render_metrics
 from proto.server.pipeline import Pipeline
 from proto.server.session import SHUTDOWN
 from proto.server.ws_ga import GaSession
@@ -43,12 +48,45 @@ class Server:
         and wait up to ``grace_s`` for them. Returns how many were still open when the grace ran out."""
         for session in list(self.sessions):
             session.stop(SHUTDOWN)
-        clock = self.pipeline.clock
-        end = clock.now() + grace_s
+        # Real time, whatever the limits' clock: a SIGTERM's grace is the operator's, not a protocol limit.
+        end = time.monotonic() + grace_s
         # Polled: each session ends on its own task; one bounded wait is simpler than an event per session.
-        while self.sessions and clock.now() < end:
-            await clock.sleep_until(clock.now() + 0.01)
+        while self.sessions and time.monotonic() < end:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         return len(self.sessions)
+
+
+class ServerCollector(Collector):
+    """Gauges read at scrape time, on the server's loop: the engines, the pipeline's work counters, the
+    open sessions and their send queues, the tasks alive, the ledger."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        pipeline = self.server.pipeline
+        per_engine: dict[str, GaugeMetricFamily] = {}
+        for model, gpu in pipeline.engines.gpus.items():
+            for name, value in gpu.metrics().items():
+                family = per_engine.setdefault(name, GaugeMetricFamily(f"responses_lab_engine_{name}", f"mock GPU {name}", labels=["model"]))
+                family.add_metric([model], value)
+        yield from per_engine.values()
+        work = CounterMetricFamily("responses_lab_work", "pipeline work done, by kind", labels=["kind"])
+        for name in pipeline.totals.__struct_fields__:
+            work.add_metric([name], float(getattr(pipeline.totals, name)))
+        yield work
+        yield GaugeMetricFamily("responses_lab_ws_sessions", "open WebSocket sessions", value=len(self.server.sessions))
+        # Scraped on the server's loop: a leak of one task per dropped connection shows here (soak).
+        yield GaugeMetricFamily("responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks()))
+        queued = sum(session.out.qsize() for session in self.server.sessions)
+        yield GaugeMetricFamily("responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued)
+        ledger = pipeline.ledger
+        yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written)
+        yield GaugeMetricFamily("responses_lab_ledger_rows_retried", "ledger write attempts that failed and were retried", value=ledger.retries)
+        yield GaugeMetricFamily("responses_lab_ledger_pending", "ledger operations accepted, not yet durable", value=ledger.pending)
+        yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
+        yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
+        yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
 
 
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> Starlette:
@@ -57,7 +95,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
     server = Server(settings, clock)
-    register_server(server)
+    server.pipeline.metrics.registry.register(ServerCollector(server))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -100,7 +138,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request, key_id: str) -> Response:
-        return Response(render_metrics(server), media_type="text/plain; version=0.0.4")
+        return Response(generate_latest(server.pipeline.metrics.registry), media_type="text/plain; version=0.0.4")
 
     app = Starlette(
         routes=[
