@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WebsocketBuffer, WSProtocol
+from uvicorn.supervisors import Multiprocess
 from wsproto import events
 from wsproto.connection import ConnectionState
 from wsproto.frame_protocol import Opcode
@@ -29,9 +30,12 @@ from proto.server.session import FRAMES_EXTENSION
 from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, clock: Clock | None = None, **extra: object) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, clock: Clock | None = None, app: object = None, **extra: object) -> uvicorn.Config:
+    """The one configuration every way of serving uses (the CLI with one or N workers, the threaded test
+    server): the same protocol class, limits, pings and shutdown timing. ``app`` defaults to a fresh app
+    for ``settings``; N workers pass an import string instead (each process builds its own)."""
     return uvicorn.Config(
-        create_app(settings, clock),
+        app if app is not None else create_app(settings, clock),
         host=settings.host,
         port=settings.port,
         ws=LabWSProtocol,
@@ -138,16 +142,10 @@ def serve(settings: Settings) -> None:
         # Several processes need an import string: hand them the settings through the environment.
         for name, value in asdict(settings).items():
             os.environ["RESPONSES_LAB_" + name.upper()] = ",".join(value) if isinstance(value, list) else str(value)
-        uvicorn.run(
-            "proto.server.run:app_from_env",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            ws=LabWSProtocol,
-            ws_max_size=settings.max_frame_bytes,
-            log_level=settings.log_level,
-        )
+        config = uvicorn_config(settings, app="proto.server.run:app_from_env", factory=True, workers=settings.workers)
+        # Each worker runs uvicorn's own Server, whose shutdown closes WebSockets 1012 without our drain;
+        # workers that share one engine and drain on SIGTERM are the engine issue's (NOTES.md).
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
         return
     LabServer(uvicorn_config(settings)).run()
 
