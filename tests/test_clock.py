@@ -91,8 +91,13 @@ def test_uses_the_timerfd_on_linux(loop_kind: str) -> None:
         if timer is not None:
             clock = RealClock()
             fires = timer.fires
-            await clock.sleep_until(clock.now() + 0.002)
+            await clock.sleep_until(clock.now() + 0.001)
             assert timer.fires == fires + 1 and timer.pending == 0
+            # A long sleep: the loop is woken shortly before the deadline too, the sleeper only once.
+            fires, steps, t = timer.fires, [0], clock.now() + 0.02
+            await counting_steps(clock.sleep_until(t), steps)
+            assert clock.now() >= t and steps == [2] and fires + 1 <= timer.fires <= fires + 2
+            assert timer.pending == 0 and timer.armed_ns() == 0
 
     run(loop_kind, main())
 
