@@ -66,8 +66,11 @@ def test_results_json_has_the_spec_schema_for_every_mode(bench_out: Path) -> Non
         assert len(run["turn_overhead_ms_by_turn"]) == 4  # one per sampling segment
         assert run["turns"] == 8  # 2 sessions x 1 rollout x 4 turns
         assert set(run["usage"]) == {"input_tokens", "cached_tokens", "output_tokens"}
-        assert run["server_cpu_ms_per_turn"] > 0 and run["client_bytes_sent_per_turn"] > 0
+        # The OS counts CPU in 10 ms ticks and a tiny cell may use less than one: each reading is a
+        # number, and the four cells together did cost the server CPU.
+        assert run["server_cpu_ms_per_turn"] >= 0 and run["client_bytes_sent_per_turn"] > 0
         assert "render_tokenize" in run["phases_ms"]
+    assert sum(run["server_cpu_ms_per_turn"] for run in runs.values()) > 0
 
 
 def test_every_transport_replays_the_same_rollout(bench_out: Path) -> None:

@@ -24,13 +24,13 @@ from wsproto.frame_protocol import Opcode
 from proto.actions import error_reply
 from proto.errors import ClientError
 from proto.server.app import create_app
-from proto.server.config import Settings, check_bind
+from proto.server.config import Settings, check_bind, resolve_http, resolve_loop
 from proto.server.logs import configure
 from proto.server.session import FRAMES_EXTENSION
 from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, clock: Clock | None = None, app: object = None, **extra: object) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, clock: Clock | None = None, app: str | None = None, **extra: object) -> uvicorn.Config:
     """The one configuration every way of serving uses (the CLI with one or N workers, the threaded test
     server): the same protocol class, limits, pings and shutdown timing. ``app`` defaults to a fresh app
     for ``settings``; N workers pass an import string instead (each process builds its own)."""
@@ -39,6 +39,8 @@ def uvicorn_config(settings: Settings, clock: Clock | None = None, app: object =
         host=settings.host,
         port=settings.port,
         ws=LabWSProtocol,
+        loop=resolve_loop(settings.loop),
+        http=resolve_http(settings.http),
         ws_max_size=settings.max_frame_bytes,
         ws_ping_interval=None,  # the lab measures its own pings; keep-alive traffic would perturb it
         log_level=settings.log_level,
@@ -185,7 +187,9 @@ class ThreadedServer:
         return f"ws://{self.settings.host}:{self.settings.port}/v1/responses"
 
     def _run(self) -> None:
-        asyncio.run(self._serve())
+        # The configured loop (uvloop or asyncio), as the CLI's server runs it.
+        with asyncio.Runner(loop_factory=self.server.config.get_loop_factory()) as runner:
+            runner.run(self._serve())
 
     async def _serve(self) -> None:
         self.loop = asyncio.get_running_loop()
