@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from helpers import MODEL, running
 from openai import AsyncOpenAI, NotFoundError
-from transports import MODEL, running
 
 from proto.server.run import ThreadedServer
 
