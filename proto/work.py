@@ -20,6 +20,9 @@ class WorkCounters(msgspec.Struct, kw_only=True):
     store_reads: int = 0
     store_writes: int = 0
     ledger_rows: int = 0
+    safety_hops: int = 0  # calls to the remote safety classifier the design makes (--safety-hop-ms each, 0 by default)
+    item_cache_hits: int = 0  # http-cached: body segments whose scan and tokens came from the item cache
+    item_cache_misses: int = 0  # http-cached: body segments scanned and tokenized, then cached
 
     def merge(self, other: WorkCounters) -> None:
         for name in self.__struct_fields__:

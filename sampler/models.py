@@ -1,9 +1,10 @@
 """The mock models: llm-d-inference-sim's timing knobs, in milliseconds as floats (never rounded).
 
-Prefill defaults follow llm-d's published 8B-on-H100 profile: 30 ms overhead + 250 µs per
-*uncached* prompt token. Only the decode speed differs between the models (65 tokens/s: a hosted
-frontier model; 1 000 and 4 000 tokens/s: speculative/wafer-scale decoders), so the lab can ask
-how API overhead matters as decoding gets faster.
+Each model stands for a hardware class, and its knobs come from published measurements of that class
+(``Calibration``: the class, and one source per knob, shown by ``GET /v1/models`` and argued in
+notes/issue11.md). The decode speeds are the seed's story (65 tokens/s on GPUs; 1 000 sustained and 4 000
+in bursts on wafer-scale hardware); the prefill is the class's own, never one profile for every speed.
+``mock-h100-8b`` keeps llm-d's 8B-on-H100 profile, which every model used before, under its own name.
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ MAX_JITTER_STD = 0.3  # llm-d's bound: a std-dev above 30 % of the mean is rejec
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """Where a model's knobs come from: the hardware class it stands for and a source per knob."""
+
+    hardware: str
+    sources: dict[str, str]  # knob (llm-d name) -> the measurement or published profile it follows
+
+    def public(self) -> dict[str, object]:
+        return {"hardware": self.hardware, "sources": dict(self.sources)}
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     time_to_first_token_ms: float  # used only when prefill is constant (both prefill knobs 0)
@@ -50,6 +62,8 @@ class ModelSpec:
     max_waiting: int = 1024
     pin_suspended: bool = True
     fail_rate: float = 0.0
+    # Provenance, not a knob: overrides keep it (``GET /v1/models`` shows which knobs were overridden).
+    calibration: Calibration | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         problems = []
@@ -95,25 +109,74 @@ class ModelSpec:
         return dataclasses.replace(self, **fields)
 
 
-def _h100(name: str, tokens_per_s: float) -> ModelSpec:
+# Not calibrated for any class (the lab's sessions are far from either bound; documented once here):
+# vLLM's default batch bound, a full batch decoding 2x slower than a lone sequence (a single session
+# always gets exactly the named speed), and ~60 GB of KV on an 80 GB GPU at 128 KiB/token (Llama-3-8B:
+# 32 layers x 8 KV heads x 128 x 2 x fp16) = 480 k tokens = 30 000 blocks of 16.
+_BATCH_SOURCE = {
+    "max-num-seqs": "vLLM's default max_num_seqs (256); not calibrated",
+    "time-factor-under-load": "llm-d's formula with f = 2 (a full batch decodes at half speed); plausible, not measured",
+    "kv-cache-size": "~60 GB of KV at 128 KiB/token (Llama-3-8B shape) = 30 000 blocks of 16; not calibrated",
+}
+_LLMD = "llm-d-inference-sim latency profiles, 8B on H100: 30 ms + 250 us per uncached prompt token, 12 ms per output token"
+_CEREBRAS = ("Cerebras Llama-3.3-70B, third-party benchmark README (run 2025-03-01, concurrency 1): server prompt_time "
+             "2-4 ms for 40-66 input tokens, 0.07-0.12 s for 1.7-3.1 k; the least-squares line through both groups "
+             "is ~1 ms + ~39 us/token")
+_SEED = "OpenAI, 'Speeding up agentic workflows with WebSockets in the Responses API' (2026-04-22): 65 -> 1 000 tokens/s, bursts to 4 000"
+
+
+def _model(name: str, tokens_per_s: float, overhead_ms: float, per_token_ms: float, calibration: Calibration) -> ModelSpec:
     return ModelSpec(
         name=name,
-        time_to_first_token_ms=30.0,
-        prefill_overhead_ms=30.0,
-        prefill_time_per_token_ms=0.25,
+        time_to_first_token_ms=overhead_ms,
+        prefill_overhead_ms=overhead_ms,
+        prefill_time_per_token_ms=per_token_ms,
         inter_token_latency_ms=1000.0 / tokens_per_s,
-        # vLLM's default batch bound; a full batch decodes 2x slower than a lone sequence.
         max_num_seqs=256,
         time_factor_under_load=2.0,
-        # ~60 GB of KV on an 80 GB H100 at 128 KiB/token (Llama-3-8B: 32 layers x 8 KV heads x 128 x 2 x fp16)
-        # ≈ 480 k tokens = 30 000 blocks of 16.
         kv_cache_size=30_000,
+        calibration=calibration,
     )
 
 
+_WAFER = Calibration(
+    hardware="wafer-scale (Cerebras CS-3 class): the seed's 1 000 tokens/s model",
+    sources={
+        "prefill-overhead": _CEREBRAS + " -> 1 ms",
+        "prefill-time-per-token": _CEREBRAS + " -> 0.039 ms",
+        "inter-token-latency": _SEED + " -> 1 ms (the sustained speed; the benchmark's own decode was 1 723-2 535 tokens/s)",
+        **_BATCH_SOURCE,
+    },
+)
+_WAFER_BURST = Calibration(
+    hardware="wafer-scale (Cerebras CS-3 class), speculative-decoding burst: the seed's 4 000 tokens/s",
+    sources={**_WAFER.sources, "inter-token-latency": _SEED + " -> 0.25 ms (the burst speed; same hardware, same prefill)"},
+)
+_GPU_FRONTIER = Calibration(
+    hardware="GPU-served frontier model (H100/H200 class, tensor-parallel): the seed's 65 tokens/s starting point",
+    sources={
+        "prefill-overhead": "llm-d-inference-sim latency profiles, 70B TP8 on H100: 80 ms fixed prefill cost -> 80 ms",
+        "prefill-time-per-token": ("0xmmo, 'Small Model Forensics' (2026-05-13): OpenAI gpt-5.4-mini TTFT 233 / 349 / 779 / "
+                                   "1 376 ms at < 1 KB / 16 k / 64 k / 150 k input tokens = 7.3-8.5 us per marginal token "
+                                   "on OpenAI's GPU fleet -> 0.0085 ms (the upper end: a frontier model is not faster "
+                                   "per token than its mini sibling)"),
+        "inter-token-latency": _SEED + " -> 15.385 ms (65 tokens/s)",
+        **_BATCH_SOURCE,
+    },
+)
+_H100_8B = Calibration(
+    hardware="llm-d's 8B-on-H100 profile (every model's profile before issue 11)",
+    sources={"prefill-overhead": _LLMD, "prefill-time-per-token": _LLMD, "inter-token-latency": _LLMD, **_BATCH_SOURCE},
+)
+
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
-    for spec in (_h100("mock-65tps", 65.0), _h100("mock-1000tps", 1000.0), _h100("mock-4000tps", 4000.0))
+    for spec in (
+        _model("mock-65tps", 65.0, 80.0, 0.0085, _GPU_FRONTIER),
+        _model("mock-1000tps", 1000.0, 1.0, 0.039, _WAFER),
+        _model("mock-4000tps", 4000.0, 1.0, 0.039, _WAFER_BURST),
+        _model("mock-h100-8b", 1000.0 / 12.0, 30.0, 0.25, _H100_8B),
+    )
 }
 
 

@@ -29,6 +29,7 @@ from proto.server.session import SHUTDOWN
 from proto.server.ws_ga import GaSession
 from proto.server.ws_longlived import LongLivedSession
 from sampler.clock import Clock
+from sampler.models import MODELS, ModelSpec
 
 log = structlog.get_logger("proto.server")
 
@@ -80,6 +81,11 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks()))
         queued = sum(session.out.qsize() for session in self.server.sessions)
         yield GaugeMetricFamily("responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued)
+        cache = pipeline.item_cache
+        yield GaugeMetricFamily("responses_lab_item_cache_tokens", "http-cached: token ids the item cache holds", value=cache.tokens)
+        yield GaugeMetricFamily("responses_lab_item_cache_entries", "http-cached: item bodies the cache holds", value=len(cache))
+        yield CounterMetricFamily("responses_lab_item_cache_evictions", "http-cached: entries evicted (LRU, past --item-cache-tokens)",
+                                  value=cache.evictions)
         ledger = pipeline.ledger
         yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written)
         yield GaugeMetricFamily("responses_lab_ledger_rows_retried", "ledger write attempts that failed and were retried", value=ledger.retries)
@@ -87,6 +93,17 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
         yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
         yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
+
+
+def model_object(name: str, spec: ModelSpec) -> dict[str, object]:
+    """One ``GET /v1/models`` entry: the knobs in force, the hardware class they stand for with a source per
+    knob, and which knobs a ``--model-override`` changed (their sources no longer apply)."""
+    base = MODELS.get(name)
+    settings = spec.public()
+    overridden = sorted(k for k, v in settings.items() if base is not None and base.public().get(k) != v)
+    calibration = spec.calibration.public() if spec.calibration is not None else None
+    return {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": settings,
+            "calibration": calibration, "overridden": overridden}
 
 
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> Starlette:
@@ -128,10 +145,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
             server.sessions.discard(session)
 
     async def models(request: Request, key_id: str) -> Response:
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public()}
-            for name, spec in sorted(server.pipeline.engines.specs.items())
-        ]
+        data = [model_object(name, spec) for name, spec in sorted(server.pipeline.engines.specs.items())]
         return JSONResponse({"object": "list", "data": data})
 
     async def healthz(request: Request, key_id: str) -> Response:

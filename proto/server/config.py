@@ -26,6 +26,12 @@ class Settings:
     model_override: list[str] = field(default_factory=list)  # "mock-1000tps:inter-token-latency=0.5"
     resolve_hop_ms: float = 0.0  # modelled remote routing service (the hop the seed removed)
     safety_hop_ms: float = 0.0  # modelled remote safety classifier
+    # Modelled per-request API cost of the HTTP modes (notes/issue11.md): vLLM 0.32's own /v1/responses work
+    # before its engine measured ~5 ms + ~1.7 ms per 1 k history tokens. Added on top of this server's real
+    # work, per request of http and http-prev (http-cached: the base only; its cache does the per-token part).
+    api_cost_ms: float = 0.0
+    api_cost_ms_per_1k: float = 0.0
+    item_cache_tokens: int = 4_000_000  # http-cached: token ids the item cache may hold (LRU past it)
     max_frame_bytes: int = 16 * 2**20  # past it: close 1009
     max_input_items: int = 2048
     max_tools: int = 128

@@ -1,9 +1,13 @@
 """``POST /v1/responses`` (JSON or SSE) and the stored-response endpoints: a thin adapter.
 
-Two modes, told apart by the body alone:
+Three modes, told apart by the body and one header:
 
 * ``http`` — the client re-sends the whole history: every request validates, scans, renders and
   tokenizes all of it, and resolves the model.
+* ``http-cached`` — the same request with the header ``X-Responses-Lab-Cache: items``: the server's item
+  cache (``proto/server/item_cache.py``) skips the scan and tokenization of every body it has seen, and
+  the model resolution after the first request (the seed's step before WebSockets). Ignored with
+  ``previous_response_id`` (that is ``http-prev``).
 * ``http-prev`` — ``previous_response_id`` plus only the new items: the chain is loaded from the store
   (one row per earlier response), re-rendered and re-tokenized in full (as vLLM does); only the new items
   are validated and scanned.
@@ -41,6 +45,7 @@ from proto.server.pipeline import Pipeline, Prepared, timed
 _encoder = msgspec.json.Encoder()
 _items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 JSON = "application/json"
+CACHE_HEADER = "x-responses-lab-cache"  # "items": the http-cached mode
 
 
 def sse_frame(event: ServerEvent) -> bytes:
@@ -93,7 +98,8 @@ class HttpResponses:
         created = time.time()
         try:
             body = decode_body(await self._read_body(request))
-            prepared = await self._prepare(body, key)
+            cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
+            prepared = await self._prepare(body, key, cached)
         except ClientError as exc:
             return error_response(exc)
         if body.stream:
@@ -118,19 +124,22 @@ class HttpResponses:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _prepare(self, body: CreateBody, key: str) -> Prepared:
+    async def _prepare(self, body: CreateBody, key: str, cached: bool = False) -> Prepared:
         if body.background:
             raise ClientError("invalid_request", "background responses are not supported", "background")
         items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
         phases: dict[str, float] = {}
         history: list[Item] = []
-        mode: Mode = "http"
+        mode: Mode = "http-cached" if cached else "http"
         if body.previous_response_id is not None:
             mode = "http-prev"
             with timed(phases, "store_load"):
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)
             check_outputs(history, items)
-        return await self.pipeline.prepare(new_response_id(), body, history, items, work, mode, scan_history=mode == "http", phases=phases)
+        return await self.pipeline.prepare(
+            new_response_id(), body, history, items, work, mode, scan_history=mode != "http-prev", phases=phases,
+            cache_scope=key if mode == "http-cached" else None,
+        )
 
     def _stream(self, prepared: Prepared, key: str, created: float) -> Response:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.pipeline.settings.send_queue)

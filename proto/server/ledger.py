@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 import sqlite3
 import threading
 import time
@@ -103,6 +104,40 @@ CREATE TABLE IF NOT EXISTS open_responses (
     owner         TEXT NOT NULL
 );
 """
+
+
+_MODE_CHECK: Final = re.compile(r"CHECK \(mode IN \(([^)]*)\)\)")
+
+
+def _migrate_mode_check(db: sqlite3.Connection) -> bool:
+    """Bring a file created before a mode was added (``http-cached``) up to ``MODES``; True if it changed.
+
+    ``CREATE TABLE IF NOT EXISTS`` leaves an old table's ``CHECK (mode IN (...))`` as it was, and SQLite
+    cannot alter a constraint, so such a table is rebuilt the way SQLite's documentation prescribes for any
+    schema change ("making other kinds of table schema changes": create the new table, copy the rows, drop
+    the old one, rename the new one), in one transaction: a crash leaves the old table or the new one.
+    """
+    changed = False
+    for table in ("usage", "open_responses"):
+        row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+        match = _MODE_CHECK.search(row[0]) if row else None
+        if match is None or match.group(1) == _MODES_SQL:
+            continue
+        new_sql = row[0].replace(match.group(0), f"CHECK (mode IN ({_MODES_SQL}))", 1)
+        new_sql = re.sub(rf"^CREATE TABLE (IF NOT EXISTS )?\"?{table}\"?", f"CREATE TABLE {table}__migrated", new_sql)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(new_sql)
+            db.execute(f"INSERT INTO {table}__migrated SELECT * FROM {table}")
+            db.execute(f"DROP TABLE {table}")
+            db.execute(f"ALTER TABLE {table}__migrated RENAME TO {table}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        log.info("ledger.migrated", table=table, modes=list(MODES))
+        changed = True
+    return changed
 
 
 def fingerprint_api_key(api_key: str | None) -> str:
@@ -265,6 +300,8 @@ class UsageLedger:
             self._wdb.execute("PRAGMA journal_mode=WAL")
             self._wdb.execute("PRAGMA synchronous=NORMAL")
             self._wdb.executescript(_SCHEMA)
+            if _migrate_mode_check(self._wdb):
+                self._wdb.executescript(_SCHEMA)  # the rebuilt table's index
             # A file gets its own reader connection: WAL readers never wait on the writer's lock. A memory
             # database exists in one connection only, so readers share the writer's (under its lock).
             self._rdb = self._wdb if self._memory else self._connect()

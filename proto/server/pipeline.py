@@ -3,13 +3,16 @@
     authenticate → parse + validate → safety scan → render + tokenize → resolve model → sample → bill
 
 What a transport *redoes* per turn is the transport's business (it decides what it hands to
-``prepare``); the stages themselves are here, once. Latency knobs (``resolve_hop_ms``, ``safety_hop_ms``)
-model the remote services the seed removed; they are 0 by default and documented in NOTES.md.
+``prepare``); the stages themselves are here, once. Latency knobs (``resolve_hop_ms``, ``safety_hop_ms``,
+``api_cost_ms`` + ``api_cost_ms_per_1k``) model the remote services the seed removed and a real Python
+Responses server's own per-request work; they are 0 by default, documented in NOTES.md and notes/issue11.md,
+and slept on the precise clock (``sampler.clock.RealClock``) so a modelled 20 ms is 20 ms, not uvloop's
+nearest millisecond. The work a hop stands for is counted whatever its configured latency
+(``work.safety_hops``, ``work.model_resolutions``), so the lab's fast model can price any hop profile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +26,7 @@ from proto.events import CreateBody
 from proto.items import FunctionCall, Item, Message, WebSearchCall
 from proto.response import Mode
 from proto.server.config import Settings
+from proto.server.item_cache import ItemCache
 from proto.server.ledger import LedgerRow, UsageLedger
 from proto.server.metrics import PipelineMetrics
 from proto.server.safety import SafetyScanner
@@ -116,6 +120,7 @@ class Pipeline:
         self.ledger = UsageLedger(settings.db)
         self.store = ResponseStore(settings.db)
         select_policy("", settings.default_policy)  # a bad --default-policy fails at start-up, not per request
+        self.item_cache = ItemCache(settings.item_cache_tokens)
         self.totals = WorkCounters()
         self.metrics = PipelineMetrics()
 
@@ -127,24 +132,35 @@ class Pipeline:
         await self.store.aclose()
 
     # ---------------------------------------------------------------------------------- stages
-    async def scan(self, items: list[Item], work: WorkCounters, phases: dict[str, float], instructions: str | None = None) -> list[str]:
+    async def scan(
+        self, items: list[Item], work: WorkCounters, phases: dict[str, float], instructions: str | None = None, cache_scope: str | None = None
+    ) -> list[str]:
         with timed(phases, "safety"):
             texts = [body for item in items for _, body in render_parts(item, {})]
             if instructions:
                 texts.append(instructions)
-            result = self.scanner.enforce(self.scanner.scan_many(texts))
-            work.chars_scanned += result.chars_scanned
-        if self.settings.safety_hop_ms > 0:
-            with timed(phases, "safety_hop"):
-                await asyncio.sleep(self.settings.safety_hop_ms / 1e3)  # documented latency knob
+            if cache_scope is None:
+                result = self.scanner.scan_many(texts)
+                work.chars_scanned += result.chars_scanned
+                remote = True
+            else:
+                result, remote = self.item_cache.scan(self.scanner, cache_scope, texts, work)
+            self.scanner.enforce(result)
+        if remote:  # http-cached: texts the cache has classified already need no remote call
+            work.safety_hops += 1
+            await knob(phases, "safety_hop", self.settings.safety_hop_ms)
         return list(result.rules)
 
-    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float]) -> MockGPU:
+    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float], cache_scope: str | None = None) -> MockGPU:
+        if cache_scope is not None:
+            known = self.item_cache.resolved(cache_scope, model)
+            if isinstance(known, MockGPU):
+                return known
         with timed(phases, "resolve_model"):
             gpu = self.engines.resolve(model, work)
-        if self.settings.resolve_hop_ms > 0:
-            with timed(phases, "resolve_hop"):
-                await asyncio.sleep(self.settings.resolve_hop_ms / 1e3)  # documented latency knob
+        await knob(phases, "resolve_hop", self.settings.resolve_hop_ms)
+        if cache_scope is not None:
+            self.item_cache.remember_model(cache_scope, model, gpu)
         return gpu
 
     async def prepare(
@@ -159,24 +175,28 @@ class Pipeline:
         phases: dict[str, float] | None = None,
         conversation: Conversation | None = None,
         gpu: MockGPU | None = None,
+        cache_scope: str | None = None,
     ) -> Prepared:
         """Pre-inference work for one response. ``history`` is context the response continues from
         (a stored chain, or HTTP's re-sent items); only what the transport says is new is scanned unless
         ``scan_history``. A GA WebSocket cache hit passes the previous response's ``conversation`` (its
         rendered tokens: only ``new_items`` are tokenized onto it; the caller hands it over, it is
-        mutated) and its resolved ``gpu`` (no model resolution)."""
+        mutated) and its resolved ``gpu`` (no model resolution). ``cache_scope`` (``http-cached``: the API
+        key id) scans, tokenizes and resolves through the item cache (``proto/server/item_cache.py``)."""
         phases = phases if phases is not None else {}
-        flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions)
+        flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions, cache_scope)
         if gpu is None:
-            gpu = await self.resolve(request.model, work, phases)
+            gpu = await self.resolve(request.model, work, phases, cache_scope)
         with timed(phases, "render_tokenize"):
             if conversation is None:
-                conversation = Conversation(self.tokenizer, work)
+                tokenizer = self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
+                conversation = Conversation(tokenizer, work)
                 if request.instructions:
                     conversation.add_instructions(request.instructions)
                 conversation.add_input(history)
             conversation.work = work
             conversation.add_input(new_items)
+        await self.api_cost(mode, len(conversation.ids), phases)
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
         script = _first_user_text(conversation.items)
@@ -194,6 +214,20 @@ class Pipeline:
         )
         builder.lab.phases_ms = dict(phases)
         return Prepared(rollout, gpu)
+
+    async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
+        """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
+        ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in notes/issue11.md), paid by
+        every HTTP request: ``http`` and ``http-prev`` in full, ``http-cached`` the base only (its cache does
+        the per-token rendering vLLM spends that part on). The WebSocket modes never pay it: this is what a
+        per-request server costs, which is what they remove."""
+        if mode in ("http", "http-prev"):
+            ms = self.settings.api_cost_ms + self.settings.api_cost_ms_per_1k * history_tokens / 1000.0
+        elif mode == "http-cached":
+            ms = self.settings.api_cost_ms
+        else:
+            return
+        await knob(phases, "api_cost", ms)
 
     def ingest(self, rollout: Rollout, items: list[Item]) -> None:
         """Items appended to an open response: scanned, rendered and tokenized once, on arrival."""
@@ -249,6 +283,17 @@ class Pipeline:
                 completed_at=time.time(),
             )
         )
+
+
+_KNOB_CLOCK = RealClock()  # precise sleeps for the latency knobs (the limits' clock may be virtual)
+
+
+async def knob(phases: dict[str, float], name: str, ms: float) -> None:
+    """A documented latency knob: sleep ``ms`` on the precise clock, timed as phase ``name``; nothing at 0."""
+    if ms <= 0:
+        return
+    with timed(phases, name):
+        await _KNOB_CLOCK.sleep_until(_KNOB_CLOCK.now() + ms / 1e3)
 
 
 def _output_text(items: list[Item]) -> str:
