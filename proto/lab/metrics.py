@@ -54,6 +54,10 @@ class Trace:
     bytes_sent: int = 0  # request line + headers + body (HTTP) or frame header + payload (WebSocket)
     status: str = ""  # the last terminal status
     tool_wait_s: float = 0.0  # the client's tool waits, as planned (slept between a turn's end and its answer)
+    session: str = ""  # the plan's session (a trace's own, or the workload's)
+    kinds: list[str] = field(default_factory=list)  # each send's round kind (plan.Send.kind), in order
+    tool_spans: list[tuple[float, float]] = field(default_factory=list)  # the client's tool waits, on the marks' clock
+    arrival_s: float = 0.0  # a trace session's arrival, after the cell's measured start
 
     def add_response(self, response: dict[str, Any]) -> None:
         """Fold one terminal response's usage, phases and turn reports into the trace."""

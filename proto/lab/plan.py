@@ -1,20 +1,34 @@
-"""What a client sends in one rollout of a workload, fixed before the clock starts.
+"""What a client sends in one rollout of a session, fixed before the clock starts, to the token.
 
-Every transport replays the same plan: the first user message (a nonce, padding to the workload's
-``first_user_tokens``, then the directive script), and per turn the tool outputs (text of the recorded
-``tool_output_tokens`` each) and the tool wait. Text is generated and sized here, once, so the client's own
-cost never lands inside a measured interval.
+Every transport replays the same plan. The first user message opens with a nonce and the directive script
+(one line per round: ``!tokens N !call NAME {args}`` or ``!tokens N !say …``), then code-like padding; each
+later round sends the tool outputs answering the last round's calls (or, after a message, a user message),
+of sizes chosen here. The server renders every item as ``<|im_start|>header\\n body <|im_end|>`` and adds an
+assistant header to the prompt (``sampler/tokens.py``), so the plan knows, before anything is sent, the
+prompt tokens the server will count each round: a trace's ``input_tokens`` are met exactly (the tests check
+it on every shipped trace), and a synthetic workload's sizes are its own.
+
+A **history rewrite** (a round that keeps ``K`` tokens of a longer previous context: compaction,
+truncation) is realized as an agent would: the items wholly before position ``K`` stay as they were, the
+item that holds ``K`` is cut there (a call is kept whole: its output must still answer it), every later
+text item is cleared to one token (calls stay, so the conversation keeps its turns), and the round's new
+items make up the rest. The first message keeps the script at its head, so a cut there never loses it.
+What each transport does with a rewrite is the client's business (``proto/lab/clients.py``).
+
+Text is generated and sized here, once per rollout, so the client's own cost never lands inside a measured
+interval.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import json
 import random
 from dataclasses import dataclass
 from typing import Any
 
-from sampler.policy import TurnPlan, Workload, say, workload_to_script
+from proto.lab.traces import Round, Session
+from sampler.policy import PlannedCall
 from sampler.tokens import Tokenizer
 
 # Code-shaped filler: tokenizes like the sources a coding agent reads (~4 characters per token), so the
@@ -33,10 +47,16 @@ _LINES = (
     "assert {a}_{b}({c}) == {n}",
     "",
 )
+CLEARED = "ok"  # a rewritten item's body: one token
+PAD_WORD = " the"  # one token after any text that does not end in a space
+
+
+class PlanError(ValueError):
+    """A session the server cannot be made to see exactly (names the round and the shortfall)."""
 
 
 @functools.cache
-def _tokenizer() -> Tokenizer:
+def tokenizer() -> Tokenizer:
     return Tokenizer()
 
 
@@ -51,16 +71,63 @@ def filler(tokens: int, seed: int) -> str:
     for _ in range(tokens // 6 + 8):
         a, b, c = rng.sample(_NAMES, 3)
         lines.append(rng.choice(_LINES).format(a=a, b=b, c=c, A=a.title(), B=b.title(), n=rng.randint(0, 9999)))
-    tok = _tokenizer()
+    tok = tokenizer()
     return tok.decode(tok.model_tokens("\n".join(lines), tokens))
 
 
-@dataclass(frozen=True)
-class TurnSend:
-    """The client's answer to turn k's calls: one output per call (in call order) after ``tool_wait_s``."""
+def fit(text: str, tokens: int) -> str:
+    """``text`` cut or padded (with one-token words) to exactly ``tokens`` tokens."""
+    tok = tokenizer()
+    for _ in range(64):
+        n = tok.count(text)
+        if n == tokens:
+            return text
+        if n < tokens:
+            text = text.rstrip(" ") + PAD_WORD * (tokens - n)
+        else:
+            text = tok.decode(tok.model_tokens(text, max(tokens - (n - tokens > 2), 0)))
+    raise PlanError(f"cannot fit a text to {tokens} tokens")  # never seen: each step converges
 
-    outputs: tuple[str, ...]
-    tool_wait_s: float
+
+@functools.cache
+def exact_text(tokens: int, seed: int) -> str:
+    return fit(filler(tokens, seed), tokens) if tokens > 0 else ""
+
+
+# ---- the plan -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    """One item of the conversation as the server renders it: ``kind`` user | message (the model's) |
+    call | output; ``text`` is the body (a call's is its arguments)."""
+
+    kind: str
+    text: str
+    tokens: int  # body tokens
+    name: str = ""  # call and output items: the tool
+
+    def header(self) -> str:
+        return {"user": "user", "message": "assistant", "call": f"assistant to={self.name}",
+                "output": f"{self.name} to=assistant"}[self.kind]
+
+    def size(self) -> int:
+        return len(tokenizer().header(self.header())) + self.tokens + 1
+
+
+@dataclass(frozen=True)
+class Send:
+    """Round k's request, as the client sends it after ``wait_s``: ``new`` items (the first message; the
+    outputs answering round k−1's calls, in call order; or a user message), after replacing the bodies of
+    earlier history items (``rewrite``: (index into the history, new text)), and what the server will count."""
+
+    kind: str  # first | outputs | user | rewrite
+    new: tuple[str, ...]
+    rewrite: tuple[tuple[int, str], ...]
+    wait_s: float
+    prompt_tokens: int
+    output_tokens: int
+    appended_tokens: int  # tokens after what the previous context kept: the new items (and, for a rewrite, the cut)
 
 
 @dataclass(frozen=True)
@@ -68,37 +135,155 @@ class RolloutPlan:
     model: str
     first_message: str
     tools: tuple[dict[str, Any], ...]
-    answers: tuple[TurnSend, ...]  # one per tool turn, in order
-    turns: int  # sampling segments, the final message included
+    sends: tuple[Send, ...]  # one per round
+    calls: tuple[tuple[str, ...], ...]  # each round's call names ((): a message)
+    session: str = ""
+
+    @property
+    def turns(self) -> int:
+        return len(self.sends)
 
     def request(self) -> dict[str, Any]:
         """The first request's body (every transport): the user message and the tool definitions."""
         return {"model": self.model, "input": [{"role": "user", "content": self.first_message}], "tools": list(self.tools)}
 
 
-def shorten(w: Workload, turns: int | None) -> Workload:
-    """The first ``turns - 1`` tool turns, then a final message: a quicker rollout over the same sizes."""
-    if turns is None or turns >= len(w.turns):
-        return w
-    kept = (*w.turns[: max(turns - 1, 0)], say("Stopping here (shortened run).", 20))
-    return dataclasses.replace(w, name=f"{w.name}[:{turns}]", turns=kept)
+def script_line(r: Round, index: int) -> str:
+    if r.calls:
+        return f"!tokens {r.output_tokens} " + " | ".join(f"!call {c.name} {_compact(c.arguments)}" for c in r.calls)
+    return f"!tokens {r.output_tokens} !say " + " ".join((r.text or f"Round {index} done.").split())
 
 
-def build_plan(w: Workload, model: str, nonce: str, tool_time_scale: float = 1.0) -> RolloutPlan:
+def _compact(arguments: str) -> str:
+    return json.dumps(json.loads(arguments), separators=(",", ":"), ensure_ascii=False)
+
+
+def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float = 1.0) -> RolloutPlan:
     """``nonce`` opens the first message so no two rollouts share a KV prefix (each pays its own prefill,
-    the same in every mode); the workload's content otherwise stays identical across rollouts."""
-    tok = _tokenizer()
-    script = workload_to_script(w)
-    head = f"[session {nonce}]\nRepository context follows.\n"
-    pad = max(w.first_user_tokens - tok.count(head + script) - 2, 0)
-    first = head + filler(pad, 0) + "\n\n" + script
-    names = sorted({c.name for t in w.turns for c in t.calls})
-    tools: tuple[dict[str, Any], ...] = tuple({"type": "function", "name": n, "parameters": {"type": "object"}} for n in names)
-    answers = tuple(_answers(i, t, tool_time_scale) for i, t in enumerate(w.turns) if t.calls)
-    return RolloutPlan(model=model, first_message=first, tools=tools, answers=answers, turns=len(w.turns))
+    the same in every mode); the content otherwise stays identical across rollouts."""
+    tok = tokenizer()
+    rounds = session.rounds
+    if not rounds:
+        raise PlanError(f"{session.name}: no rounds")
+    assistant = len(tok.header("assistant"))
+    head = f"[session {nonce}]\n" + "\n".join(script_line(r, i) for i, r in enumerate(rounds)) + "\n\n"
+    # Round 0: the first message's body makes the prompt.
+    if session.first_tokens is not None:
+        body = max(session.first_tokens, tok.count(head) + 1)
+    else:
+        assert rounds[0].input_tokens is not None
+        body = rounds[0].input_tokens - assistant - Item("user", "", 0).size()
+    if body < tok.count(head) + 1:
+        raise PlanError(f"{session.name} round 0: {rounds[0].input_tokens} prompt tokens cannot hold the script ({tok.count(head)} tokens)")
+    first = fit(head + exact_text(body - tok.count(head), 0), body)
+    items = [Item("user", first, body)]
+    sends = [Send("first", (first,), (), 0.0, _prompt(items), _output(rounds[0]), _prompt(items))]
+    for k in range(1, len(rounds)):
+        last, this = rounds[k - 1], rounds[k]
+        items += _model_items(last, k - 1)
+        before = sum(i.size() for i in items)  # the previous context: its prompt and output, rendered
+        new = ([Item("output", "", 0, c.name) for c in last.calls] if last.calls else [Item("user", "", 0)])
+        framing = sum(i.size() for i in new)  # with empty bodies
+        wait = last.tool_wait_s * tool_time_scale
+        if this.input_tokens is None:  # synthetic: the sizes are the workload's
+            sizes = list(last.result_tokens) if last.calls else [1]
+            _fill(new, sizes, 1000 * k)
+            items += new
+            sends.append(Send("outputs" if last.calls else "user", tuple(i.text for i in new), (), wait,
+                              _prompt(items), _output(this), sum(i.size() for i in new)))
+            continue
+        target = this.input_tokens - assistant  # the items' total this round
+        previous_total = sends[-1].prompt_tokens + last.output_tokens
+        keep = this.keep if this.keep is not None else this.input_tokens
+        rewrite = keep < previous_total or target - before - framing < len(new)
+        edits: list[tuple[int, str]] = []
+        cut = before
+        if rewrite:
+            cut = min(keep, target - framing - len(new))
+            edits, cut = _rewrite(items, cut, tok.count(head), session, k)
+        room = target - sum(i.size() for i in items) - framing
+        if room < len(new):
+            raise PlanError(f"{session.name} round {k}: {this.input_tokens} prompt tokens leave {room} for "
+                            f"{len(new)} new item(s) after keeping {cut} (the items' framing alone is {framing})")
+        _fill(new, _split(room, last.result_weights if last.calls else (1.0,)), 1000 * k)
+        items += new
+        kind = "rewrite" if rewrite else "outputs" if last.calls else "user"
+        prompt = _prompt(items)
+        assert prompt == this.input_tokens, (session.name, k, prompt, this.input_tokens)
+        sends.append(Send(kind, tuple(i.text for i in new), tuple(edits), wait, prompt, _output(this), prompt - cut - assistant))
+    names = sorted({c.name for r in rounds for c in r.calls})
+    tools = tuple({"type": "function", "name": n, "parameters": {"type": "object"}} for n in names)
+    return RolloutPlan(model, first, tools, tuple(sends), tuple(tuple(c.name for c in r.calls) for r in rounds), session.name)
 
 
-def _answers(index: int, t: TurnPlan, scale: float) -> TurnSend:
-    size = t.tool_output_tokens or 0
-    outputs = tuple(filler(size, 1000 * (index + 1) + j) for j in range(len(t.calls)))
-    return TurnSend(outputs=outputs, tool_wait_s=(t.client_tool_time_s or 0.0) * scale)
+def _prompt(items: list[Item]) -> int:
+    return sum(i.size() for i in items) + len(tokenizer().header("assistant"))
+
+
+def _output(r: Round) -> int:
+    spent = sum(tokenizer().count(c.arguments) for c in r.calls)
+    return max(r.output_tokens, spent)
+
+
+def _model_items(r: Round, index: int) -> list[Item]:
+    """What the server adds for the model's turn: a preamble message padded to the output size (when the
+    calls' arguments leave room), then the calls; or the final message (``sampler/loop.py``)."""
+    tok = tokenizer()
+    if not r.calls:
+        text = r.text or f"Round {index} done."
+        return [Item("message", tok.decode(tok.model_tokens(" ".join(text.split()), r.output_tokens)), r.output_tokens)]
+    calls = [Item("call", c.arguments, tok.count(c.arguments), c.name) for c in r.calls]
+    spent = sum(c.tokens for c in calls)
+    if r.output_tokens > spent:
+        pre = r.output_tokens - spent
+        return [Item("message", tok.decode(tok.model_tokens("", pre)), pre), *calls]
+    return calls
+
+
+def _split(total: int, weights: tuple[float, ...]) -> list[int]:
+    """``total`` tokens over ``len(weights)`` bodies in proportion, each ≥ 1, summing exactly."""
+    n = len(weights)
+    spare = total - n
+    w = sum(weights) or 1.0
+    sizes = [1 + int(spare * x / w) for x in weights]
+    sizes[-1] += total - sum(sizes)
+    return sizes
+
+
+def _fill(new: list[Item], sizes: list[int], seed: int) -> None:
+    for j, (item, n) in enumerate(zip(new, sizes, strict=True)):
+        item.tokens = n
+        item.text = exact_text(n, seed + j)
+
+
+def _rewrite(items: list[Item], cut: int, script_tokens: int, session: Session, k: int) -> tuple[list[tuple[int, str]], int]:
+    """Edit ``items`` in place to keep ``cut`` tokens (see the module's rule); the edits and the kept length."""
+    tok = tokenizer()
+    edits: list[tuple[int, str]] = []
+    start = 0
+    holder = len(items)
+    for index, item in enumerate(items):
+        if start + item.size() > cut:
+            holder = index
+            break
+        start += item.size()
+    kept = start
+    for index in range(holder, len(items)):
+        item = items[index]
+        if item.kind == "call":
+            if index == holder:
+                kept = start + item.size()
+            continue
+        header = item.size() - item.tokens - 1
+        body = max(cut - start - header, 1) if index == holder else 1
+        if index == 0:
+            if body < script_tokens + 1:
+                raise PlanError(f"{session.name} round {k}: a rewrite to {cut} tokens would cut the first message's script")
+        if body >= item.tokens:
+            continue
+        text = fit(tok.decode(tok.model_tokens(item.text, body)), body) if body > 1 else CLEARED
+        if index == holder:
+            kept = start + header + body
+        item.text, item.tokens = text, body
+        edits.append((index, text))
+    return edits, kept

@@ -14,13 +14,14 @@ import math
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from proto.lab.metrics import percentile, rollout_metrics, summarize
+from proto.lab.metrics import Trace, percentile, rollout_metrics, summarize
 from proto.lab.runner import PROFILES, BenchResult, CellResult
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
@@ -72,7 +73,19 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
         "wall_s": cell.wall_s,
         "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
+        # Per round of each session's first rollout, what the server counted: [input, cached, output] tokens
+        # (a trace's input and output must be the file's own: tests/test_lab_traces.py).
+        "usage_by_round": usage_by_round(cell.traces),
+        "round_kinds": dict(sorted(Counter(k for t in cell.traces for k in t.kinds).items())),
     }
+
+
+def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
+    out: dict[str, list[list[int]]] = {}
+    for trace in traces:
+        if trace.session not in out:
+            out[trace.session] = [[int(r["prompt_tokens"]), int(r["cached_tokens"]), int(r["output_tokens"])] for r in trace.reports]
+    return out
 
 
 def results_json(result: BenchResult, command: str) -> dict[str, Any]:

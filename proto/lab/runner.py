@@ -1,9 +1,11 @@
 """Running the lab: a server per profile, the floor, then every (workload, model, mode) cell in turn.
 
-Per cell: each of ``sessions`` concurrent clients opens its connection, runs ``warmup`` short rollouts (not
-counted), then — after every session has warmed up — ``rollouts`` measured rollouts. The server's CPU time
-is read around the measured part only. Cells run one after another, never overlapping, so modes never
-share the two cores.
+Per cell of a synthetic workload: each of ``sessions`` concurrent clients opens its connection, runs
+``warmup`` short rollouts (not counted), then — after every session has warmed up — ``rollouts`` measured
+rollouts. A trace (TraceLab CSV/JSONL) brings its own sessions: one client each, warmed up on a small
+plan, then every session starts at its arrival time after the measured start (open loop: the GPU sees the
+trace's contention), ``rollouts`` times over. The server's CPU time is read around the measured part only.
+Cells run one after another, never overlapping, so modes never share the two cores.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from websockets.asyncio.client import connect
 from proto.client.child import ChildServer, cpu_seconds
 from proto.lab.clients import Transport, make_client
 from proto.lab.metrics import Trace
-from proto.lab.plan import build_plan, shorten
-from sampler.policy import Workload, load_workload
+from proto.lab.plan import build_plan
+from proto.lab.traces import Replay, Round, Session, load_replay
+from sampler.policy import PlannedCall
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,15 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "local": Profile("local", 0.0, 0.0),
     "production-like": Profile("production-like", 20.0, 2.0),
+    # The hop curve's third real-clock point: a safety classifier at the top of the published 10-50 ms
+    # range and a cross-region config lookup (notes/issue11.md).
+    "remote": Profile("remote", 50.0, 10.0),
 }
 
 
 @dataclass
 class BenchConfig:
-    modes: tuple[str, ...] = ("http", "http-prev", "ws", "longlived")
+    modes: tuple[str, ...] = ("http", "http-cached", "http-prev", "ws", "longlived")
     workloads: tuple[str, ...] = ("coding-agent",)
     models: tuple[str, ...] = ("mock-1000tps",)
     profiles: tuple[str, ...] = ("local", "production-like")
@@ -64,6 +70,9 @@ class BenchConfig:
     # Passed to every server the lab starts (``--model-override``): ask "what if prefill were 10x faster?"
     # or "what if suspended responses lost their KV pins?" (``pin-suspended=false``) on the same workload.
     model_overrides: tuple[str, ...] = ()
+    server_flags: tuple[str, ...] = ()  # more ``responses-lab serve`` flags (a scenario's API-cost knob)
+    predict: bool = True  # calibrate the fast model first and report each cell's prediction
+    calibration_rounds: int = 240  # per mode (--predict-rounds)
 
     @classmethod
     def quick_preset(cls) -> BenchConfig:
@@ -129,10 +138,17 @@ async def ping_rtts_ms(ws_url: str, count: int, api_key: str | None = None) -> l
 
 # ---- one cell -----------------------------------------------------------------------------------
 
+# A trace cell's warm-up: code paths and connections, not the trace's sizes (its first prompt may be 30 k).
+WARM = Session("warm-up", 0.0, (
+    Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
+    Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
+    Round(16, (), 0.0, text="Warm."),
+), first_tokens=600)
+
 
 async def run_cell(
     mode: str,
-    workload: Workload,
+    replay: Replay,
     model: str,
     config: BenchConfig,
     ws_url: str,
@@ -141,45 +157,72 @@ async def run_cell(
     on_turn: Callable[[], None] | None = None,
 ) -> tuple[list[Trace], float | None, float]:
     """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s)."""
-    clients: list[Transport] = [make_client(mode, ws_url, http_url, config.api_key) for _ in range(config.sessions)]
+    n = len(replay.sessions) if replay.trace else config.sessions
+    clients: list[Transport] = [make_client(mode, ws_url, http_url, config.api_key) for _ in range(n)]
     for client in clients:
         client.on_send = on_turn
-    warm = shorten(workload, config.warmup_turns)
+    warm = WARM if replay.trace else replay.shortened(config.warmup_turns).sessions[0]
     try:
         await asyncio.gather(*(c.open() for c in clients))
         await asyncio.gather(*(_rollouts(c, warm, model, config, config.warmup) for c in clients))
         cpu0, t0 = (cpu() if cpu else None), time.perf_counter()
-        per_session = await asyncio.gather(*(_rollouts(c, workload, model, config, config.rollouts) for c in clients))
+        if replay.trace:
+            traces = []
+            for _ in range(config.rollouts):
+                start = asyncio.get_running_loop().time()
+                traces += await asyncio.gather(*(_arrive(c, s, start, model, config) for c, s in zip(clients, replay.sessions, strict=True)))
+        else:
+            session = replay.sessions[0]
+            per_session = await asyncio.gather(*(_rollouts(c, session, model, config, config.rollouts) for c in clients))
+            traces = [t for ts in per_session for t in ts]
         wall = time.perf_counter() - t0
         cpu_s = cpu() - cpu0 if cpu and cpu0 is not None else None
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
-    return [t for traces in per_session for t in traces], cpu_s, wall
+    return traces, cpu_s, wall
 
 
-async def _rollouts(client: Transport, w: Workload, model: str, config: BenchConfig, n: int) -> list[Trace]:
+def nonce() -> str:
+    # A fresh nonce per rollout keeps KV prefixes unshared. Twelve digits: cl100k splits digits in threes, so
+    # every nonce is 4 tokens and usage stays comparable.
+    return f"{uuid.uuid4().int % 10**12:012d}"
+
+
+async def _rollouts(client: Transport, session: Session, model: str, config: BenchConfig, n: int) -> list[Trace]:
     traces = []
     for _ in range(n):
-        # Built before the clock starts; a fresh nonce per rollout keeps KV prefixes unshared. Twelve
-        # digits: cl100k splits digits in threes, so every nonce is 4 tokens and usage stays comparable.
-        plan = build_plan(w, model, f"{uuid.uuid4().int % 10**12:012d}", config.tool_time_scale)
+        plan = build_plan(session, model, nonce(), config.tool_time_scale)  # built before the clock starts
         traces.append(await client.rollout(plan))
     return traces
+
+
+async def _arrive(client: Transport, session: Session, start: float, model: str, config: BenchConfig) -> Trace:
+    """One trace session, started at its arrival time (open loop); closed loop within it."""
+    plan = build_plan(session, model, nonce(), config.tool_time_scale)
+    delay = start + session.arrival_s - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    trace = await client.rollout(plan)
+    trace.arrival_s = session.arrival_s
+    return trace
 
 
 # ---- the whole run ------------------------------------------------------------------------------
 
 
-def workloads_of(config: BenchConfig) -> list[Workload]:
-    return [shorten(load_workload(name), config.turns) for name in config.workloads]
+def replays_of(config: BenchConfig) -> list[Replay]:
+    return [load_replay(name).shortened(config.turns) for name in config.workloads]
 
 
 def total_turns(config: BenchConfig) -> int:
     """Sends the whole run will make (for the progress bar)."""
     per_mode = 0
-    for w in workloads_of(config):
-        warm = shorten(w, config.warmup_turns)
-        per_mode += config.sessions * (config.warmup * len(warm.turns) + config.rollouts * len(w.turns))
+    for r in replays_of(config):
+        if r.trace:
+            per_mode += len(r.sessions) * config.warmup * len(WARM.rounds) + config.rollouts * r.rounds
+        else:
+            warm = r.shortened(config.warmup_turns)
+            per_mode += config.sessions * (config.warmup * warm.rounds + config.rollouts * r.rounds)
     n_profiles = 1 if config.url else len(config.profiles)
     return per_mode * len(config.modes) * len(config.models) * n_profiles
 
@@ -212,14 +255,14 @@ def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
              "--log-level", "warning"]
     for override in config.model_overrides:
         flags += ["--model-override", override]
-    return flags
+    return [*flags, *config.server_flags]
 
 
 async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = None,
                     on_cell: Callable[[str], None] | None = None) -> BenchResult:
     result = BenchResult(config)
     t0 = time.perf_counter()
-    workloads = workloads_of(config)
+    workloads = replays_of(config)
     with _servers(config) as servers:
         for profile, ws_url, http_url, cpu in servers:
             if on_cell:
