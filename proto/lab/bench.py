@@ -14,6 +14,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from proto.lab.report import print_table, write_plots
 from proto.lab.results import results_json, write_csv, write_json
 from proto.lab.runner import PROFILES, BenchConfig, run_bench
+from proto.lab.scenarios import SCENARIOS
+from proto.lab.sweep import sweep
+from proto.lab.timeline import results_traces, write_trace
 from proto.response import MODES
 
 
@@ -38,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-override", action="append", default=None, metavar="MODEL:KNOB=V,…",
         help="passed to the servers the lab starts, e.g. mock-1000tps:prefill-time-per-token=0.025 (repeatable)",
     )
+    parser.add_argument("--predict", action="store_true",
+                        help="the fast model only: calibrate every mode, then the curves and the sweep (no real-clock cells)")
+    parser.add_argument("--no-predict", action="store_true", help="skip the fast model's calibration (no predictions, no sweep)")
+    parser.add_argument("--predict-rounds", type=int, default=None, help="calibration rounds per mode (default 240; --quick 120)")
+    parser.add_argument("--scenario", default=None, help=f"a published comparison: {', '.join(SCENARIOS)}")
+    parser.add_argument("--api-cost-ms", type=float, default=None,
+                        help="the HTTP modes' modelled per-request API work (vLLM 0.32: 5); with --api-cost-ms-per-1k (1.7)")
+    parser.add_argument("--api-cost-ms-per-1k", type=float, default=None)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
     parser.add_argument("--no-plots", action="store_true")
@@ -45,12 +56,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     config = BenchConfig.quick_preset() if args.quick else BenchConfig()
+    if args.scenario is not None:
+        if args.scenario not in SCENARIOS:
+            raise SystemExit(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}")
+        SCENARIOS[args.scenario].apply(config)
     changes = {
         "url": args.url, "modes": args.modes, "workloads": args.workload, "models": args.model, "profiles": args.profile,
         "sessions": args.sessions, "rollouts": args.rollouts, "warmup": args.warmup, "turns": args.turns,
         "tool_time_scale": args.tool_time_scale, "pings": args.pings, "api_key": args.api_key,
         "model_overrides": tuple(args.model_override) if args.model_override else None,
+        "calibration_rounds": args.predict_rounds,
     }
+    if args.api_cost_ms is not None or args.api_cost_ms_per_1k is not None:
+        changes["server_flags"] = (*config.server_flags, "--api-cost-ms", str(args.api_cost_ms or 0.0),
+                                   "--api-cost-ms-per-1k", str(args.api_cost_ms_per_1k or 0.0))
     for name, value in changes.items():
         if value is not None:
             setattr(config, name, value)
@@ -61,6 +80,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise SystemExit("--model-override applies to the servers the lab starts; with --url, start that server with it")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
         raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
+    if args.no_predict:
+        config.predict = False
+    if args.predict and not config.predict:
+        raise SystemExit("--predict and --no-predict exclude each other")
+    if config.predict and "http" not in config.modes:
+        raise SystemExit("the fast model's ratios are taken against http: keep it in --modes, or pass --no-predict")
     return config
 
 
@@ -74,19 +99,30 @@ def main(argv: list[str] | None = None) -> int:
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("starting", total=total_turns(config))
+        calibration = (config.calibration_rounds + 6) * len(config.modes) if config.predict else 0
+        task = progress.add_task("starting", total=(0 if args.predict else total_turns(config)) + calibration)
         result = asyncio.run(run_bench(
             config,
             on_turn=lambda: progress.advance(task),
             on_cell=lambda label: progress.update(task, description=label),
+            cells=not args.predict,
         ))
     argv_used = sys.argv[1:] if argv is None else argv
     command = "responses-lab bench " + shlex.join(argv_used)
-    results = results_json(result, command)
+    rows: list[dict[str, object]] = []
+    if result.calibration is not None:
+        console.print("fast model: composing the curves …")
+        rows = sweep(result.calibration, config.modes, config.tool_time_scale)
+    results = results_json(result, command, rows)
+    if args.scenario is not None:
+        scenario = SCENARIOS[args.scenario]
+        results["scenario"] = {"name": scenario.name, "authors": scenario.authors, "conditions": scenario.conditions,
+                               "fast_model": scenario.question(result.calibration) if scenario.question and result.calibration else None}
     args.out.mkdir(parents=True, exist_ok=True)
     written = [write_json(results, args.out), write_csv(results, args.out)]
     if not args.no_plots:
         written += write_plots(results, args.out)
+    written += write_trace(results_traces(result), args.out) if result.cells else []
     print_table(results, console)
     console.print(f"wall {result.wall_s:.1f} s; wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -41,8 +41,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from proto.lab.metrics import SEND, TERMINAL, Mark, Trace
 from proto.lab.plan import RolloutPlan, Send
-from proto.server.http import CACHE_HEADER
 from proto.response import MODES
+from proto.server.http import CACHE_HEADER
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

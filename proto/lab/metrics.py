@@ -58,6 +58,7 @@ class Trace:
     kinds: list[str] = field(default_factory=list)  # each send's round kind (plan.Send.kind), in order
     tool_spans: list[tuple[float, float]] = field(default_factory=list)  # the client's tool waits, on the marks' clock
     arrival_s: float = 0.0  # a trace session's arrival, after the cell's measured start
+    hops: list[tuple[int, int, int]] = field(default_factory=list)  # per response: (turns, safety hops, model resolutions)
 
     def add_response(self, response: dict[str, Any]) -> None:
         """Fold one terminal response's usage, phases and turn reports into the trace."""
@@ -68,7 +69,11 @@ class Trace:
         lab = response.get("lab") or {}
         for name, ms in (lab.get("phases_ms") or {}).items():
             self.phases_ms[name] = self.phases_ms.get(name, 0.0) + float(ms)
-        self.reports.extend(lab.get("turns") or [])
+        turns = lab.get("turns") or []
+        self.reports.extend(turns)
+        work = lab.get("work") or {}
+        # The remote calls this response made (paid before its first turn): the fast model prices hops by them.
+        self.hops.append((len(turns), int(work.get("safety_hops", 0)), int(work.get("model_resolutions", 0))))
         self.status = str(response.get("status", ""))
 
 
@@ -108,6 +113,34 @@ def split_turns(marks: Sequence[Mark]) -> list[TurnTimes]:
                 raise TraceError(f"a token delta at t={mark.t} before any send")
             turns[-1][1].append(mark.t)
     return [TurnTimes(sent, tuple(tokens)) for sent, tokens in turns]
+
+
+BOUNDARY = TERMINAL | {"response.done"}  # where a round ends for the client
+
+
+@dataclass(frozen=True)
+class RoundTimes:
+    sent: float
+    first: float  # first token-bearing delta
+    last: float  # last one
+    end: float  # the round's end event (its response's terminal event, or a long-lived response.done)
+
+
+def round_times(marks: Sequence[Mark]) -> list[RoundTimes]:
+    """Per send: its first and last token and the first end event after its last token (a cancel's
+    terminal event, which follows a response.done, is nobody's end)."""
+    out: list[RoundTimes] = []
+    sent = first = last = None
+    for mark in marks:
+        if mark.kind == SEND:
+            sent, first, last = mark.t, None, None
+        elif mark.kind in TOKEN_EVENTS and sent is not None:
+            first = mark.t if first is None else first
+            last = mark.t
+        elif mark.kind in BOUNDARY and sent is not None and first is not None and last is not None:
+            out.append(RoundTimes(sent, first, last, mark.t))
+            sent = None
+    return out
 
 
 def e2e_s(marks: Sequence[Mark]) -> float:

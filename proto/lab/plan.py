@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from proto.lab.traces import Round, Session
-from sampler.policy import PlannedCall
 from sampler.tokens import Tokenizer
 
 # Code-shaped filler: tokenizes like the sources a coding agent reads (~4 characters per token), so the
@@ -60,7 +59,7 @@ def tokenizer() -> Tokenizer:
     return Tokenizer()
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)
 def filler(tokens: int, seed: int) -> str:
     """ASCII code-like text of about ``tokens`` cl100k tokens (exact to a token or two at the cut)."""
     if tokens <= 0:
@@ -89,7 +88,7 @@ def fit(text: str, tokens: int) -> str:
     raise PlanError(f"cannot fit a text to {tokens} tokens")  # never seen: each step converges
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)
 def exact_text(tokens: int, seed: int) -> str:
     return fit(filler(tokens, seed), tokens) if tokens > 0 else ""
 
@@ -178,6 +177,9 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
     first = fit(head + exact_text(body - tok.count(head), 0), body)
     items = [Item("user", first, body)]
     sends = [Send("first", (first,), (), 0.0, _prompt(items), _output(rounds[0]), _prompt(items))]
+    # Every rollout's tool outputs are its own text: no two rollouts share an item (a content-keyed cache,
+    # http-cached's, would otherwise serve one session's reads to the next).
+    salt = int(nonce) * 7919 if nonce.isdigit() else 0
     for k in range(1, len(rounds)):
         last, this = rounds[k - 1], rounds[k]
         items += _model_items(last, k - 1)
@@ -186,8 +188,8 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
         framing = sum(i.size() for i in new)  # with empty bodies
         wait = last.tool_wait_s * tool_time_scale
         if this.input_tokens is None:  # synthetic: the sizes are the workload's
-            sizes = list(last.result_tokens) if last.calls else [1]
-            _fill(new, sizes, 1000 * k)
+            sizes = list(last.result_tokens) if last.result_tokens else [1]
+            _fill(new, sizes, salt + 1000 * k)
             items += new
             sends.append(Send("outputs" if last.calls else "user", tuple(i.text for i in new), (), wait,
                               _prompt(items), _output(this), sum(i.size() for i in new)))
@@ -205,7 +207,7 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
         if room < len(new):
             raise PlanError(f"{session.name} round {k}: {this.input_tokens} prompt tokens leave {room} for "
                             f"{len(new)} new item(s) after keeping {cut} (the items' framing alone is {framing})")
-        _fill(new, _split(room, last.result_weights if last.calls else (1.0,)), 1000 * k)
+        _fill(new, _split(room, last.result_weights if last.calls else (1.0,)), salt + 1000 * k)
         items += new
         kind = "rewrite" if rewrite else "outputs" if last.calls else "user"
         prompt = _prompt(items)
@@ -276,9 +278,8 @@ def _rewrite(items: list[Item], cut: int, script_tokens: int, session: Session, 
             continue
         header = item.size() - item.tokens - 1
         body = max(cut - start - header, 1) if index == holder else 1
-        if index == 0:
-            if body < script_tokens + 1:
-                raise PlanError(f"{session.name} round {k}: a rewrite to {cut} tokens would cut the first message's script")
+        if index == 0 and body < script_tokens + 1:
+            raise PlanError(f"{session.name} round {k}: a rewrite to {cut} tokens would cut the first message's script")
         if body >= item.tokens:
             continue
         text = fit(tok.decode(tok.model_tokens(item.text, body)), body) if body > 1 else CLEARED

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -14,55 +15,67 @@ from proto.lab.results import BASELINE, cells, ratio
 from proto.response import MODES
 
 MODE_ORDER: tuple[str, ...] = MODES  # the order the designs are compared in: each removes work the one before redoes
-MODE_COLORS = {"http": "#d62728", "http-prev": "#ff7f0e", "ws": "#1f77b4", "longlived": "#2ca02c"}
+MODE_COLORS = {"http": "#d62728", "http-cached": "#9467bd", "http-prev": "#ff7f0e", "ws": "#1f77b4", "longlived": "#2ca02c"}
 
 
 # ---- the table ----------------------------------------------------------------------------------
 
+WIDTH = 80  # every table reads whole in an 80-column terminal (tests/test_lab_traces.py checks it)
+
 
 def print_table(results: dict[str, Any], console: Console) -> None:
-    """Per (workload, model): latency, then cost; rows are modes, profiles side by side."""
+    """Per (workload, model) and profile: latency with the fast model's prediction; then cost per turn."""
     runs = results["runs"]
-    profiles = list(dict.fromkeys(r.get("profile", "") for r in runs))
     groups: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
     for run in runs:
-        groups.setdefault((run["workload"], run["model"]), {}).setdefault(run["mode"], {})[run.get("profile", "")] = run
+        groups.setdefault((run["workload"], run["model"]), {}).setdefault(run.get("profile", ""), {})[run["mode"]] = run
     floor = results["floor"]["ws_ping_rtt_ms_p50"]
-    for (workload, model), modes in groups.items():
-        title = f"{workload} · {model} · p50s · floor = WebSocket ping RTT p50 {floor:.3f} ms"
-        latency = Table(title=title, title_justify="left")
-        cost = Table(title=f"{workload} · {model} · per turn", title_justify="left")
-        latency.add_column("mode", no_wrap=True)
+    if floor is not None:
+        console.print(f"floor: WebSocket ping RTT p50 {floor:.3f} ms", width=WIDTH)
+    for (workload, model), profiles in groups.items():
+        for profile, modes in profiles.items():
+            table = Table(title=_cut(f"{profile} · {workload} · {model} · p50"), title_justify="left",
+                          box=box.SIMPLE_HEAD, padding=(0, 1))
+            for name in ("mode", "E2E s", "±http", "pred s", "err", "TTFT ms", "±http", "ovh ms"):
+                table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
+            base = modes.get(BASELINE)
+            for mode in sorted(modes, key=_mode_rank):
+                run = modes[mode]
+                e2e, ttft = ratio(run, base, "e2e_s_p50"), ratio(run, base, "ttft_ms_p50")
+                pred, err = run.get("predicted_e2e_s_p50"), run.get("prediction_error")
+                table.add_row(
+                    mode, f"{run['e2e_s_p50']:.2f}", _pct(e2e, mode), "–" if pred is None else f"{pred:.2f}",
+                    "–" if err is None else f"{err * 100:+.1f}%", f"{run['ttft_ms_p50']:.1f}", _pct(ttft, mode),
+                    f"{run['turn_overhead_ms_p50']:.2f}",
+                )
+            console.print(table, width=WIDTH)
+        names = list(profiles)
+        cost = Table(title=_cut(f"{workload} · {model} · per turn"), title_justify="left",
+                     box=box.SIMPLE_HEAD, padding=(0, 1))
         cost.add_column("mode", no_wrap=True)
-        for p in profiles:
+        for p in names:
             short = _SHORT.get(p, p)
-            latency.add_column(f"{short}\nE2E s", justify="right")
-            latency.add_column(f"{short}\nvs http", justify="right")
-            latency.add_column(f"{short}\nTTFT ms", justify="right")
-            latency.add_column(f"{short}\novh ms", justify="right")
-            cost.add_column(f"{short}\nserver CPU ms", justify="right")
-            cost.add_column(f"{short}\nKiB sent", justify="right")
-        for mode in sorted(modes, key=_mode_rank):
-            lat: list[str] = []
-            cst: list[str] = []
-            for p in profiles:
-                run = modes[mode].get(p)
-                if run is None:
-                    lat += ["–"] * 4
-                    cst += ["–"] * 2
-                    continue
-                r = ratio(run, modes.get(BASELINE, {}).get(p), "e2e_s_p50")
-                vs = "" if r is None or mode == BASELINE else f"{(r - 1) * 100:+.1f}%"
-                lat += [f"{run['e2e_s_p50']:.2f}", vs, f"{run['ttft_ms_p50']:.1f}", f"{run['turn_overhead_ms_p50']:.2f}"]
-                cpu = run["server_cpu_ms_per_turn"]
-                cst += ["–" if cpu is None else f"{cpu:.1f}", f"{run['client_bytes_sent_per_turn'] / 1024:.1f}"]
-            latency.add_row(mode, *lat)
-            cost.add_row(mode, *cst)
-        console.print(latency)
-        console.print(cost)
+            cost.add_column(f"{short} CPU ms", justify="right", no_wrap=True)
+            cost.add_column(f"{short} KiB sent", justify="right", no_wrap=True)
+        for mode in sorted({m for ms in profiles.values() for m in ms}, key=_mode_rank):
+            row = [mode]
+            for p in names:
+                run = profiles[p].get(mode)
+                cpu = None if run is None else run["server_cpu_ms_per_turn"]
+                row += ["–" if cpu is None else f"{cpu:.1f}", "–" if run is None else f"{run['client_bytes_sent_per_turn'] / 1024:.1f}"]
+            cost.add_row(*row)
+        console.print(cost, width=WIDTH)
 
 
-_SHORT = {"production-like": "prod-like"}
+def _pct(r: float | None, mode: str) -> str:
+    return "" if r is None or mode == BASELINE else f"{(r - 1) * 100:+.1f}%"
+
+
+def _cut(title: str) -> str:
+    return title if len(title) <= WIDTH - 2 else title[: WIDTH - 3] + "…"
+
+
+_SHORT = {"production-like": "prod", "local": "local", "remote": "remote"}
 
 
 def _mode_rank(mode: str) -> int:
@@ -73,6 +86,15 @@ def _mode_rank(mode: str) -> int:
 
 
 def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
+    from proto.lab.sweep import write_curves
+
+    curves = write_curves(results.get("sweep") or [], out, MODE_COLORS)
+    if not results["runs"]:
+        return curves
+    return [*curves, *_run_plots(results, out)]
+
+
+def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,7 +129,7 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
         xs, ys = [], []
         for j, modes in enumerate(by_cell.values()):
             if mode in modes:
-                xs.append(j + (i - 1.5) * width)
+                xs.append(j + (i - (len(MODE_ORDER) - 1) / 2) * width)
                 ys.append(modes[mode]["e2e_s_p50"])
         if xs:
             ax.bar(xs, ys, width, label=mode, color=MODE_COLORS[mode])

@@ -88,9 +88,35 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
     return out
 
 
-def results_json(result: BenchResult, command: str) -> dict[str, Any]:
+def predictions(result: BenchResult, runs: list[dict[str, Any]]) -> None:
+    """Each real-clock run's cell, predicted by the fast model with the run's calibration (in place)."""
+    from proto.lab.predict import predict_cell, profile_hops
+    from proto.server.pipeline import apply_knobs
+    from sampler.models import MODELS
+
+    config = result.config
+    for cell, run in zip(result.cells, runs, strict=True):
+        if result.calibration is None or cell.replay is None or cell.model not in MODELS:
+            continue
+        spec = MODELS[cell.model]
+        for text in config.model_overrides:
+            name, _, knobs = text.partition(":")
+            if name == cell.model:
+                spec = apply_knobs(spec, knobs)
+        p = predict_cell(result.calibration, cell.mode, cell.replay, spec, profile_hops(cell.profile, config),
+                         sessions=config.sessions, rollouts=config.rollouts, tool_time_scale=config.tool_time_scale)
+        run["predicted_e2e_s_p50"] = p.e2e_s_p50
+        run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
+        run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}  # per rollout
+        measured = run.get("e2e_s_p50")
+        run["prediction_error"] = (p.e2e_s_p50 / measured - 1) if measured else None
+
+
+def results_json(result: BenchResult, command: str, sweep_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     config = result.config
     every = [x for pings in result.pings_ms.values() for x in pings]
+    runs = [run_record(cell) for cell in result.cells]
+    predictions(result, runs)
     return {
         "floor": {
             "ws_ping_rtt_ms_p50": percentile(every, 50),
@@ -98,7 +124,9 @@ def results_json(result: BenchResult, command: str) -> dict[str, Any]:
             "pings": len(every),
             "by_profile": {p: percentile(xs, 50) for p, xs in result.pings_ms.items()},
         },
-        "runs": [run_record(cell) for cell in result.cells],
+        "runs": runs,
+        "calibration": result.calibration.to_json() if result.calibration is not None else None,
+        "sweep": sweep_rows or [],
         "profiles": {name: {"safety_hop_ms": PROFILES[name].safety_hop_ms, "resolve_hop_ms": PROFILES[name].resolve_hop_ms}
                      for name in config.profiles if name in PROFILES and not config.url},
         "config": {
@@ -106,6 +134,7 @@ def results_json(result: BenchResult, command: str) -> dict[str, Any]:
             "sessions": config.sessions, "rollouts_per_session": config.rollouts, "warmup_per_session": config.warmup,
             "warmup_turns": config.warmup_turns, "turns": config.turns, "tool_time_scale": config.tool_time_scale,
             "quick": config.quick, "url": config.url, "model_overrides": list(config.model_overrides),
+            "server_flags": list(config.server_flags), "calibration_rounds": config.calibration_rounds,
         },
         "command": command,
         "machine": machine(),
@@ -147,7 +176,8 @@ def write_json(results: dict[str, Any], out: Path) -> Path:
     return path
 
 
-CSV_FIELDS = ("profile", "workload", "model", "mode", "sessions", "rollouts", "turns", "e2e_s_p50", "ttft_ms_p50",
+CSV_FIELDS = ("profile", "workload", "model", "mode", "sessions", "rollouts", "turns", "e2e_s_p50", "predicted_e2e_s_p50",
+              "prediction_error", "ttft_ms_p50", "predicted_ttft_ms_p50",
               "ttft_ms_p90", "tpot_ms_p50", "itl_ms_p99", "turn_overhead_ms_p50", "turn_overhead_ms_p90",
               "prefill_ms_per_turn", "server_cpu_ms_per_turn", "client_bytes_sent_per_turn", "input_tokens",
               "cached_tokens", "output_tokens", "e2e_vs_http", "ttft_vs_http", "overhead_first_turn_ms",

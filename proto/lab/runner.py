@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
@@ -46,8 +47,8 @@ PROFILES: dict[str, Profile] = {
     "local": Profile("local", 0.0, 0.0),
     "production-like": Profile("production-like", 20.0, 2.0),
     # The hop curve's third real-clock point: a safety classifier at the top of the published 10-50 ms
-    # range and a cross-region config lookup (notes/issue11.md).
-    "remote": Profile("remote", 50.0, 10.0),
+    # range, and the resolve hop at a tenth of it as in production-like (notes/issue11.md).
+    "remote": Profile("remote", 50.0, 5.0),
 }
 
 
@@ -79,7 +80,8 @@ class BenchConfig:
         """< 3 min on 2 cores: 15 of coding-agent's 30 turns (history 6 k → 31 k tokens), mock-4000tps,
         tool waits ×0.1, 2 sessions × 1 measured rollout, 200 pings. Tool waits are identical in every mode
         and only dilute E2E ratios; the full run keeps them as recorded."""
-        return cls(models=("mock-4000tps",), sessions=2, rollouts=1, turns=15, tool_time_scale=0.1, pings=200, quick=True)
+        return cls(models=("mock-4000tps",), sessions=2, rollouts=1, turns=15, tool_time_scale=0.1, pings=200, quick=True,
+                   calibration_rounds=120)
 
 
 @dataclass
@@ -92,6 +94,7 @@ class CellResult:
     traces: list[Trace]
     server_cpu_s: float | None
     wall_s: float
+    replay: Replay | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class BenchResult:
     cells: list[CellResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     wall_s: float = 0.0
+    calibration: Any = None  # proto.lab.predict.Calibration, when the run calibrated the fast model
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -258,11 +262,33 @@ def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
     return [*flags, *config.server_flags]
 
 
+def h_max_of(replays: list[Replay]) -> int:
+    """The largest prompt the run's workloads reach (+10 %, at least 16 k): the calibration's history range."""
+    top = 0
+    for r in replays:
+        for s in r.sessions:
+            sizes = [x.input_tokens for x in s.rounds if x.input_tokens is not None]
+            top = max(top, *sizes) if sizes else max(top, build_plan(s, "m", nonce()).sends[-1].prompt_tokens)
+    return max(int(top * 1.1), 16_000)
+
+
 async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = None,
-                    on_cell: Callable[[str], None] | None = None) -> BenchResult:
+                    on_cell: Callable[[str], None] | None = None, cells: bool = True) -> BenchResult:
+    """The run: the fast model's calibration (unless ``config.predict`` is off), then every cell (unless
+    ``cells`` is off: ``--predict`` alone)."""
+    from proto.lab.predict import calibrate
+
     result = BenchResult(config)
     t0 = time.perf_counter()
     workloads = replays_of(config)
+    if config.predict:
+        if on_cell:
+            on_cell("fast model: calibrating every mode")
+        h_max = 128_000 if not cells else h_max_of(workloads)
+        result.calibration = await calibrate(config.modes, config.calibration_rounds, h_max, config.api_key, on_turn)
+    if not cells:
+        result.wall_s = time.perf_counter() - t0
+        return result
     with _servers(config) as servers:
         for profile, ws_url, http_url, cpu in servers:
             if on_cell:
@@ -274,7 +300,8 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                         if on_cell:
                             on_cell(f"{profile} · {w.name} · {model} · {mode}")
                         traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn)
-                        result.cells.append(CellResult(profile, w.name, model, mode, config.sessions, traces, cpu_s, wall))
+                        sessions = len(w.sessions) if w.trace else config.sessions
+                        result.cells.append(CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w))
     result.wall_s = time.perf_counter() - t0
     return result
 

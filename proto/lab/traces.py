@@ -225,8 +225,20 @@ def replay_names() -> list[str]:
     return [*workload_names(), *sorted(p.stem for p in TRACELAB.glob("*") if p.suffix in (".csv", ".jsonl"))]
 
 
-@functools.cache
+_REGISTERED: dict[str, Replay] = {}  # built in code by a scenario (``proto/lab/scenarios.py``)
+
+
+def register(replay: Replay) -> None:
+    _REGISTERED[replay.name] = replay
+
+
 def load_replay(name_or_path: str) -> Replay:
+    registered = _REGISTERED.get(name_or_path)
+    return registered if registered is not None else _load(name_or_path)
+
+
+@functools.cache
+def _load(name_or_path: str) -> Replay:
     """A shipped workload or trace by name (``coding-agent``, ``tracelab-claude-session``) or a file by path:
     ``.json`` (workload format 1), ``.csv`` or ``.jsonl`` (TraceLab)."""
     path = Path(name_or_path)

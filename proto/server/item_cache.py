@@ -128,7 +128,7 @@ def _reindex(finding: Finding, index: int) -> Finding:
 class CachedTokenizer(Tokenizer):
     """The pipeline's tokenizer for one ``http-cached`` request: a body the cache holds is not tokenized."""
 
-    def __init__(self, base: Tokenizer, cache: ItemCache, scope: str) -> None:  # noqa: D107 - shares base's state
+    def __init__(self, base: Tokenizer, cache: ItemCache, scope: str) -> None:  # shares the base tokenizer state
         self._enc = base._enc
         self._headers = base._headers
         self._filler = base._filler
