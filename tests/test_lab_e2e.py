@@ -1,4 +1,5 @@
-"""A small end-to-end run of ``responses-lab bench``: a real server process, all four modes, every output.
+"""A small end-to-end run of ``responses-lab bench``: a real server process, all five modes, every output,
+the fast model's calibration (few rounds) with each run's prediction, the sweep, trace.json.
 
 A tiny workload (a 300-token first message, three tool turns, one with parallel calls) on mock-4000tps
 keeps the run to seconds. The assertions are about shape and consistency, never about speed.
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from proto.lab.bench import main as bench_main
-from proto.lab.clients import MODES
+from proto.response import MODES
 
 TINY = {
     "format": 1,
@@ -47,7 +48,7 @@ def bench_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = bench_main([
         "--modes", ",".join(MODES), "--workload", str(workload), "--model", "mock-4000tps", "--profile", "local",
         "--sessions", "2", "--rollouts", "1", "--warmup", "1", "--pings", "20", "--out", str(out),
-        "--model-override", "mock-4000tps:prefill-overhead=20,prefill-time-per-token=0",
+        "--model-override", "mock-4000tps:prefill-overhead=20,prefill-time-per-token=0", "--predict-rounds", "30",
     ])
     assert code == 0
     return out
@@ -79,8 +80,9 @@ def test_every_transport_replays_the_same_rollout(bench_out: Path) -> None:
     assert len({run["usage"]["output_tokens"] for run in runs}) == 1
     assert len({run["usage"]["input_tokens"] for run in runs}) == 1
     by_mode = {run["mode"]: run for run in runs}
-    # Full history re-sends everything: the most bytes per turn of the four.
-    assert by_mode["http"]["client_bytes_sent_per_turn"] == max(r["client_bytes_sent_per_turn"] for r in runs)
+    # Full history re-sends everything: the most bytes per turn (http-cached sends the same body, plus its header).
+    assert by_mode["http-cached"]["client_bytes_sent_per_turn"] > by_mode["http"]["client_bytes_sent_per_turn"]
+    assert by_mode["http"]["client_bytes_sent_per_turn"] > max(by_mode[m]["client_bytes_sent_per_turn"] for m in ("http-prev", "ws", "longlived"))
 
 
 def test_csv_and_plots_are_written(bench_out: Path) -> None:
@@ -88,7 +90,8 @@ def test_csv_and_plots_are_written(bench_out: Path) -> None:
         rows = list(csv.DictReader(f))
     assert {row["mode"] for row in rows} == set(MODES)
     assert all(float(row["e2e_s_p50"]) > 0 for row in rows)
-    for name in ("e2e_by_mode.png", "overhead_by_turn.png", "phases_by_mode.png", "ttft_cdf.png"):
+    for name in ("e2e_by_mode.png", "overhead_by_turn.png", "phases_by_mode.png", "ttft_cdf.png", "gain_vs_speed.png",
+                 "gain_vs_turns.png", "gain_vs_hops.png", "timeline.png"):
         assert (bench_out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -98,3 +101,42 @@ def test_model_overrides_reach_the_servers_the_lab_starts(bench_out: Path) -> No
     for run in results["runs"]:
         # 20 ms constant prefill (times the load factor of 2 running out of 256): not the default 30 ms + per token.
         assert 20.0 <= run["prefill_ms_per_turn"] < 20.2, run["mode"]
+
+
+def test_every_run_reports_its_prediction_and_the_sweep_its_curves(bench_out: Path) -> None:
+    results = json.loads((bench_out / "results.json").read_text(encoding="utf-8"))
+    for run in results["runs"]:
+        assert run["predicted_e2e_s_p50"] > 0 and run["predicted_ttft_ms_p50"] > 0
+        assert run["prediction_error"] == pytest.approx(run["predicted_e2e_s_p50"] / run["e2e_s_p50"] - 1)
+        # The modelled GPU time is the engine's own: the prediction carries the same prefill per turn.
+        parts = run["predicted_parts_s"]
+        assert parts["prefill"] * 1e3 / 4 == pytest.approx(run["prefill_ms_per_turn"], rel=0.02)
+    calibration = results["calibration"]
+    assert set(calibration["fits"]) == set(MODES) and calibration["overhead_vs_http"]["http"] == 1.0
+    sweep = results["sweep"]
+    fields = {"mode", "model", "decode_tps", "prefill_us_per_token", "turns", "profile", "predicted_e2e_s", "predicted_e2e_vs_http"}
+    assert sweep and all(fields <= set(row) for row in sweep)
+    speeds = sorted({row["decode_tps"] for row in sweep if row["curve"] == "speed"})
+    assert speeds[0] == 65 and speeds[-1] == 4000
+    # Each speed has its class's prefill: GPU-served below 500 tokens/s, wafer-scale from there.
+    prefill = {row["decode_tps"]: row["prefill_us_per_token"] for row in sweep if row["curve"] == "speed"}
+    assert prefill[65] == pytest.approx(8.5) and prefill[1000] == pytest.approx(39.0)
+    assert sorted({row["turns"] for row in sweep if row["curve"] == "turns"}) == [8, 12, 16, 20, 25, 30, 35, 40]
+    for row in sweep:
+        assert (row["mode"] == "http") == (row["predicted_e2e_vs_http"] == 0.0)
+
+
+def test_trace_json_has_a_track_per_rollout_with_client_server_and_gpu_spans(bench_out: Path) -> None:
+    trace = json.loads((bench_out / "trace.json").read_text(encoding="utf-8"))
+    events = trace["traceEvents"]
+    processes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert len(processes) == len(MODES)
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["cat"] for e in spans} == {"client", "server", "gpu"}
+    assert {"tools", "prefill", "decode", "render_tokenize"} <= {e["name"] for e in spans}
+    assert all(e["dur"] >= 0 for e in spans)
+    # Per track, the GPU's decode of a round starts at the round's first token, inside the round's span.
+    for e in spans:
+        if e["name"] == "decode":
+            rounds = [r for r in spans if r["pid"] == e["pid"] and r["tid"] == e["tid"] and r["name"].startswith("round")]
+            assert any(r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in rounds)

@@ -18,7 +18,7 @@ from proto.lab.metrics import (
     split_turns,
     summarize,
 )
-from proto.lab.plan import TurnSend
+from proto.lab.plan import Send
 
 TEXT = "response.output_text.delta"
 ARGS = "response.function_call_arguments.delta"
@@ -140,5 +140,5 @@ def test_client_bytes_and_call_pairing() -> None:
     assert ws_frame_bytes(b"x" * 200) == 208  # 16-bit length
     assert ws_frame_bytes(b"x" * 70_000) == 70_014  # 64-bit length
     calls = [{"type": "function_call", "call_id": "c1"}, {"type": "function_call", "call_id": "c2"}]
-    out = answer(calls, TurnSend(outputs=("a", "b"), tool_wait_s=0.0))
+    out = answer(calls, Send("outputs", ("a", "b"), (), 0.0, 0, 0, 0))
     assert [(o["call_id"], o["output"]) for o in out] == [("c1", "a"), ("c2", "b")]

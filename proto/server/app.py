@@ -23,6 +23,7 @@ from proto.errors import ClientError
 from proto.server.auth import Auth, error_response, unauthorized
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
+from proto.server.item_cache import ItemCache
 from proto.server.logs import configure as configure_logs
 from proto.server.pipeline import Pipeline
 from proto.server.session import SHUTDOWN
@@ -81,11 +82,6 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks()))
         queued = sum(session.out.qsize() for session in self.server.sessions)
         yield GaugeMetricFamily("responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued)
-        cache = pipeline.item_cache
-        yield GaugeMetricFamily("responses_lab_item_cache_tokens", "http-cached: token ids the item cache holds", value=cache.tokens)
-        yield GaugeMetricFamily("responses_lab_item_cache_entries", "http-cached: item bodies the cache holds", value=len(cache))
-        yield CounterMetricFamily("responses_lab_item_cache_evictions", "http-cached: entries evicted (LRU, past --item-cache-tokens)",
-                                  value=cache.evictions)
         ledger = pipeline.ledger
         yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written)
         yield GaugeMetricFamily("responses_lab_ledger_rows_retried", "ledger write attempts that failed and were retried", value=ledger.retries)
@@ -93,6 +89,20 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
         yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
         yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
+
+
+class ItemCacheCollector(Collector):
+    """``http-cached``'s item cache, read at scrape time (its hits and misses are in ``responses_lab_work``)."""
+
+    def __init__(self, cache: ItemCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self.cache
+        yield GaugeMetricFamily("responses_lab_item_cache_tokens", "http-cached: token ids the item cache holds", value=cache.tokens)
+        yield GaugeMetricFamily("responses_lab_item_cache_entries", "http-cached: item bodies the cache holds", value=len(cache))
+        yield CounterMetricFamily("responses_lab_item_cache_evictions", "http-cached: entries evicted (LRU, past --item-cache-tokens)",
+                                  value=cache.evictions)
 
 
 def model_object(name: str, spec: ModelSpec) -> dict[str, object]:
@@ -113,6 +123,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
     server = Server(settings, clock)
     server.pipeline.metrics.registry.register(ServerCollector(server))
+    server.pipeline.metrics.registry.register(ItemCacheCollector(server.pipeline.item_cache))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

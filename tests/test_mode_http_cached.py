@@ -1,9 +1,13 @@
 """``http-cached``: one independent HTTP request per turn, the server's item cache skipping what it has seen
 (``proto/server/item_cache.py``), counted per response and on /metrics; the ledger takes the new mode, also
-in a database file created before it existed."""
+in a database file created before it existed; the HTTP modes' API-cost knob.
+
+Named to run after tests/test_ledger*.py: the ledger migration logs through the ledger's logger, and
+structlog caches a logger on first use, after which ``capture_logs`` in those tests would see nothing."""
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,7 @@ async def test_the_cache_skips_every_item_it_has_seen_and_counts_it() -> None:
         # The first request sees everything for the first time; each later one hits every earlier body and
         # misses only what is new since (a model's output and its tool outputs).
         assert work[0]["item_cache_hits"] == 0 and work[0]["item_cache_misses"] >= 1
-        for before, after in zip(work, work[1:], strict=False):
+        for before, after in itertools.pairwise(work):
             assert after["item_cache_hits"] >= before["item_cache_hits"] + before["item_cache_misses"] - 1
             assert after["item_cache_misses"] <= 4
         # http tokenizes the whole history every turn; http-cached only the new bodies.
@@ -112,3 +116,17 @@ def test_an_old_ledger_file_is_migrated_to_the_new_mode(tmp_path: Path) -> None:
     db.close()
     assert rows == {"resp_old": "ws", "resp_new": "http-cached"}
     assert "'http-cached'" in schema and "usage_by_key" in indexes
+
+
+async def test_the_api_cost_knob_is_paid_by_the_http_modes_only() -> None:
+    with running(api_cost_ms=2.0, api_cost_ms_per_1k=1.0) as srv:
+        plain = await rollout(srv.http_url, {}, "!say hi")
+        cached = await rollout(srv.http_url, HEADER, "!say hi")
+        for response, base_only in ((plain[0], False), (cached[0], True)):
+            history = response["lab"]["turns"][0]["prompt_tokens"] - 3  # less the prompt's assistant header
+            modelled = 2.0 + (0.0 if base_only else history / 1000.0)
+            assert response["lab"]["phases_ms"]["api_cost"] >= modelled  # a sleep on the precise clock: never short
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
+            first = (await client.post("/v1/responses", json={"model": MODEL, "input": "!say hi"})).json()
+            chained = await client.post("/v1/responses", json={"model": MODEL, "input": "again", "previous_response_id": first["id"]})
+        assert "api_cost" in chained.json()["lab"]["phases_ms"]

@@ -1,0 +1,151 @@
+"""The fast model on numbers computed by hand (``proto/lab/predict.py``), the calibrated models, the scenarios."""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import pytest
+
+from proto.lab.bench import add_arguments, config_from_args
+from proto.lab.metrics import SEND, Mark, Trace
+from proto.lab.plan import build_plan
+from proto.lab.predict import (
+    KINDS,
+    Calibration,
+    Fit,
+    Hops,
+    Sample,
+    calibration_replay,
+    chains,
+    fit,
+    predict_cell,
+    samples_of,
+)
+from proto.lab.traces import Replay, Round, Session, load_replay
+from sampler.models import MODELS
+from sampler.policy import PlannedCall
+
+TOOL = (PlannedCall("tool", "{}"),)
+
+
+def flat(c_ms: float, o_ms: float, busy_ms: float = 0.0, safety: float = 1.0, resolve: float = 1.0) -> Fit:
+    return Fit([c_ms, 0, 0, 0, 0], [o_ms, 0, 0, 0, 0], [busy_ms, 0, 0, 0, 0], safety, resolve, 10)
+
+
+def calibration(**fits: Fit) -> Calibration:
+    return Calibration({mode: dict.fromkeys(KINDS, f) for mode, f in fits.items()}, [], 0.0, 0)
+
+
+def session(rounds: int = 3, wait_s: float = 0.5) -> Session:
+    steps = [Round(20, TOOL, wait_s, result_tokens=(300,)) for _ in range(rounds - 1)]
+    return Session("s", 0.0, (*steps, Round(30, (), 0.0, text="done")), first_tokens=1000)
+
+
+def test_a_fit_recovers_the_linear_overhead_and_drops_a_stall() -> None:
+    rng = random.Random(1)
+    samples = []
+    for i in range(80):
+        h, a, o = rng.randrange(1000, 90_000), rng.randrange(50, 8000), rng.randrange(4, 64)
+        c = 1.5 + 0.0004 * h + 0.0002 * a + 0.01 * o + (500.0 if i == 7 else 0.0)  # one 500 ms stall
+        samples.append(Sample("http", "outputs", h, a, i % 5, o, c, c / 2, c / 3, 1, 1))
+    f = fit(samples)
+    assert f.dropped == 1
+    assert f.c == pytest.approx([1.5, 0.0004, 0.0002, 0.0, 0.01], abs=1e-6)
+    assert f.at(f.c, 10_000, 1000, 0, 10) == pytest.approx(1.5 + 4 + 0.2 + 0.1)
+
+
+def test_one_session_is_the_sum_of_its_parts() -> None:
+    spec = MODELS["mock-1000tps"]  # 1 ms + 39 us per uncached token, 1 ms per token
+    replay = Replay("r", "", (session(),), trace=False)
+    cal = calibration(http=flat(10.0, 4.0))
+    p = predict_cell(cal, "http", replay, spec, Hops(20.0, 2.0), tool_time_scale=1.0)
+    plan = build_plan(replay.sessions[0], spec.name, "000000000000")
+    # Every round pays c (10 ms), both hops (22 ms), its prefill and its decode; between rounds, the tools.
+    cached = [0, *[(s.prompt_tokens - s.appended_tokens) // 16 * 16 for s in plan.sends[1:]]]
+    prefill = sum(spec.prefill_overhead_ms + (s.prompt_tokens - c) * spec.prefill_time_per_token_ms for s, c in zip(plan.sends, cached, strict=True))
+    decode = sum((s.output_tokens - 1) * spec.inter_token_latency_ms for s in plan.sends)
+    want = 3 * (10.0 + 22.0) / 1e3 + prefill / 1e3 + decode / 1e3 + 2 * 0.5
+    assert p.e2e_s == pytest.approx([want], abs=2e-3)  # the KV cache's block rounding: within a block's prefill
+    assert p.parts_s["tools"] == pytest.approx(1.0) and p.parts_s["hops"] == pytest.approx(0.066)
+    # TTFT: o + hops + prefill (no queue), per round.
+    assert p.ttft_ms[0] == pytest.approx(4.0 + 22.0 + spec.prefill_overhead_ms + plan.sends[0].prompt_tokens * spec.prefill_time_per_token_ms, abs=0.01)
+
+
+def test_lock_step_sessions_wait_for_each_others_server_work() -> None:
+    spec = MODELS["mock-4000tps"]
+    replay = Replay("r", "", (session(4, 0.1),), trace=False)
+    alone = predict_cell(calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=1)
+    pair = predict_cell(calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=2)
+    assert len(pair.e2e_s) == 2 and pair.parts_s["contention"] > 0
+    assert min(pair.e2e_s) == pytest.approx(alone.e2e_s[0], abs=1e-3)  # the first in line never waits
+    assert max(pair.e2e_s) > alone.e2e_s[0] + 0.004  # the second waits ~5 ms a round (less the load factor's shifts)
+
+
+def test_a_trace_replays_its_sessions_at_their_arrivals() -> None:
+    replay = load_replay("tracelab-multi_session_example")
+    p = predict_cell(calibration(ws=flat(2.0, 1.0)), "ws", replay, MODELS["mock-4000tps"], Hops(), tool_time_scale=1.0)
+    assert len(p.e2e_s) == 3 and len(p.ttft_ms) == replay.rounds
+
+
+def test_samples_split_a_timeline_into_rounds() -> None:
+    replay = Replay("r", "", (session(2, 0.25),), trace=False)
+    plan = build_plan(replay.sessions[0], "m", "000000000000", 1.0)
+    trace = Trace("http", [
+        Mark(0.000, SEND), Mark(0.020, "response.output_text.delta"), Mark(0.030, "response.output_text.delta"), Mark(0.032, "response.completed"),
+        Mark(0.290, SEND), Mark(0.300, "response.output_text.delta"), Mark(0.331, "response.output_text.delta"), Mark(0.335, "response.completed"),
+    ])
+    trace.reports = [{"prompt_tokens": 1, "cached_tokens": 0, "prefill_ms": 12.0, "queue_wait_ms": 1.0, "decode_ms": 9.0, "output_tokens": 20},
+                     {"prompt_tokens": 1, "cached_tokens": 0, "prefill_ms": 5.0, "queue_wait_ms": 0.0, "decode_ms": 30.0, "output_tokens": 30}]
+    trace.hops = [(1, 1, 1), (1, 1, 0)]
+    first, second = samples_of("http", plan, trace)
+    assert first.c_ms == pytest.approx(32.0 - 22.0) and first.o_ms == pytest.approx(20.0 - 13.0)
+    # Round 1: from round 0's end (32 ms) to its own (335 ms), less the 250 ms tool wait and 35 ms modelled.
+    assert second.c_ms == pytest.approx(303.0 - 250.0 - 35.0) and second.o_ms == pytest.approx(10.0 - 5.0)
+    assert (first.safety_hops, first.resolutions, second.resolutions) == (1, 1, 0)
+
+
+def test_chain_lengths_follow_what_each_mode_loads() -> None:
+    plan = build_plan(load_replay("tracelab-session_workload_example").sessions[0], "m", "000000000000")
+    assert chains("http", plan) == [0] * 11
+    assert chains("http-prev", plan) == [0] * 11  # every round a rewrite: sent whole, nothing loaded
+    claude = build_plan(load_replay("tracelab-claude-session").sessions[0], "m", "000000000000")
+    assert chains("http-prev", claude) == list(range(10))
+    assert chains("longlived", claude) == [0] * 5 + [1] * 5  # the create after round 4's message loads one response
+    assert chains("ws", claude) == [0] * 10
+
+
+def test_the_calibration_workload_is_seeded_and_has_every_kind() -> None:
+    a, b = calibration_replay(120, 40_000), calibration_replay(120, 40_000)
+    assert a == b and a.rounds == 120
+    kinds = {s.kind for session in a.sessions for s in build_plan(session, "m", "000000000000").sends}
+    assert kinds == set(KINDS)
+
+
+def test_models_are_calibrated_classes_with_a_source_per_knob() -> None:
+    assert {"mock-65tps", "mock-1000tps", "mock-4000tps", "mock-h100-8b"} <= set(MODELS)
+    for spec in MODELS.values():
+        assert spec.calibration is not None and spec.calibration.hardware
+        for knob in ("prefill-overhead", "prefill-time-per-token", "inter-token-latency", "max-num-seqs"):
+            assert spec.calibration.sources[knob], (spec.name, knob)
+    h100 = MODELS["mock-h100-8b"]
+    assert (h100.prefill_overhead_ms, h100.prefill_time_per_token_ms, h100.inter_token_latency_ms) == (30.0, 0.25, 12.0)
+    for name in ("mock-1000tps", "mock-4000tps"):  # wafer-scale prefill, not the H100-8B profile
+        assert MODELS[name].prefill_time_per_token_ms == pytest.approx(0.039)
+    assert MODELS["mock-65tps"].tokens_per_s == pytest.approx(65.0)
+
+
+def _config(*argv: str) -> object:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)))
+
+
+def test_a_scenario_sets_up_its_comparison() -> None:
+    config = _config("--scenario", "sglang-gateway")
+    assert config.modes == ("http", "http-prev", "ws", "longlived") and config.sessions == 1  # type: ignore[attr-defined]
+    assert [len(load_replay(w).sessions[0].rounds) for w in config.workloads] == [8, 40]  # type: ignore[attr-defined]
+    vllm = _config("--scenario", "vllm-responses")
+    assert "--api-cost-ms-per-1k" in vllm.server_flags  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit, match="unknown scenario"):
+        _config("--scenario", "nope")
