@@ -1,11 +1,17 @@
-"""Generate the "Results" section of NOTES.md from a bench run's results.json — never typed by hand.
+"""Generate the lab's results sections from bench runs' results.json — never typed by hand.
 
     python scripts/notes_results.py bench-out/results.json [--again OTHER/results.json] [--write NOTES.md]
         [--marker results] [--title Results]
+    python scripts/notes_results.py --lab DIR --out notes/issue11-results.md
 
 Prints Markdown; with ``--write`` it replaces the text between the ``<!-- MARKER:begin -->`` and
 ``<!-- MARKER:end -->`` markers of that file (``results`` unless ``--marker``). ``--again`` adds the repeatability check: every ratio of the
 first run (mode ÷ http, per profile) set against the same ratio of a second run of the same command.
+
+``--lab DIR`` writes issue 11's sections (the fast model's calibration and its repeatability, the curves,
+predicted vs measured for every real-clock cell, the curves' validation points, history rewrites, the
+scenarios) from the runs kept in DIR (one sub-directory per run, named as notes/issue11.md lists them) into
+``--out``, a file of its own under notes/ (NOTES.md is not edited).
 """
 
 from __future__ import annotations
@@ -102,7 +108,7 @@ def claims(all_cells: dict[tuple[str, str, str], dict[str, dict[str, Any]]]) -> 
     rows = ["| cell | longlived vs http: E2E | TTFT | ws vs http-prev: E2E | http overhead turn 0 → last | observed decode tok/s (1/TPOT) |",
             "|---|---|---|---|---|---|"]
     for (profile, workload, model), modes in all_cells.items():
-        http, prev, ws, ll = (modes.get(m) for m in MODES)
+        http, prev, ws, ll = (modes.get(m) for m in ("http", "http-prev", "ws", "longlived"))
         growth = f"{num(http['turn_overhead_ms_by_turn'][0])} → {num(http['turn_overhead_ms_by_turn'][-1])} ms" if http else "–"
         tps = f"{1000 / ll['tpot_ms_p50']:.0f}" if ll and ll.get("tpot_ms_p50") else "–"
         rows.append(
@@ -125,7 +131,7 @@ def repeatability(first: dict[str, Any], second: dict[str, Any]) -> tuple[list[s
         other = b.get(key)
         if other is None or "http" not in modes or "http" not in other:
             continue
-        for mode in MODES[1:]:
+        for mode in [m for m in MODES if m != "http"]:
             if mode not in modes or mode not in other:
                 continue
             for label, field in RATIO_KEYS:
@@ -158,14 +164,205 @@ def render(results: dict[str, Any], again: dict[str, Any] | None, title: str = "
     return "\n".join(out).rstrip() + "\n"
 
 
+# ---- issue 11: the fast model, the curves, the scenarios ---------------------------------------------
+
+REFERENCE = {"H=1k": 1000, "H=8k": 8000, "H=32k": 32000, "H=100k": 100_000}
+
+
+def fitted(fit: dict[str, Any], key: str, h: int, a: int = 1000, chain: int = 5, out: int = 50) -> float:
+    c = fit[key]
+    return max(c[0] + c[1] * h + c[2] * a + c[3] * chain + c[4] * out, 0.0)
+
+
+def calibration_section(first: dict[str, Any], second: dict[str, Any] | None) -> list[str]:
+    cal = first["calibration"]
+    rows = [f"Command: **`{first['command']}`** (started {first['started_utc']}; calibration {cal['wall_s']:.0f} s, "
+            f"{sum(cal['rounds_by_mode'].values())} rounds, history to {cal['h_max'] // 1000} k tokens).", "",
+            "Fitted per-round overhead `c` (ms; one session, no hops, a continuation appending 1 k tokens, 50 output tokens, "
+            "chain 5), its part before the first token `o`, and the remote calls per round:", "",
+            "| mode | " + " | ".join(f"c at {k}" for k in REFERENCE) + " | o at H=32k | rewrite c at H=32k | safety hops | resolutions |",
+            "|---|" + "---|" * (len(REFERENCE) + 4)]
+    for mode in MODES:
+        kinds = cal["fits"].get(mode)
+        if not kinds:
+            continue
+        cont = kinds.get("outputs") or next(iter(kinds.values()))
+        rewrite = kinds.get("rewrite", cont)
+        rows.append(f"| {mode} | " + " | ".join(f"{fitted(cont, 'c_ms', h):.2f}" for h in REFERENCE.values())
+                    + f" | {fitted(cont, 'o_ms', 32000):.2f} | {fitted(rewrite, 'c_ms', 32000, a=8000, chain=0):.2f} "
+                    f"| {cont['safety_hops']:.2f} | {cont['model_resolutions']:.2f} |")
+    rows += ["", "Per-1 k-token slopes of `c` (ms per 1 000 history tokens H / appended tokens A), continuation rounds: "
+             + "; ".join(f"{m} {k['outputs']['c_ms'][1] * 1e3:.3f} / {k['outputs']['c_ms'][2] * 1e3:.3f}"
+                         for m, k in cal["fits"].items() if "outputs" in k) + "."]
+    if second is not None:
+        a, b = cal["overhead_vs_http"], second["calibration"]["overhead_vs_http"]
+        rows += ["", f"**Repeatability** — the same command again (started {second['started_utc']}): each mode's overhead ÷ "
+                 "http's, summed over the calibration's own rounds (same seed, same rounds):", "",
+                 "| mode | run 1 | run 2 | difference |", "|---|---|---|---|"]
+        worst = 0.0
+        for mode in MODES:
+            if mode == "http" or mode not in a or mode not in b:
+                continue
+            diff = b[mode] / a[mode] - 1
+            worst = max(worst, abs(diff))
+            rows.append(f"| {mode} | {a[mode]:.3f} | {b[mode]:.3f} | {diff * 100:+.1f} % |")
+        rows += ["", f"Largest difference: {worst * 100:.1f} % (target ±{TOLERANCE * 100:.0f} %: "
+                 f"{'met' if worst <= TOLERANCE else 'NOT met'})."]
+    return rows
+
+
+def curve_table(sweep: list[dict[str, Any]], curve: str, x_key: str, x_label: str, profiles: tuple[str, ...]) -> list[str]:
+    rows_ = [r for r in sweep if r.get("curve") == curve]
+    if not rows_:
+        return ["(no sweep in this run)"]
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows_) and m != "http"]
+    out = [f"| {x_label} | profile | http E2E s | " + " | ".join(f"{m} E2E / TTFT" for m in modes) + " |",
+           "|---|---|---|" + "---|" * len(modes)]
+    for profile in profiles:
+        xs = sorted({r[x_key] for r in rows_ if profile in ("", r["profile"])})
+        for x in xs:
+            at = {r["mode"]: r for r in rows_ if r[x_key] == x and profile in ("", r["profile"])}
+            if "http" not in at:
+                continue
+            cellv = [f"{at[m]['predicted_e2e_vs_http'] * 100:+.1f} % / {at[m]['predicted_ttft_vs_http'] * 100:+.1f} %" if m in at else "–" for m in modes]
+            out.append(f"| {x:g} | {at['http']['profile']} | {at['http']['predicted_e2e_s']:.2f} | " + " | ".join(cellv) + " |")
+    return out
+
+
+def curves_section(results: dict[str, Any]) -> list[str]:
+    sweep = results.get("sweep") or []
+    scale = sweep[0]["tool_time_scale"] if sweep else 1.0
+    return [f"From **`{results['command']}`**; one session, coding-agent, tool times × {scale:g}. Gain = mode ÷ http − 1, "
+            "E2E / TTFT p50.", "",
+            "**Against decode speed** (each speed with its class's prefill: GPU-served 80 ms + 8.5 µs/token below 500 "
+            "tokens/s, wafer-scale 1 ms + 39 µs/token from 500; `gain_vs_speed.png`):", "",
+            *curve_table(sweep, "speed", "decode_tps", "tokens/s", ("local", "production-like")), "",
+            "**Against turns** (mock-1000tps; `gain_vs_turns.png`):", "",
+            *curve_table(sweep, "turns", "turns", "turns", ("local", "production-like")), "",
+            "**Against the hop cost** (mock-1000tps; resolve hop a tenth of the safety hop; `gain_vs_hops.png`):", "",
+            *curve_table(sweep, "hops", "safety_hop_ms", "safety hop ms", ("",)), ""]
+
+
+def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str], float]:
+    rows = ["| run | profile · workload · model | mode | E2E p50 s | predicted | error | TTFT p50 ms | predicted |",
+            "|---|---|---|---|---|---|---|---|"]
+    worst = 0.0
+    for name, results in runs_by_name.items():
+        for run in results["runs"]:
+            err = run.get("prediction_error")
+            if err is None:
+                continue
+            worst = max(worst, abs(err))
+            rows.append(f"| {name} | {run['profile']} · {run['workload']} · {run['model']} | {run['mode']} | {run['e2e_s_p50']:.2f} "
+                        f"| {run['predicted_e2e_s_p50']:.2f} | {err * 100:+.1f} % | {run['ttft_ms_p50']:.1f} | {run['predicted_ttft_ms_p50']:.1f} |")
+    return rows, worst
+
+
+def validation_section(points: list[tuple[str, dict[str, Any] | None, dict[str, Any], str]]) -> list[str]:
+    """(label, the curve's row for http at that point, a run's cells keyed by mode, mode) → measured vs curve."""
+    rows = ["| curve point | mode | measured E2E vs http | the fast model's | measured TTFT vs http | the fast model's |",
+            "|---|---|---|---|---|---|"]
+    for label, curve, modes, mode in points:
+        run, base = modes.get(mode), modes.get("http")
+        if run is None or base is None or curve is None:
+            continue
+        rows.append(f"| {label} | {mode} | {pct(run['e2e_s_p50'], base['e2e_s_p50'])} | {pct(run['predicted_e2e_s_p50'], base['predicted_e2e_s_p50'])} "
+                    f"| {pct(run['ttft_ms_p50'], base['ttft_ms_p50'])} | {pct(run['predicted_ttft_ms_p50'], base['predicted_ttft_ms_p50'])} |")
+    return rows
+
+
+def scenario_section(results: dict[str, Any]) -> list[str]:
+    sc = results.get("scenario") or {}
+    out = [f"- **Authors**: {sc.get('authors', '–')}", f"- **Conditions here**: {sc.get('conditions', '–')}",
+           f"- **Command**: `{results['command']}`"]
+    fast = sc.get("fast_model") or {}
+    if fast:
+        out.append("- **Fast model**: " + "; ".join(f"{k} = {_fmt_any(v)}" for k, v in fast.items()))
+    if results["runs"]:
+        out += ["", "Measured (real clock):", ""]
+        for (profile, workload, model), modes in cells(results["runs"]).items():
+            base = modes.get("http-prev" if "sglang" in sc.get("name", "") or sc.get("name") == "xai" else "http")
+            out.append(f"- {profile} · {workload} · {model}: " + "; ".join(
+                f"{m} E2E {r['e2e_s_p50']:.2f} s ({pct(r['e2e_s_p50'], base and base['e2e_s_p50'])}), TTFT {r['ttft_ms_p50']:.1f} ms "
+                f"({pct(r['ttft_ms_p50'], base and base['ttft_ms_p50'])})" for m, r in modes.items()))
+    return out
+
+
+def _fmt_any(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v * 100:+.1f} %" if abs(v) < 5 else f"{v:.1f}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_fmt_any(x)}" for k, x in v.items()) + "}"
+    return "never (within 2 s)" if v is None else str(v)
+
+
+def lab(directory: Path) -> str:
+    runs = {p.parent.name: load(p) for p in sorted(directory.glob("*/results.json"))}
+    out = ["# Issue 11 results (generated)", "",
+           f"Generated by `python scripts/notes_results.py --lab {directory}` from the runs' results.json (kept beside this "
+           "file in notes/lab-results/issue11/). Read with notes/issue11.md, which argues the figures.", ""]
+    if "predict-1" in runs:
+        out += ["## The fast model: per-round overhead on this machine", "",
+                *calibration_section(runs["predict-1"], runs.get("predict-2")), "",
+                "## The seed's curve and the SMG axis (fast model, tool times × 1)", "", *curves_section(runs["predict-1"])]
+    if "sweep-coding" in runs:
+        out += ["## The same curves at the real-clock runs' tool times (× 0.1)", "", *curves_section(runs["sweep-coding"])]
+    measured = {k: v for k, v in runs.items() if v["runs"]}
+    rows, worst = predicted_section(measured)
+    out += ["## Predicted vs measured, every real-clock cell", "",
+            f"Largest |predicted − measured| / measured on E2E p50: **{worst * 100:.1f} %** (target 5 %).", "", *rows, ""]
+    points = []
+    by = {name: cells(r["runs"]) for name, r in measured.items()}
+    sweep = (runs.get("sweep-coding") or {}).get("sweep") or []
+
+    def curve(curve_name: str, key: str, x: float, profile: str) -> dict[str, Any] | None:
+        return next((r for r in sweep if r.get("curve") == curve_name and r[key] == x and r["mode"] == "http"
+                     and profile in ("", r["profile"])), None)
+
+    for mode in ("http-cached", "ws", "longlived"):
+        for model, tps in (("mock-65tps", 65), ("mock-1000tps", 1000), ("mock-4000tps", 4000)):
+            for profile in ("local", "production-like"):
+                modes = by.get("sweep-coding", {}).get((profile, "coding-agent", model), {})
+                points.append((f"speed {tps} tok/s, {profile}", curve("speed", "decode_tps", tps, profile), modes, mode))
+        for name, turns in (("turns-8", 8), ("turns-15", 15), ("sweep-coding", 30)):
+            for profile in ("local", "production-like"):
+                key = next((k for k in by.get(name, {}) if k[0] == profile and k[2] == "mock-1000tps"), None)
+                points.append((f"{turns} turns, {profile}", curve("turns", "turns", turns, profile), by.get(name, {}).get(key, {}) if key else {}, mode))
+        for name, profile, hop in (("sweep-coding", "local", 0), ("sweep-coding", "production-like", 20), ("hops-remote", "remote", 50)):
+            key = next((k for k in by.get(name, {}) if k[0] == profile and k[2] == "mock-1000tps" and k[1] == "coding-agent"), None)
+            points.append((f"safety hop {hop} ms ({profile})", curve("hops", "safety_hop_ms", hop, ""), by.get(name, {}).get(key, {}) if key else {}, mode))
+    out += ["## Three real-clock points of each curve", "",
+            "Each curve point measured on the real clock (tool times × 0.1, 2 sessions), its gain over http beside the fast "
+            "model's for the same cell:", "", *validation_section(points), ""]
+    for name, title in (("scenario-seed", "OpenAI's seed"), ("scenario-sglang", "SGLang / SMG model gateway"), ("scenario-xai", "xAI"),
+                        ("scenario-vllm", "vLLM's /v1/responses API cost")):
+        if name in runs:
+            out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
+    for name in ("quick-1", "sweep-rewrites", "sweep-traces"):
+        if name in runs:
+            out += [render(runs[name], runs.get("quick-2") if name == "quick-1" else None, title=f"Run `{name}`").replace("### ", "## ", 1), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path)
+    parser.add_argument("results", type=Path, nargs="?")
+    parser.add_argument("--lab", type=Path, default=None, help="a directory of runs: write issue 11's sections")
+    parser.add_argument("--out", type=Path, default=None, help="with --lab: the file to write (default: print)")
     parser.add_argument("--again", type=Path, default=None, help="a second run of the same command")
     parser.add_argument("--write", type=Path, default=None, help="replace the marked section of this file")
     parser.add_argument("--marker", default="results", help="the section's marker name")
     parser.add_argument("--title", default="Results")
     args = parser.parse_args(argv)
+    if args.lab is not None:
+        text = lab(args.lab)
+        if args.out is None:
+            print(text, end="")
+        else:
+            args.out.write_text(text, encoding="utf-8")
+        return 0
+    if args.results is None:
+        parser.error("a results.json, or --lab DIR")
     text = render(load(args.results), load(args.again) if args.again else None, args.title)
     begin, end = f"<!-- {args.marker}:begin -->", f"<!-- {args.marker}:end -->"
     if args.write is None:

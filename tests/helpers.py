@@ -226,12 +226,14 @@ async def http_rollout_ok(client: httpx.AsyncClient) -> None:
 # ------------------------------------------------------------------------------------ one rollout, each transport
 # Every mode answers each call with tool_output, so the four transports see the same conversation and
 # their token usage can be compared exactly.
-async def http_rollout(url: str, script: str, previous: bool, key: str | None = None) -> list[dict[str, Any]]:
-    """``http`` (full history re-sent) or ``http-prev`` (previous_response_id + new items) to the end."""
+async def http_rollout(url: str, script: str, previous: bool, key: str | None = None,
+                       headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """``http`` (full history re-sent) or ``http-prev`` (previous_response_id + new items) to the end;
+    ``headers`` are added to every request (``http-cached``'s)."""
     responses: list[dict[str, Any]] = []
     history: list[Any] = [{"role": "user", "content": script}]
     body: dict[str, Any] = {"model": MODEL, "input": history, "tools": ROLLOUT_TOOLS}
-    async with httpx.AsyncClient(base_url=url, headers=auth(key), timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, headers={**auth(key), **(headers or {})}, timeout=60) as client:
         while True:
             reply = await client.post("/v1/responses", json=body)
             assert reply.status_code == 200, reply.text

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from helpers import MODEL, ROLLOUT_TOOLS, outputs_for, running, state, ten_turn_script
+from helpers import MODEL, http_rollout, running, state, ten_turn_script
 
 from proto.response import MODES
 from proto.server.ledger import LedgerRow, UsageLedger
@@ -23,18 +23,7 @@ HEADER = {"X-Responses-Lab-Cache": "items"}
 
 async def rollout(url: str, headers: dict[str, str], script: str) -> list[dict[str, Any]]:
     """The full history re-sent every turn (``http``), with or without the cache header."""
-    responses: list[dict[str, Any]] = []
-    history: list[Any] = [{"role": "user", "content": script}]
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
-        while True:
-            reply = await client.post("/v1/responses", json={"model": MODEL, "input": history, "tools": ROLLOUT_TOOLS})
-            assert reply.status_code == 200, reply.text
-            response = reply.json()
-            responses.append(response)
-            answers = outputs_for(response)
-            if not answers:
-                return responses
-            history = [*history, *response["output"], *answers]
+    return await http_rollout(url, script, previous=False, headers=headers)
 
 
 async def test_the_cache_skips_every_item_it_has_seen_and_counts_it() -> None:

@@ -2,7 +2,8 @@
 machine, composed with any model, workload and hop profile into E2E and TTFT.
 
 **Measure.** A calibration server (its own process, no hops, a model with zero prefill and 4 000 tokens/s
-decode) and one client per mode replay a seeded calibration workload: rounds whose history grows to
+decode) and one client per mode replay a seeded calibration workload, session by session with every mode in
+turn (so the shared machine's other load falls on every mode alike): rounds whose history grows to
 ``h_max`` tokens, appended sizes log-uniform 50 → 8 000 tokens, outputs 4 → 64 tokens, no tool time, a user
 message every 8th round and a history rewrite every 6th. Per round the client's timeline and the server's
 report give
@@ -237,17 +238,21 @@ async def calibrate(modes: Sequence[str], rounds: int, h_max: int, api_key: str 
     samples: list[Sample] = []
     flags = ["--log-level", "warning", "--model-override", CALIBRATION_OVERRIDE]
     with ChildServer(flags, api_key=api_key) as server:
-        for mode in modes:
-            client = make_client(mode, server.ws_url, server.http_url, api_key)
-            client.on_send = on_turn
-            await client.open()
-            try:
+        clients = {mode: make_client(mode, server.ws_url, server.http_url, api_key) for mode in modes}
+        try:
+            for client in clients.values():
+                client.on_send = on_turn
+                await client.open()
                 for _ in range(2):
                     await client.rollout(build_plan(WARM, CALIBRATION_MODEL, nonce()))
-                for session in replay.sessions:
+            # Session by session, every mode in turn: whatever else the shared machine runs meanwhile falls on
+            # every mode alike, so the ratios between modes hold even when the absolute figures move.
+            for session in replay.sessions:
+                for mode, client in clients.items():
                     plan = build_plan(session, CALIBRATION_MODEL, nonce())
                     samples += samples_of(mode, plan, await client.rollout(plan))
-            finally:
+        finally:
+            for client in clients.values():
                 await client.close()
     fits = {mode: {kind: fit(group) for kind in KINDS if len(group := [s for s in samples if s.mode == mode and s.kind == kind]) >= 6}
             for mode in modes}
