@@ -174,6 +174,22 @@ def fitted(fit: dict[str, Any], key: str, h: int, a: int = 1000, chain: int = 5,
     return max(c[0] + c[1] * h + c[2] * a + c[3] * chain + c[4] * out, 0.0)
 
 
+def repeat_rows(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    a, b = first["calibration"]["overhead_vs_http"], second["calibration"]["overhead_vs_http"]
+    rows = [f"**Repeatability** — `{first['command']}` (started {first['started_utc']}) and the same command again "
+            f"(started {second['started_utc']}): each mode's overhead ÷ http's, summed over the calibration's own rounds "
+            "(same seed, same rounds):", "", "| mode | run 1 | run 2 | difference |", "|---|---|---|---|"]
+    worst = 0.0
+    for mode in MODES:
+        if mode == "http" or mode not in a or mode not in b:
+            continue
+        diff = b[mode] / a[mode] - 1
+        worst = max(worst, abs(diff))
+        rows.append(f"| {mode} | {a[mode]:.3f} | {b[mode]:.3f} | {diff * 100:+.1f} % |")
+    return [*rows, "", f"Largest difference: {worst * 100:.1f} % (target ±{TOLERANCE * 100:.0f} %: "
+            f"{'met' if worst <= TOLERANCE else 'NOT met'})."]
+
+
 def calibration_section(first: dict[str, Any], second: dict[str, Any] | None) -> list[str]:
     cal = first["calibration"]
     rows = [f"Command: **`{first['command']}`** (started {first['started_utc']}; calibration {cal['wall_s']:.0f} s, "
@@ -195,19 +211,7 @@ def calibration_section(first: dict[str, Any], second: dict[str, Any] | None) ->
              + "; ".join(f"{m} {k['outputs']['c_ms'][1] * 1e3:.3f} / {k['outputs']['c_ms'][2] * 1e3:.3f}"
                          for m, k in cal["fits"].items() if "outputs" in k) + "."]
     if second is not None:
-        a, b = cal["overhead_vs_http"], second["calibration"]["overhead_vs_http"]
-        rows += ["", f"**Repeatability** — the same command again (started {second['started_utc']}): each mode's overhead ÷ "
-                 "http's, summed over the calibration's own rounds (same seed, same rounds):", "",
-                 "| mode | run 1 | run 2 | difference |", "|---|---|---|---|"]
-        worst = 0.0
-        for mode in MODES:
-            if mode == "http" or mode not in a or mode not in b:
-                continue
-            diff = b[mode] / a[mode] - 1
-            worst = max(worst, abs(diff))
-            rows.append(f"| {mode} | {a[mode]:.3f} | {b[mode]:.3f} | {diff * 100:+.1f} % |")
-        rows += ["", f"Largest difference: {worst * 100:.1f} % (target ±{TOLERANCE * 100:.0f} %: "
-                 f"{'met' if worst <= TOLERANCE else 'NOT met'})."]
+        rows += ["", *repeat_rows(first, second)]
     return rows
 
 
@@ -258,13 +262,13 @@ def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str
     return rows, worst
 
 
-def validation_section(points: list[tuple[str, dict[str, Any] | None, dict[str, Any], str]]) -> list[str]:
-    """(label, the curve's row for http at that point, a run's cells keyed by mode, mode) → measured vs curve."""
+def validation_section(points: list[tuple[str, dict[str, Any], str]]) -> list[str]:
+    """(label, a run's cells keyed by mode, mode) → the measured gain beside the fast model's for that cell."""
     rows = ["| curve point | mode | measured E2E vs http | the fast model's | measured TTFT vs http | the fast model's |",
             "|---|---|---|---|---|---|"]
-    for label, curve, modes, mode in points:
+    for label, modes, mode in points:
         run, base = modes.get(mode), modes.get("http")
-        if run is None or base is None or curve is None:
+        if run is None or base is None:  # the cell's own prediction is the fast model's value at that point
             continue
         rows.append(f"| {label} | {mode} | {pct(run['e2e_s_p50'], base['e2e_s_p50'])} | {pct(run['predicted_e2e_s_p50'], base['predicted_e2e_s_p50'])} "
                     f"| {pct(run['ttft_ms_p50'], base['ttft_ms_p50'])} | {pct(run['predicted_ttft_ms_p50'], base['predicted_ttft_ms_p50'])} |")
@@ -304,6 +308,7 @@ def lab(directory: Path) -> str:
     if "predict-1" in runs:
         out += ["## The fast model: per-round overhead on this machine", "",
                 *calibration_section(runs["predict-1"], runs.get("predict-2")), "",
+                *(repeat_rows(runs["predict-3"], runs["predict-4"]) if "predict-3" in runs and "predict-4" in runs else []), "",
                 "## The seed's curve and the SMG axis (fast model, tool times × 1)", "", *curves_section(runs["predict-1"])]
     if "sweep-coding" in runs:
         out += ["## The same curves at the real-clock runs' tool times (× 0.1)", "", *curves_section(runs["sweep-coding"])]
@@ -313,24 +318,19 @@ def lab(directory: Path) -> str:
             f"Largest |predicted − measured| / measured on E2E p50: **{worst * 100:.1f} %** (target 5 %).", "", *rows, ""]
     points = []
     by = {name: cells(r["runs"]) for name, r in measured.items()}
-    sweep = (runs.get("sweep-coding") or {}).get("sweep") or []
-
-    def curve(curve_name: str, key: str, x: float, profile: str) -> dict[str, Any] | None:
-        return next((r for r in sweep if r.get("curve") == curve_name and r[key] == x and r["mode"] == "http"
-                     and profile in ("", r["profile"])), None)
 
     for mode in ("http-cached", "ws", "longlived"):
         for model, tps in (("mock-65tps", 65), ("mock-1000tps", 1000), ("mock-4000tps", 4000)):
             for profile in ("local", "production-like"):
                 modes = by.get("sweep-coding", {}).get((profile, "coding-agent", model), {})
-                points.append((f"speed {tps} tok/s, {profile}", curve("speed", "decode_tps", tps, profile), modes, mode))
+                points.append((f"speed {tps} tok/s, {profile}", modes, mode))
         for name, turns in (("turns-8", 8), ("turns-15", 15), ("sweep-coding", 30)):
             for profile in ("local", "production-like"):
                 key = next((k for k in by.get(name, {}) if k[0] == profile and k[2] == "mock-1000tps"), None)
-                points.append((f"{turns} turns, {profile}", curve("turns", "turns", turns, profile), by.get(name, {}).get(key, {}) if key else {}, mode))
+                points.append((f"{turns} turns, {profile}", by.get(name, {}).get(key, {}) if key else {}, mode))
         for name, profile, hop in (("sweep-coding", "local", 0), ("sweep-coding", "production-like", 20), ("hops-remote", "remote", 50)):
             key = next((k for k in by.get(name, {}) if k[0] == profile and k[2] == "mock-1000tps" and k[1] == "coding-agent"), None)
-            points.append((f"safety hop {hop} ms ({profile})", curve("hops", "safety_hop_ms", hop, ""), by.get(name, {}).get(key, {}) if key else {}, mode))
+            points.append((f"safety hop {hop} ms ({profile})", by.get(name, {}).get(key, {}) if key else {}, mode))
     out += ["## Three real-clock points of each curve", "",
             "Each curve point measured on the real clock (tool times × 0.1, 2 sessions), its gain over http beside the fast "
             "model's for the same cell:", "", *validation_section(points), ""]

@@ -80,9 +80,10 @@ def test_every_transport_replays_the_same_rollout(bench_out: Path) -> None:
     assert len({run["usage"]["output_tokens"] for run in runs}) == 1
     assert len({run["usage"]["input_tokens"] for run in runs}) == 1
     by_mode = {run["mode"]: run for run in runs}
-    # Full history re-sends everything: the most bytes per turn (http-cached sends the same body, plus its header).
-    assert by_mode["http-cached"]["client_bytes_sent_per_turn"] > by_mode["http"]["client_bytes_sent_per_turn"]
-    assert by_mode["http"]["client_bytes_sent_per_turn"] > max(by_mode[m]["client_bytes_sent_per_turn"] for m in ("http-prev", "ws", "longlived"))
+    # Full history re-sends everything (http-cached too): the most bytes per turn. (Each rollout's tool outputs
+    # are its own text, of the same token counts: their byte sizes differ a little between the two.)
+    full = min(by_mode[m]["client_bytes_sent_per_turn"] for m in ("http", "http-cached"))
+    assert full > max(by_mode[m]["client_bytes_sent_per_turn"] for m in ("http-prev", "ws", "longlived"))
 
 
 def test_csv_and_plots_are_written(bench_out: Path) -> None:
