@@ -192,7 +192,7 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
             queue_wait_ms=report.queue_wait_ms,
             decode_ms=report.decode_ms,
             output_tokens=report.output_tokens,
-            phases_ms=dict(rollout.pending_phases),
+            phases_ms={**rollout.pending_phases, "engine_lookup": report.lookup_ms, "clock_late": report.first_late_ms},
         )
     )
     rollout.pending_phases.clear()
