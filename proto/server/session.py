@@ -1,11 +1,13 @@
 """What both WebSocket sessions share: the outbound queue and its writer, and being told to stop.
 
-**The outbox.** One writer task drains a bounded queue of text frames (each encoded to bytes once, where
-it was framed), so replies and response events leave in the order they were framed. Each wake-up of the
-writer takes *every* frame queued so far and hands them to the transport in one write (``write_frames``:
-one ASGI message, one ``transport.write``) under one deadline: a GPU wake-up that releases several tokens
-costs one syscall, not one per token. Policy for a *slow reader* (a client that stops reading while the
-model streams):
+**The outbox.** Text frames (each encoded to bytes once, where it was framed) leave in the order they were
+framed, a batch at a time: one ``transport.write``. When nothing is queued or being written and the
+transport takes data now, the frames are written at once by whoever framed them (the protocol's
+``write_now``, see ``run.LabWSProtocol``): a GPU wake-up's tokens go out before its task does anything else — before the driver
+stores, bills and encodes the terminal event after the final answer's last tokens — with no hop to another
+task and no deadline (a write that cannot wait cannot time out). Otherwise they are queued, and one writer
+task drains the queue: each of its wake-ups takes *every* frame queued so far and writes them in one go
+(one ASGI message), under one deadline. Policy for a *slow reader* (a client that stops reading while the model streams):
 
 * back-pressure first: the writer awaits the transport (uvicorn pauses writing past asyncio's high-water
   mark), the queue fills up to ``--send-queue`` frames, then whoever frames an event — the sampler — waits.
@@ -67,8 +69,12 @@ class Outbox:
         self._clock = clock
         self.bound = settings.send_queue
         self.send_timeout_s = settings.send_timeout_s
-        self._batched = FRAMES_EXTENSION in ws.scope.get("extensions", {})
+        extension = ws.scope.get("extensions", {}).get(FRAMES_EXTENSION)
+        self._batched = extension is not None
+        # Writes frames at once when a send would not wait; without the extension the writer does every write.
+        self._write_ext: Callable[[Sequence[bytes]], bool] = extension.get("write_now", _never) if extension is not None else _never
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.bound)
+        self._writing = asyncio.Lock()  # held by whoever writes: the writer task, or a producer writing at once
         self._task: asyncio.Task[None] | None = None
         self.peak = 0  # the most frames ever queued at once (≤ bound): what the slow-reader test asserts
         self.gone = False  # the client cannot be written to any more: frames are discarded
@@ -79,15 +85,28 @@ class Outbox:
         return self._task
 
     async def put(self, data: bytes | None) -> None:
-        """Queue one frame (waits while the queue is full); ``None`` ends the writer after what is queued."""
+        """One frame, written at once or queued (waits while the queue is full); ``None`` ends the writer
+        after what is queued."""
+        if data is not None and self.write_now((data,)):
+            return
         await self._queue.put(data)
         size = self._queue.qsize()
         if size > self.peak:
             self.peak = size
 
     async def put_many(self, frames: Sequence[bytes]) -> None:
+        """Frames in order: written at once (one write) when nothing is ahead of them, else queued."""
+        if self.write_now(frames):
+            return
         for data in frames:
             await self.put(data)
+
+    def write_now(self, frames: Sequence[bytes]) -> bool:
+        """Write ``frames`` now, if nothing is queued or being written (every frame framed before them has
+        been handed to the transport, so the order holds) and the transport takes them without waiting."""
+        if self._writing.locked() or not self._queue.empty() or self.gone:
+            return False
+        return self._write_ext(frames)
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -121,7 +140,8 @@ class Outbox:
                     break
                 data = queue.get_nowait()
             if batch and not self.gone:  # once gone nobody reads: a producer must not stay blocked on it
-                await self._write(batch)
+                async with self._writing:
+                    await self._write(batch)
             if data is None:
                 return
 
@@ -139,6 +159,10 @@ class Outbox:
             self._on_slow()
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.gone = True  # the reader sees the disconnect and cleans up
+
+
+def _never(frames: Sequence[bytes]) -> bool:
+    return False
 
 
 class Stopped(Exception):
