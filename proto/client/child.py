@@ -34,7 +34,10 @@ class ChildServer:
 
     STOP_TIMEOUT_S = 30.0  # after SIGTERM, before SIGKILL
 
-    def __init__(self, flags: Sequence[str] = (), *, db: str = ":memory:", api_key: str | None = None) -> None:
+    def __init__(self, flags: Sequence[str] = (), *, db: str = ":memory:", api_key: str | None = None,
+                 pythonpath: str | None = None) -> None:
+        """``pythonpath``: run the server's code from that checkout (there, so ``-m proto`` imports it first):
+        a before/after in one run."""
         from proto.server.run import free_port
 
         self.port = free_port()
@@ -46,7 +49,9 @@ class ChildServer:
         if api_key:
             command += ["--api-key", api_key]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
-        self.proc = subprocess.Popen([*command, *flags], stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
+        self.proc = subprocess.Popen([*command, *flags], stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=pythonpath)
         self.process = psutil.Process(self.proc.pid)  # for its CPU time and RSS
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
