@@ -1,4 +1,4 @@
-"""End-to-end tests of the long-lived protocol (SPEC §3) over a real uvicorn server on loopback.
+"""End-to-end tests of the long-lived protocol (docs/protocol.md §3) over a real uvicorn server on loopback.
 
 Every test talks to the server through the project's own client (``LongLivedClient``), either its
 ``rollout()`` or the low-level ``send`` / ``recv``; server-side facts (tasks, GPU slots, the ledger) are
