@@ -32,6 +32,7 @@ from typing import TypeVar
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto.server.config import Settings
+from proto.server.pipeline import Pipeline
 from proto.server.timers import deadline
 from sampler.clock import Clock
 
@@ -184,3 +185,15 @@ class StoppableReader:
         if self.stopping is not None and task is not None and task.cancelling():
             task.uncancel()  # our cancel lost the race with the message (wait_for swallowed it)
         return result
+
+
+class WebSocketSession(StoppableReader):
+    """What every WebSocket session holds: its socket, the pipeline, the caller's key, the limit clock,
+    its outbox (whose slow-reader deadline stops this session)."""
+
+    def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        self.ws = ws
+        self.pipeline = pipeline
+        self.api_key_id = api_key_id
+        self.clock = pipeline.clock
+        self.out = Outbox(ws, pipeline.settings, self.clock, lambda: self.stop(SLOW_READER))

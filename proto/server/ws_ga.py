@@ -30,7 +30,7 @@ from proto.longlived import Cancel
 from proto.server.chain import load_history
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed
-from proto.server.session import SLOW_READER, Outbox, Stop, StoppableReader, Stopped
+from proto.server.session import Stop, Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from sampler.gpu import MockGPU
 from sampler.tokens import Conversation
@@ -50,22 +50,18 @@ class Cached:
     tools: list[Tool]
 
 
-class GaSession(StoppableReader):
+class GaSession(WebSocketSession):
     """One connection; the ``Transport`` of its response in flight (which ends at its first local call)."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        super().__init__(ws, pipeline, api_key_id)
         settings = pipeline.settings
-        self.ws = ws
-        self.pipeline = pipeline
-        self.api_key_id = api_key_id
-        self.clock = pipeline.clock
         self.core = GaCore(
             pipeline.engines.names(),
             CreateLimits(settings.max_input_items, settings.max_tools),
             self.clock.now(),
             settings.connection_max_age_s,
         )
-        self.out = Outbox(ws, settings, self.clock, lambda: self.stop(SLOW_READER))
         self.task: asyncio.Task[None] | None = None
         self.cached: Cached | None = None
         self._close: tuple[int, str] | None = None

@@ -29,26 +29,22 @@ from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
 from proto.server.chain import load_history
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared
-from proto.server.session import SLOW_READER, Outbox, StoppableReader, Stopped
+from proto.server.session import Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 
 log = structlog.get_logger("proto.server.longlived")
 
 
-class LongLivedSession(StoppableReader):
+class LongLivedSession(WebSocketSession):
     """One connection; the ``Transport`` of its open response."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        super().__init__(ws, pipeline, api_key_id)
         settings = pipeline.settings
-        self.ws = ws
-        self.pipeline = pipeline
-        self.api_key_id = api_key_id
-        self.clock = pipeline.clock
         self.core = LongLivedCore(
             pipeline.engines.names(),
             Limits(settings.max_input_items, settings.max_tools, settings.max_pending_calls, settings.max_queued_items),
         )
-        self.out = Outbox(ws, settings, self.clock, lambda: self.stop(SLOW_READER))
         self.task: asyncio.Task[None] | None = None
         self.driver: ResponseDriver | None = None
         self.timers = ConnectionTimers(self.clock.now(), settings.connection_max_age_s, settings.idle_timeout_s)
