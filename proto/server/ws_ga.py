@@ -12,7 +12,6 @@ and mutated), so a failed continuation leaves that id evicted; a completed respo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,7 +61,6 @@ class GaSession(WebSocketSession):
             self.clock.now(),
             settings.connection_max_age_s,
         )
-        self.task: asyncio.Task[None] | None = None
         self.cached: Cached | None = None
         self._close: tuple[int, str] | None = None
         opened = self.core.deadline - settings.connection_max_age_s
@@ -102,17 +100,8 @@ class GaSession(WebSocketSession):
         except (WebSocketDisconnect, Stopped):
             pass
         finally:
-            task, self.task = self.task, None
-            if task is not None and not task.done():
-                task.cancel()  # the driver bills what was done
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            stop = self.stopping  # shutdown: a response in flight hears why before the close
-            if stop is not None and stop.error is not None and task is not None:
-                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data)
-            self.core.close()
-            close = stop or (Stop(*self._close) if self._close else None)
-            await self.out.finish(close, self.pipeline.settings.shutdown_grace_s)
+            close = self.stopping or (Stop(*self._close) if self._close else None)
+            await self._teardown(self.task is not None, self.core.close, close)
 
     async def _act_all(self, actions: list[Reply | Start | Close]) -> bool:
         """Carry out the core's actions; True when the connection must close."""
