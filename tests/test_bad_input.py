@@ -1,7 +1,7 @@
 """The bad-input matrix (issue 6, item 2) over a real server: one test per case, in the long-lived
 protocol, GA WebSocket mode and HTTP.
 
-Each case checks the typed error (SPEC §3 code, its registered status and type, a ``param`` naming the
+Each case checks the typed error (docs/protocol.md §3 code, its registered status and type, a ``param`` naming the
 field), that the connection stays open where the protocol allows, and that a valid rollout then
 succeeds on the same connection. Where the protocol does not allow it (a frame past the limit: 1009,
 invalid UTF-8 in a text frame: 1007), the close code is checked and a new connection must serve.
@@ -17,10 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from transports import running
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
-from wire import (
+from helpers import (
     MODEL,
     TERMINAL,
     TOOLS,
@@ -29,11 +26,15 @@ from wire import (
     ga_rollout_ok,
     http_rollout_ok,
     longlived_rollout_ok,
+    output,
     outputs,
-    raw_invalid_utf8_close_code,
     recv,
+    running,
     until,
 )
+from raw_socket import raw_invalid_utf8_close_code
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from proto.errors import ERROR_CODES
 from proto.server.run import ThreadedServer
@@ -74,10 +75,6 @@ def with_(**fields: Any) -> str:
 
 def user(text: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
-
-
-def output(call_id: str) -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": "x"}
 
 
 def call(call_id: str) -> dict[str, Any]:
@@ -133,7 +130,7 @@ LL_CASES = [
     LLCase("unknown_model", one(with_(model="gpt-nope")), "model_not_found", "$.model"),
     LLCase("too_many_tools", one(with_(tools=many_tools())), "too_many_tools", "$.tools"),
     LLCase("too_many_items", one(with_(input=[user("hi")] * (MAX_ITEMS + 1))), "too_many_items", "$.input"),
-    LLCase("create_output_unknown_call_id", one(with_(input=[user("hi"), output("call_nope")])), "unknown_call_id", "$.input[1].call_id"),
+    LLCase("create_output_unknown_call_id", one(with_(input=[user("hi"), output("call_nope", "x")])), "unknown_call_id", "$.input[1].call_id"),
     LLCase("max_output_tokens_overflow", one(with_(max_output_tokens=10**40)), "invalid_event", "$.max_output_tokens"),
     LLCase("max_output_tokens_negative", one(with_(max_output_tokens=-1)), "invalid_event", "$.max_output_tokens"),
     LLCase("max_output_tokens_float", one(with_(max_output_tokens=123456789).replace("123456789", "1e400")), "invalid_event", "$.max_output_tokens"),
@@ -141,19 +138,19 @@ LL_CASES = [
     LLCase("temperature_ill_typed", one(with_(temperature="hot")), "invalid_event", "$.temperature"),
     LLCase("deeply_nested", one(NESTED_EVENT), "invalid_json", None),
     LLCase("lone_surrogate", one(with_(input=[user("\ud800")])), "invalid_json", None),
-    LLCase("append_no_open_response", one(append([output("call_x")])), "no_open_response", None),
+    LLCase("append_no_open_response", one(append([output("call_x", "x")])), "no_open_response", None),
     LLCase("cancel_no_open_response", one('{"type": "response.cancel"}'), "no_open_response", None),
     LLCase("cancel_unknown_response", one('{"type": "response.cancel", "response_id": "resp_nope"}'), "response_not_found", "$.response_id"),
-    LLCase("append_after_end", one(append([output("call_x")])), "response_already_completed", None, setup="ended"),
+    LLCase("append_after_end", one(append([output("call_x", "x")])), "response_already_completed", None, setup="ended"),
     LLCase("cancel_after_end", one('{"type": "response.cancel"}'), "response_already_completed", None, setup="ended"),
     LLCase("create_while_suspended", one(with_()), "response_in_progress", None, setup="suspended"),
     LLCase("create_while_running", one(with_()), "response_in_progress", None, setup="running"),
-    LLCase("append_unknown_call_id", one(append([output("call_nope")])), "unknown_call_id", "$.input[0].call_id", setup="suspended"),
-    LLCase("output_not_yet_pending", one(append([output("call_future")])), "unknown_call_id", "$.input[0].call_id", setup="running"),
-    LLCase("duplicate_in_one_append", lambda c: [append([output(pending(c, 0)), output(pending(c, 0))])], "duplicate_call_output", "$.input[1].call_id", setup="suspended"),
-    LLCase("duplicate_across_appends", lambda c: [append([output(pending(c, 0))]), append([output(pending(c, 0))])], "duplicate_call_output", "$.input[0].call_id", setup="suspended", answered=1),
-    LLCase("append_wrong_response_id", one(append([output("call_x")], response_id="resp_nope")), "response_not_found", "$.response_id", setup="suspended"),
-    LLCase("append_to_previous_response", lambda c: [append([output(pending(c, 0))], response_id=c["last_id"])], "response_already_completed", "$.response_id", setup="second"),
+    LLCase("append_unknown_call_id", one(append([output("call_nope", "x")])), "unknown_call_id", "$.input[0].call_id", setup="suspended"),
+    LLCase("output_not_yet_pending", one(append([output("call_future", "x")])), "unknown_call_id", "$.input[0].call_id", setup="running"),
+    LLCase("duplicate_in_one_append", lambda c: [append([output(pending(c, 0), "x"), output(pending(c, 0), "x")])], "duplicate_call_output", "$.input[1].call_id", setup="suspended"),
+    LLCase("duplicate_across_appends", lambda c: [append([output(pending(c, 0), "x")]), append([output(pending(c, 0), "x")])], "duplicate_call_output", "$.input[0].call_id", setup="suspended", answered=1),
+    LLCase("append_wrong_response_id", one(append([output("call_x", "x")], response_id="resp_nope")), "response_not_found", "$.response_id", setup="suspended"),
+    LLCase("append_to_previous_response", lambda c: [append([output(pending(c, 0), "x")], response_id=c["last_id"])], "response_already_completed", "$.response_id", setup="second"),
     LLCase("append_assistant_message", one(append([{"role": "assistant", "content": "I said"}])), "invalid_request", "$.input[0].role", setup="suspended"),
     LLCase("append_function_call_item", one(append([call("call_mine")])), "invalid_request", "$.input[0].type", setup="suspended"),
     LLCase("append_input_not_a_list", one('{"type": "response.append", "input": "hi"}'), "invalid_event", "$.input", setup="suspended"),
@@ -257,22 +254,22 @@ GA_CASES = [
     GACase("json_array", "[1, 2]", "invalid_event", None),
     GACase("binary_frame", b'{"type": "response.create"}', "binary_frame_not_supported", None),
     GACase("unknown_type", '{"type": "response.frobnicate"}', "unknown_event_type", "type"),
-    GACase("longlived_event", append([output("call_x")]), "unknown_event_type", "type"),
+    GACase("longlived_event", append([output("call_x", "x")]), "unknown_event_type", "type"),
     GACase("missing_model", '{"type": "response.create", "input": "hi"}', "invalid_event", "model"),
     GACase("model_ill_typed", ga(model=5), "invalid_event", "model"),
     GACase("unknown_model", ga(model="gpt-nope"), "model_not_found", "model"),
     GACase("too_many_tools", ga(tools=many_tools()), "too_many_tools", "tools"),
     GACase("too_many_items", ga(input=[user("hi")] * (MAX_ITEMS + 1)), "too_many_items", "input"),
     GACase("item_missing_call_id", ga(input=[{"type": "function_call_output", "output": "x"}]), "invalid_request", "input[0].call_id"),
-    GACase("unknown_call_id", ga(input=[user("hi"), output("call_nope")]), "unknown_call_id", "input[1].call_id"),
-    GACase("duplicate_call_output", ga(input=[user("hi"), call("call_1"), output("call_1"), output("call_1")]), "duplicate_call_output", "input[3].call_id"),
+    GACase("unknown_call_id", ga(input=[user("hi"), output("call_nope", "x")]), "unknown_call_id", "input[1].call_id"),
+    GACase("duplicate_call_output", ga(input=[user("hi"), call("call_1"), output("call_1", "x"), output("call_1", "x")]), "duplicate_call_output", "input[3].call_id"),
     GACase("previous_response_not_found", ga(previous_response_id="resp_nope", input=[user("hi")]), "previous_response_not_found", "previous_response_id"),
     GACase("max_output_tokens_overflow", ga(max_output_tokens=10**40), "invalid_event", "max_output_tokens"),
     GACase("top_p_out_of_range", ga(top_p=-0.5), "invalid_event", "top_p"),
     GACase("deeply_nested", NESTED_EVENT, "invalid_json", None),
     GACase("lone_surrogate", ga(input=[user("\udc00 alone")]), "invalid_json", None),
     GACase("create_while_in_flight", ga(), "response_in_progress", None, setup="running"),
-    GACase("continue_unknown_call_after_rollout", ga(previous_response_id="", input=[output("call_nope")]), "unknown_call_id", "input[0].call_id", setup="after"),
+    GACase("continue_unknown_call_after_rollout", ga(previous_response_id="", input=[output("call_nope", "x")]), "unknown_call_id", "input[0].call_id", setup="after"),
 ]
 
 
@@ -287,7 +284,7 @@ async def test_ga(srv: ThreadedServer, case: GACase) -> None:
             await ws.send(ga(input=[user("!say first")]))
             first = (await until(ws, {*TERMINAL, "error"}))[-1]
             assert first["type"] == "response.completed"
-            frame = ga(previous_response_id=first["response"]["id"], input=[output("call_nope")])
+            frame = ga(previous_response_id=first["response"]["id"], input=[output("call_nope", "x")])
         await ws.send(frame)
         reply = (await until(ws, {"error"}))[-1]
         assert_error(reply, case.code, case.param)
@@ -342,8 +339,8 @@ HTTP_CASES = [
     HTTPCase("too_many_tools", body(tools=many_tools()), "too_many_tools", "tools"),
     HTTPCase("too_many_items", body(input=[user("hi")] * (MAX_ITEMS + 1)), "too_many_items", "input"),
     HTTPCase("item_missing_call_id", body(input=[{"type": "function_call_output", "output": "x"}]), "invalid_request", "input[0].call_id"),
-    HTTPCase("unknown_call_id", body(input=[user("hi"), output("call_nope")]), "unknown_call_id", "input[1].call_id"),
-    HTTPCase("duplicate_call_output", body(input=[user("hi"), call("call_1"), output("call_1"), output("call_1")]), "duplicate_call_output", "input[3].call_id"),
+    HTTPCase("unknown_call_id", body(input=[user("hi"), output("call_nope", "x")]), "unknown_call_id", "input[1].call_id"),
+    HTTPCase("duplicate_call_output", body(input=[user("hi"), call("call_1"), output("call_1", "x"), output("call_1", "x")]), "duplicate_call_output", "input[3].call_id"),
     HTTPCase("previous_response_not_found", body(previous_response_id="resp_nope"), "previous_response_not_found", "previous_response_id"),
     HTTPCase("max_output_tokens_overflow", body(max_output_tokens=10**40), "invalid_request", "max_output_tokens"),
     HTTPCase("temperature_out_of_range", body(temperature=2.5), "invalid_request", "temperature"),

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+from helpers import CORE_MODEL, output, user_message
 
 from proto import codec
 from proto.builder import ResponseBuilder
@@ -34,15 +35,13 @@ from proto.items import FunctionCall, FunctionCallOutput, Message
 from proto.longlived import Action, Cancel, Limits, LongLivedCore, Reply, Resume, Start
 from proto.state import CLIENT_EVENTS, REFUSALS, TRANSITIONS, Event, State
 
-MODEL = "mock-1000tps"
-
 
 class Pipe:
     """One connection core with a scripted server behind it."""
 
     def __init__(self, limits: Limits | None = None) -> None:
         ids = itertools.count(1)
-        self.core = LongLivedCore({MODEL}, limits, new_id=lambda: f"resp_{next(ids)}")
+        self.core = LongLivedCore({CORE_MODEL}, limits, new_id=lambda: f"resp_{next(ids)}")
         self.wire: list[AnyServerEvent] = []
         self.builder: ResponseBuilder | None = None
         self.calls = itertools.count(1)
@@ -57,7 +56,7 @@ class Pipe:
         return actions
 
     def create(self, **body: Any) -> Start:
-        actions = self.client(type="response.create", model=MODEL, input=body.pop("input", "go"), **body)
+        actions = self.client(type="response.create", model=CORE_MODEL, input=body.pop("input", "go"), **body)
         assert len(actions) == 1 and isinstance(actions[0], Start), actions
         return actions[0]
 
@@ -112,14 +111,6 @@ class Pipe:
         return events
 
 
-def output(call_id: str, text: str = "ok") -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": text}
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": text}
-
-
 def error_event(actions: list[Action]) -> ErrorEvent:
     assert len(actions) == 1 and isinstance(actions[0], Reply), actions
     event = codec.decode_server_event(actions[0].data)
@@ -171,10 +162,10 @@ def apply(pipe: Pipe, event: Event) -> list[Action]:
     """Make ``event`` happen to the core the way the adapter or the sampler would."""
     core = pipe.core
     open_id = core.response_id or "resp_1"
-    builder = ResponseBuilder(open_id, ResponseCreate(model=MODEL), "longlived")
+    builder = ResponseBuilder(open_id, ResponseCreate(model=CORE_MODEL), "longlived")
     match event:
         case Event.CREATE:
-            return pipe.client(type="response.create", model=MODEL, input="hi")
+            return pipe.client(type="response.create", model=CORE_MODEL, input="hi")
         case Event.OPENED:
             core.opened()
         case Event.ABORT:
@@ -182,7 +173,7 @@ def apply(pipe: Pipe, event: Event) -> list[Action]:
         case Event.APPEND:
             pending = core.pending_calls
             # While suspended on two calls, one output is a partial append: the response stays suspended.
-            return pipe.append(output(pending[0]) if pending else user("also this"))
+            return pipe.append(output(pending[0]) if pending else user_message("also this"))
         case Event.RESUME:
             pending = core.pending_calls or ["call_nobody_made"]
             return pipe.append(*(output(call_id) for call_id in pending))
@@ -241,7 +232,7 @@ def test_abort_returns_where_it_came_from(before: State) -> None:
     assert isinstance(detail, ErrorEvent) and detail.error.param == "$.previous_response_id"
     assert state_of(pipe) is before
     assert pipe.core.response_id is None
-    assert code_of(pipe.append(user("x"))) == ("no_open_response" if before is State.IDLE else "response_already_completed")
+    assert code_of(pipe.append(user_message("x"))) == ("no_open_response" if before is State.IDLE else "response_already_completed")
     pipe.open()  # and the connection serves the next create
     assert state_of(pipe) is State.STREAMING
 
@@ -249,7 +240,7 @@ def test_abort_returns_where_it_came_from(before: State) -> None:
 def test_a_rollout_walks_the_table() -> None:
     pipe = Pipe()
     seen = [pipe.core.state]
-    start = pipe.create(input=[user("fix the bug")])
+    start = pipe.create(input=[user_message("fix the bug")])
     seen.append(pipe.core.state)
     pipe.core.opened()
     pipe.builder = ResponseBuilder(start.response_id, start.request, "longlived", start.work)
@@ -292,7 +283,7 @@ def test_cancel_asks_the_adapter_to_stop_then_the_terminal_event_ends(state: Sta
         assert actions == [Cancel(response_id)]
     assert pipe.client(type="response.cancel", response_id=response_id) == []  # once is enough
     assert pipe.core.state is (State.STREAMING if state is State.OPENING else state)  # nothing ends until the terminal event
-    builder = ResponseBuilder(response_id, ResponseCreate(model=MODEL), "longlived")
+    builder = ResponseBuilder(response_id, ResponseCreate(model=CORE_MODEL), "longlived")
     ended = codec.decode_server_event(pipe.core.frame(builder.incomplete("cancelled")))
     assert ended.response.status == "cancelled"  # type: ignore[union-attr]
     assert pipe.core.state is State.ENDED
@@ -389,7 +380,7 @@ def test_binary_frame_not_supported_in_any_live_state() -> None:
 
 def test_no_open_response() -> None:
     pipe = Pipe()
-    assert code_of(pipe.append(user("hello?"))) == "no_open_response"
+    assert code_of(pipe.append(user_message("hello?"))) == "no_open_response"
     assert code_of(pipe.append(output("call_1"))) == "no_open_response"
     assert code_of(pipe.client(type="response.cancel")) == "no_open_response"
 
@@ -398,7 +389,7 @@ def test_no_open_response() -> None:
 def test_response_in_progress(state: State) -> None:
     pipe = pipe_in(state)
     before = pipe.core.response_id
-    actions = pipe.client(type="response.create", model=MODEL, input="again")
+    actions = pipe.client(type="response.create", model=CORE_MODEL, input="again")
     assert (code_of(actions), status_of(actions)) == ("response_in_progress", 409)
     assert (pipe.core.state, pipe.core.response_id) == (state, before)
 
@@ -417,15 +408,15 @@ def test_an_output_nobody_waits_for_is_unknown(state: State) -> None:
 
 def test_unknown_call_id_in_a_full_history() -> None:
     pipe = Pipe()
-    actions = pipe.client(type="response.create", model=MODEL, input=[user("hi"), output("call_x")])
+    actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("hi"), output("call_x")])
     assert (code_of(actions), error_of(actions).param) == ("unknown_call_id", "$.input[1].call_id")
     assert pipe.core.state is State.IDLE
     call = {"type": "function_call", "call_id": "call_x", "name": "grep", "arguments": "{}"}
-    [start] = pipe.client(type="response.create", model=MODEL, input=[user("hi"), call, output("call_x")])
+    [start] = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("hi"), call, output("call_x")])
     assert isinstance(start, Start) and len(start.items) == 3
     # A continuation answers calls of the stored response: checked where that response is loaded, not here.
     pipe = Pipe()
-    [start] = pipe.client(type="response.create", model=MODEL, previous_response_id="resp_0", input=[output("call_x")])
+    [start] = pipe.client(type="response.create", model=CORE_MODEL, previous_response_id="resp_0", input=[output("call_x")])
     assert isinstance(start, Start)
 
 
@@ -449,10 +440,10 @@ def test_response_already_completed() -> None:
     assert ended is None
     last = pipe.wire[-1].response.id  # type: ignore[union-attr]
     assert code_of(pipe.append(output("call_1"))) == "response_already_completed"
-    assert code_of(pipe.append(user("more"), response_id=last)) == "response_already_completed"
+    assert code_of(pipe.append(user_message("more"), response_id=last)) == "response_already_completed"
     pipe.open()
     # The old response, named while a new one is open, is still "completed" and not "not found".
-    actions = pipe.append(user("more"), response_id=last)
+    actions = pipe.append(user_message("more"), response_id=last)
     assert (code_of(actions), error_of(actions).param) == ("response_already_completed", "$.response_id")
     assert pipe.core.state is State.STREAMING
 
@@ -480,21 +471,21 @@ def test_model_not_found() -> None:
 
 def test_too_many_items() -> None:
     pipe = Pipe(Limits(max_input_items=2))
-    actions = pipe.client(type="response.create", model=MODEL, input=[user("a"), user("b"), user("c")])
+    actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("a"), user_message("b"), user_message("c")])
     assert (code_of(actions), error_of(actions).param) == ("too_many_items", "$.input")
     assert pipe.core.state is State.IDLE
-    pipe.open(input=[user("a"), user("b")])
+    pipe.open(input=[user_message("a"), user_message("b")])
     [call] = pipe.suspend("grep")
-    assert code_of(pipe.append(output(call), user("b"), user("c"))) == "too_many_items"
+    assert code_of(pipe.append(output(call), user_message("b"), user_message("c"))) == "too_many_items"
     assert pipe.core.pending_calls == [call]
 
 
 def test_too_many_tools() -> None:
     tools = [{"type": "function", "name": f"t{i}"} for i in range(3)]
     pipe = Pipe(Limits(max_tools=2))
-    actions = pipe.client(type="response.create", model=MODEL, tools=tools)
+    actions = pipe.client(type="response.create", model=CORE_MODEL, tools=tools)
     assert (code_of(actions), error_of(actions).param) == ("too_many_tools", "$.tools")
-    assert isinstance(pipe.client(type="response.create", model=MODEL, tools=tools[:2])[0], Start)
+    assert isinstance(pipe.client(type="response.create", model=CORE_MODEL, tools=tools[:2])[0], Start)
 
 
 @pytest.mark.parametrize(
@@ -525,7 +516,7 @@ def test_inject_is_acknowledged_then_acts_like_append() -> None:
 
 def test_inject_while_streaming_enqueues_user_messages() -> None:
     pipe = pipe_in(State.STREAMING)
-    actions = pipe.client(type="response.inject", response_id=pipe.core.response_id, input=[user("also")])
+    actions = pipe.client(type="response.inject", response_id=pipe.core.response_id, input=[user_message("also")])
     assert isinstance(codec.decode_server_event(actions[0].data), InjectCreated)  # type: ignore[union-attr]
     assert len(actions) == 1  # the core keeps the message for the next turn boundary
     assert pipe.core.take_queued() == [Message(role="user", content="also")]
@@ -565,7 +556,7 @@ def test_parallel_outputs_over_two_appends_resume_once_in_call_order() -> None:
         PendingCall(call_id=calls[1], name="grep"),
         PendingCall(call_id=calls[2], name="run_tests"),
     ]
-    assert pipe.append(output(calls[2], "third"), user("and hurry")) == []
+    assert pipe.append(output(calls[2], "third"), user_message("and hurry")) == []
     assert pipe.core.state is State.SUSPENDED
     actions = pipe.append(output(calls[0], "first"), output(calls[1], "second"))
     assert len(actions) == 1 and isinstance(actions[0], Resume)
@@ -582,10 +573,10 @@ def test_parallel_outputs_over_two_appends_resume_once_in_call_order() -> None:
 
 def test_user_messages_while_streaming_wait_for_the_next_turn() -> None:
     pipe = pipe_in(State.OPENING)
-    assert pipe.append(user("before the first token")) == []
+    assert pipe.append(user_message("before the first token")) == []
     assert pipe.core.opened()
     assert pipe.core.take_queued() == [Message(role="user", content="before the first token")]
-    actions = pipe.append(user("one"), {"role": "developer", "content": "two"})
+    actions = pipe.append(user_message("one"), {"role": "developer", "content": "two"})
     assert actions == []
     assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="developer", content="two")]
     assert pipe.core.take_queued() == []  # each is handed over once
@@ -596,7 +587,7 @@ def test_user_messages_while_streaming_wait_for_the_next_turn() -> None:
 def test_a_suspension_with_user_messages_only_resumes_when_no_call_is_pending() -> None:
     pipe = pipe_in(State.STREAMING)
     [call] = pipe.suspend("grep")
-    assert pipe.append(user("waiting")) == []
+    assert pipe.append(user_message("waiting")) == []
     [resume] = pipe.append(output(call))
     assert isinstance(resume, Resume)
     assert [type(item).__name__ for item in resume.items] == ["FunctionCallOutput", "Message"]
@@ -604,14 +595,14 @@ def test_a_suspension_with_user_messages_only_resumes_when_no_call_is_pending() 
 
 def test_sequence_numbers_increase_over_a_whole_multi_suspension_response() -> None:
     pipe = Pipe()
-    first = pipe.open(input=[user("fix the bug")])
+    first = pipe.open(input=[user_message("fix the bug")])
     pipe.say("let me look")
     [grep] = pipe.suspend("grep")
     pipe.append(output(grep, "a.py:3"))
     pipe.web_search("python off by one")
     pair = pipe.suspend("read_file", "run_tests")
     pipe.append(output(pair[1], "1 failed"))
-    pipe.append(user("keep going"))
+    pipe.append(user_message("keep going"))
     pipe.append(output(pair[0], "def f(): ..."))
     pipe.say("patched and green")
     pipe.complete()
@@ -734,3 +725,13 @@ def test_error_frames_carry_no_sequence_number() -> None:
         for action in pipe.send(frame):
             if isinstance(action, Reply):
                 assert b"sequence_number" not in action.data
+
+
+def test_queued_user_messages_are_capped_typed_and_the_refused_append_keeps_nothing() -> None:
+    pipe = Pipe(Limits(max_queued_items=2))
+    pipe.open()
+    assert pipe.append(user_message("one")) == []
+    assert code_of(pipe.append(user_message("two"), user_message("three"))) == "too_many_queued_items"
+    assert pipe.append(user_message("two")) == []  # within the cap again
+    assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="user", content="two")]
+    assert pipe.append(user_message("after the turn boundary")) == []  # taking them makes room

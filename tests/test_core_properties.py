@@ -17,6 +17,7 @@ import itertools
 import json
 from typing import Any
 
+from helpers import CORE_MODEL, user_message
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -38,7 +39,6 @@ from proto.items import FunctionCall
 from proto.longlived import Cancel, Limits, LongLivedCore, Reply, Resume, Start
 from proto.state import State
 
-MODEL = "mock-1000tps"
 OPEN_STATES = {State.OPENING, State.STREAMING, State.SUSPENDED}
 
 json_values = st.recursive(
@@ -56,10 +56,6 @@ bad_frames = st.one_of(
 )
 
 
-def user_message(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": text}
-
-
 def live(machine: CoreMachine) -> bool:
     # A closed connection takes no more frames (feeding one is our misuse, tested in test_core_longlived).
     return machine.core.state is not State.CLOSED
@@ -68,7 +64,7 @@ def live(machine: CoreMachine) -> bool:
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.core = LongLivedCore({MODEL}, Limits(max_input_items=4, max_tools=2, max_pending_calls=3))
+        self.core = LongLivedCore({CORE_MODEL}, Limits(max_input_items=4, max_tools=2, max_pending_calls=3))
         self.call_ids = (f"call_{n}" for n in itertools.count())
         self.builder: ResponseBuilder | None = None
         self.start: Start | None = None  # a create the pre-inference pipeline is working on
@@ -143,7 +139,7 @@ class CoreMachine(RuleBasedStateMachine):
                 tools = data.draw(st.integers(0, 3))
                 event = {
                     "type": "response.create",
-                    "model": data.draw(st.sampled_from([MODEL, MODEL, "gpt-nope"])),
+                    "model": data.draw(st.sampled_from([CORE_MODEL, CORE_MODEL, "gpt-nope"])),
                     "input": self.some_items(data) if body is None else body,
                     "tools": [{"type": "function", "name": f"t{i}"} for i in range(tools)],
                 }
@@ -171,7 +167,7 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(text=st.text(max_size=8))
     def open_response(self, text: str) -> None:
         # A valid create where one can open, so that most runs get to stream, suspend and resume.
-        self.feed(json.dumps({"type": "response.create", "model": MODEL, "input": [user_message(text)]}))
+        self.feed(json.dumps({"type": "response.create", "model": CORE_MODEL, "input": [user_message(text)]}))
         assert self.start is not None
 
     @precondition(lambda self: live(self) and self.core.state is State.SUSPENDED)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from transports import MODEL, running, state
+from helpers import MODEL, running, state
 from websockets.asyncio.client import ClientConnection, connect
 
 # Every token due at once (1 µs apart): one GPU wake-up releases a whole item, added → deltas → done in

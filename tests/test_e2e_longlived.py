@@ -1,4 +1,4 @@
-"""End-to-end tests of the long-lived protocol (SPEC §3) over a real uvicorn server on loopback.
+"""End-to-end tests of the long-lived protocol (docs/protocol.md §3) over a real uvicorn server on loopback.
 
 Every test talks to the server through the project's own client (``LongLivedClient``), either its
 ``rollout()`` or the low-level ``send`` / ``recv``; server-side facts (tasks, GPU slots, the ledger) are
@@ -7,38 +7,37 @@ read from the server's objects, and anything that must run on the server's loop 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import tiktoken
+from helpers import (
+    GUARD,
+    LOCAL_TOOLS,
+    MODEL,
+    SLOW_MODEL,
+    ServerFactory,
+    clean_env,
+    cli_command,
+    output,
+    server_tasks,
+    tools_decl,
+    wait_for,
+)
+from virtual import virtual
 from websockets.exceptions import InvalidStatus
 
 from proto.client.longlived import TERMINAL, ClientEvent, LongLivedClient
 from proto.server.run import ThreadedServer
 from proto.state import State
 
-FAST_MODEL = "mock-4000tps"  # conftest gives it a 1 ms prefill
-SLOW_MODEL = "mock-65tps"  # 65 tokens/s: `!tokens 5000` streams for over a minute unless cancelled
-RECV_TIMEOUT = 10.0  # a guard against hangs only; no assertion depends on timing
-LOCAL_TOOLS = ("grep", "read_file", "run_tests")
-ServerFactory = Callable[..., contextlib.AbstractContextManager[ThreadedServer]]
 
-
-def tools_decl(*hosted: str) -> list[dict[str, Any]]:
-    return [{"type": "function", "name": name} for name in LOCAL_TOOLS] + [{"type": t} for t in hosted]
-
-
-def request(script: str, model: str = FAST_MODEL, *hosted: str) -> dict[str, Any]:
+def request(script: str, model: str = MODEL, *hosted: str) -> dict[str, Any]:
     return {"model": model, "input": [{"role": "user", "content": script}], "tools": tools_decl(*hosted)}
 
 
@@ -51,7 +50,7 @@ async def recv_until(client: LongLivedClient, stop: Iterable[str]) -> list[Clien
     wanted = set(stop)
     events: list[ClientEvent] = []
     while True:
-        event = await client.recv(RECV_TIMEOUT)
+        event = await client.recv(GUARD)
         events.append(event)
         if event.type in wanted:
             return events
@@ -59,7 +58,7 @@ async def recv_until(client: LongLivedClient, stop: Iterable[str]) -> list[Clien
 
 async def expect_error(client: LongLivedClient, event: dict[str, Any], code: str) -> dict[str, Any]:
     await client.send(event)
-    reply = await client.recv(RECV_TIMEOUT)
+    reply = await client.recv(GUARD)
     assert reply.type == "error", reply.data
     assert reply.data["error"]["code"] == code, reply.data
     assert reply.data["error"]["type"] == "invalid_request_error"
@@ -67,7 +66,7 @@ async def expect_error(client: LongLivedClient, event: dict[str, Any], code: str
     return reply.data
 
 
-async def open_suspended(client: LongLivedClient, script: str, model: str = FAST_MODEL) -> dict[str, Any]:
+async def open_suspended(client: LongLivedClient, script: str, model: str = MODEL) -> dict[str, Any]:
     """response.create, then read up to the first response.done; returns that event."""
     await client.send({"type": "response.create", **request(script, model)})
     events = await recv_until(client, {"response.done", *TERMINAL, "error"})
@@ -87,10 +86,6 @@ async def say_again(client: LongLivedClient, text: str = "again") -> dict[str, A
     return terminal
 
 
-def output_fn(call_id: str, text: str) -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": text}
-
-
 def _message_text(response: dict[str, Any]) -> str:
     messages = [item for item in response["output"] if item["type"] == "message"]
     return "".join(part["text"] for part in messages[-1]["content"] if part["type"] == "output_text")
@@ -98,25 +93,6 @@ def _message_text(response: dict[str, Any]) -> str:
 
 def _sequence_numbers(events: list[ClientEvent]) -> list[int]:
     return [e.data["sequence_number"] for e in events if "sequence_number" in e.data]
-
-
-async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    """Poll a server-side condition (bounded, a guard against hangs, not a timing assertion)."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
-
-
-def server_tasks(srv: ThreadedServer, loop: asyncio.AbstractEventLoop) -> list[str]:
-    """Names of the tasks alive on the server's event loop, read on that loop."""
-
-    async def names() -> list[str]:
-        me = asyncio.current_task()
-        return [task.get_name() for task in asyncio.all_tasks() if task is not me and not task.done()]
-
-    return asyncio.run_coroutine_threadsafe(names(), loop).result(RECV_TIMEOUT)
 
 
 # ----------------------------------------------------------------------------------------- a rollout
@@ -140,11 +116,11 @@ async def test_full_rollout_local_parallel_hosted_and_final_message(server: Thre
         return run
 
     async with LongLivedClient(server.url) as client:
-        result = await client.rollout(request(ROLLOUT_SCRIPT, FAST_MODEL, "web_search"), {n: tool(n) for n in LOCAL_TOOLS})
+        result = await client.rollout(request(ROLLOUT_SCRIPT, MODEL, "web_search"), {n: tool(n) for n in LOCAL_TOOLS})
 
     response = result.response
     assert response["status"] == "completed"
-    assert response["model"] == FAST_MODEL
+    assert response["model"] == MODEL
     events = [e for e in result.events if not e.type.startswith("client.")]
     assert events[0].type == "response.created" and events[1].type == "response.in_progress"
     assert events[-1].type == "response.completed"
@@ -198,7 +174,7 @@ async def test_full_rollout_local_parallel_hosted_and_final_message(server: Thre
 
 async def test_sequence_numbers_strictly_increase_over_the_whole_rollout(server: ThreadedServer) -> None:
     async with LongLivedClient(server.url) as client:
-        result = await client.rollout(request(ROLLOUT_SCRIPT, FAST_MODEL, "web_search"), dict.fromkeys(LOCAL_TOOLS, echo_tool))
+        result = await client.rollout(request(ROLLOUT_SCRIPT, MODEL, "web_search"), dict.fromkeys(LOCAL_TOOLS, echo_tool))
     server_events = [e for e in result.events if not e.type.startswith("client.")]
     numbers = _sequence_numbers(server_events)
     assert len(numbers) == len(server_events), "every event of the response carries a sequence_number"
@@ -222,16 +198,16 @@ async def test_parallel_outputs_split_over_two_appends(server: ThreadedServer) -
         session = _only_session(server, response_id)
 
         # First output: the response stays suspended, waiting for the second.
-        await client.send({"type": "response.append", "input": [output_fn(pending[0], "contents of a")]})
+        await client.send({"type": "response.append", "input": [output(pending[0], "contents of a")]})
         # A refused append is a barrier: its error is framed after the first append was handled.
-        await expect_error(client, {"type": "response.append", "input": [output_fn("call_nope", "x")]}, "unknown_call_id")
+        await expect_error(client, {"type": "response.append", "input": [output("call_nope", "x")]}, "unknown_call_id")
         assert session.core.state is State.SUSPENDED
         assert session.core.pending_calls == pending
         with pytest.raises(TimeoutError):
             await client.recv(0.2)  # nothing was sampled: no resume after the first append
 
         # Second output (with response_id, which must name the open response): sampling resumes.
-        await client.send({"type": "response.append", "response_id": response_id, "input": [output_fn(pending[1], "contents of b")]})
+        await client.send({"type": "response.append", "response_id": response_id, "input": [output(pending[1], "contents of b")]})
         events = await recv_until(client, TERMINAL)
         assert events[0].type == "response.output_item.added", "resumed right after the second append"
         terminal = events[-1].data
@@ -300,7 +276,7 @@ async def test_cancel_right_after_create_ends_the_response(server: ThreadedServe
 
 async def test_append_before_any_create_is_no_open_response(server: ThreadedServer) -> None:
     async with LongLivedClient(server.url) as client:
-        await expect_error(client, {"type": "response.append", "input": [output_fn("call_x", "x")]}, "no_open_response")
+        await expect_error(client, {"type": "response.append", "input": [output("call_x", "x")]}, "no_open_response")
         await say_again(client)
 
 
@@ -308,9 +284,9 @@ async def test_append_after_terminal_is_response_already_completed(server: Threa
     async with LongLivedClient(server.url) as client:
         first = await say_again(client, "first")
         rid = first["response"]["id"]
-        await expect_error(client, {"type": "response.append", "input": [output_fn("call_x", "x")]}, "response_already_completed")
+        await expect_error(client, {"type": "response.append", "input": [output("call_x", "x")]}, "response_already_completed")
         await expect_error(
-            client, {"type": "response.append", "response_id": rid, "input": [output_fn("call_x", "x")]}, "response_already_completed"
+            client, {"type": "response.append", "response_id": rid, "input": [output("call_x", "x")]}, "response_already_completed"
         )
         await say_again(client, "second")
 
@@ -321,7 +297,7 @@ async def test_second_create_while_open_is_response_in_progress(server: Threaded
         await expect_error(client, {"type": "response.create", **request("!say other")}, "response_in_progress")
         # The open response is untouched: answering its call finishes it.
         call_id = done["pending_calls"][0]["call_id"]
-        await client.send({"type": "response.append", "input": [output_fn(call_id, "ok")]})
+        await client.send({"type": "response.append", "input": [output(call_id, "ok")]})
         terminal = (await recv_until(client, TERMINAL))[-1].data
         assert terminal["type"] == "response.completed"
         assert terminal["response"]["id"] == done["response"]["id"]
@@ -334,20 +310,20 @@ async def test_unknown_and_duplicate_call_outputs(server: ThreadedServer) -> Non
     async with LongLivedClient(server.url) as client:
         done = await open_suspended(client, script)
         first, second = (p["call_id"] for p in done["pending_calls"])
-        await expect_error(client, {"type": "response.append", "input": [output_fn("call_unknown", "x")]}, "unknown_call_id")
+        await expect_error(client, {"type": "response.append", "input": [output("call_unknown", "x")]}, "unknown_call_id")
         # Two outputs for one call in one append: refused as a whole, nothing half-applied.
         await expect_error(
-            client, {"type": "response.append", "input": [output_fn(first, "a"), output_fn(first, "b")]}, "duplicate_call_output"
+            client, {"type": "response.append", "input": [output(first, "a"), output(first, "b")]}, "duplicate_call_output"
         )
-        await client.send({"type": "response.append", "input": [output_fn(first, "a")]})
-        await expect_error(client, {"type": "response.append", "input": [output_fn(first, "again")]}, "duplicate_call_output")
-        await client.send({"type": "response.append", "input": [output_fn(second, "b")]})
+        await client.send({"type": "response.append", "input": [output(first, "a")]})
+        await expect_error(client, {"type": "response.append", "input": [output(first, "again")]}, "duplicate_call_output")
+        await client.send({"type": "response.append", "input": [output(second, "b")]})
         again = (await recv_until(client, {"response.done", *TERMINAL}))[-1].data
         assert again["type"] == "response.done"
         # A call answered before the resume is a duplicate at the next suspension too.
-        await expect_error(client, {"type": "response.append", "input": [output_fn(second, "b")]}, "duplicate_call_output")
+        await expect_error(client, {"type": "response.append", "input": [output(second, "b")]}, "duplicate_call_output")
         third = again["pending_calls"][0]["call_id"]
-        await client.send({"type": "response.append", "input": [output_fn(third, "c")]})
+        await client.send({"type": "response.append", "input": [output(third, "c")]})
         terminal = (await recv_until(client, TERMINAL))[-1].data
         assert terminal["type"] == "response.completed"
         assert _message_text(terminal["response"]) == "done"
@@ -368,9 +344,8 @@ async def test_disconnect_while_suspended_leaves_no_task(make_server: ServerFact
         session = _only_session(srv, response_id)
         task = session.task
         assert task is not None and task.get_name() == f"response-{response_id}" and not task.done()
-        loop = task.get_loop()
-        assert f"response-{response_id}" in server_tasks(srv, loop)
-        gpu = state.pipeline.engines.gpus[FAST_MODEL]
+        assert f"response-{response_id}" in server_tasks(srv)
+        gpu = state.pipeline.engines.gpus[MODEL]
 
         if how == "close":
             await client.close()  # a clean close handshake
@@ -379,7 +354,7 @@ async def test_disconnect_while_suspended_leaves_no_task(make_server: ServerFact
         await wait_for(lambda: not state.sessions, "the session ended")
 
         assert task.done()
-        names = server_tasks(srv, loop)
+        names = server_tasks(srv)
         assert not [n for n in names if n.startswith("response-") or n == "ws-writer"], names
         assert gpu.metrics()["running"] == 0
         state.pipeline.ledger.flush()
@@ -432,10 +407,12 @@ async def test_k_local_calls_tokenize_each_input_token_once(server: ThreadedServ
 # ----------------------------------------------------------------------------------------- tool timeout
 
 
-async def test_tool_timeout_ends_the_response_incomplete(make_server: ServerFactory) -> None:
-    with make_server(tool_timeout_s=0.3) as srv:
+async def test_tool_timeout_ends_the_response_incomplete() -> None:
+    async with virtual(tool_timeout_s=0.3) as virtual_server:  # the timeout on virtual time
+        srv = virtual_server.server
         async with LongLivedClient(srv.url) as client:
             done = await open_suspended(client, "!call run_tests {}\n!say never")
+            await virtual_server.advance(0.3)
             events = await recv_until(client, TERMINAL)
             terminal = events[-1].data
             assert [e.type for e in events] == ["response.incomplete"]
@@ -444,7 +421,7 @@ async def test_tool_timeout_ends_the_response_incomplete(make_server: ServerFact
             assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
             # The late output finds the response over; the connection still works.
             call_id = done["pending_calls"][0]["call_id"]
-            await expect_error(client, {"type": "response.append", "input": [output_fn(call_id, "late")]}, "response_already_completed")
+            await expect_error(client, {"type": "response.append", "input": [output(call_id, "late")]}, "response_already_completed")
             await say_again(client)
         ledger = srv.app.state.server.pipeline.ledger
         ledger.flush()
@@ -480,19 +457,16 @@ async def test_api_key_guards_the_handshake_and_models(make_server: ServerFactor
         for knob in ("time-to-first-token", "prefill-overhead", "prefill-time-per-token", "inter-token-latency", "max-num-seqs"):
             assert knob in settings
     # The --model-override of the fast model shows in its settings.
-    assert models[FAST_MODEL]["settings"]["prefill-overhead"] == 1.0
+    assert models[MODEL]["settings"]["prefill-overhead"] == 1.0
 
 
 def test_open_server_refuses_a_public_bind() -> None:
-    script = Path(sys.executable).with_name("responses-lab")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "proto"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
     done = subprocess.run(
-        [*command, "serve", "--host", "0.0.0.0", "--port", "0", "--db", ":memory:"],
+        [*cli_command(), "serve", "--host", "0.0.0.0", "--port", "0", "--db", ":memory:"],
         capture_output=True,
         text=True,
         timeout=30,
-        env=env,
+        env=clean_env(),
         check=False,
     )
     assert done.returncode != 0

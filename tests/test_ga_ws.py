@@ -1,4 +1,4 @@
-"""GA WebSocket mode (SPEC §4) over a real server: each documented behaviour."""
+"""GA WebSocket mode (docs/protocol.md §4) over a real server: each documented behaviour."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from transports import MODEL, TOOLS, ga_events, outputs_for, running
+from helpers import MODEL, ga_events, outputs_for, running
+from helpers import ROLLOUT_TOOLS as TOOLS
 from virtual import virtual
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed

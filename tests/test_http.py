@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from transports import MODEL, TOOLS, headers, outputs_for, running, state
+from helpers import MODEL, ROLLOUT_TOOLS, auth, outputs_for, running, state
 
 from proto.server.run import ThreadedServer
 
@@ -23,7 +23,7 @@ def srv() -> Iterator[ThreadedServer]:
 
 
 def client(server: ThreadedServer, key: str | None = KEYS[0]) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.http_url, headers=headers(key), timeout=30)
+    return httpx.AsyncClient(base_url=server.http_url, headers=auth(key), timeout=30)
 
 
 def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -36,9 +36,9 @@ def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 async def test_function_call_loop_with_previous_response_id(srv: ThreadedServer) -> None:
     async with client(srv) as c:
-        first = (await c.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": TOOLS})).json()
+        first = (await c.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS})).json()
         assert first["status"] == "completed" and first["output"][0]["type"] == "function_call"
-        body = {"model": MODEL, "input": outputs_for(first), "tools": TOOLS, "previous_response_id": first["id"]}
+        body = {"model": MODEL, "input": outputs_for(first), "tools": ROLLOUT_TOOLS, "previous_response_id": first["id"]}
         second = (await c.post("/v1/responses", json=body)).json()
     assert second["previous_response_id"] == first["id"]
     assert second["output"][-1]["content"][0]["text"] == "done"
@@ -85,7 +85,7 @@ async def test_stored_response_get_delete_and_input_items(srv: ThreadedServer) -
 
 async def test_store_false_is_never_persisted(srv: ThreadedServer) -> None:
     async with client(srv) as c:
-        created = (await c.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": TOOLS, "store": False})).json()
+        created = (await c.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS, "store": False})).json()
         assert (await c.get(f"/v1/responses/{created['id']}")).status_code == 404
         body = {"model": MODEL, "input": outputs_for(created), "previous_response_id": created["id"]}
         follow = await c.post("/v1/responses", json=body)
@@ -94,7 +94,7 @@ async def test_store_false_is_never_persisted(srv: ThreadedServer) -> None:
 
 async def test_stored_responses_are_isolated_per_key(srv: ThreadedServer) -> None:
     async with client(srv, KEYS[0]) as alice, client(srv, KEYS[1]) as bob:
-        mine = (await alice.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": TOOLS})).json()
+        mine = (await alice.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS})).json()
         for reply in (
             await bob.get(f"/v1/responses/{mine['id']}"),
             await bob.get(f"/v1/responses/{mine['id']}/input_items"),

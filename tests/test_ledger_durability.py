@@ -11,19 +11,19 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from helpers import GUARD
 from structlog.testing import capture_logs
 
 from proto.server.ledger import INCOMPLETE, LedgerError, LedgerFullError, LedgerRow, UsageLedger
 from proto.work import WorkCounters
 
 ROOT = Path(__file__).resolve().parents[1]
-GUARD = 10.0  # seconds: only ever reached when the behaviour under test is broken
 
 
 def row(n: int, *, output: int = 10, status: str = "completed") -> LedgerRow:
@@ -46,24 +46,6 @@ def fast(path: str, **options: Any) -> UsageLedger:
 @pytest.fixture
 def path(tmp_path: Path) -> str:
     return str(tmp_path / "ledger.sqlite3")
-
-
-@pytest.fixture
-def lock(path: str) -> Iterator[Callable[[], sqlite3.Connection]]:
-    """Hold the database file's write lock from a second connection (``BEGIN EXCLUSIVE``) until COMMIT."""
-    held: list[sqlite3.Connection] = []
-
-    def take() -> sqlite3.Connection:
-        db = sqlite3.connect(path, isolation_level=None)
-        db.execute("BEGIN EXCLUSIVE")
-        held.append(db)
-        return db
-
-    yield take
-    for db in held:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        db.close()
 
 
 def usage_ids(path: str) -> list[str]:

@@ -8,11 +8,7 @@ import json
 
 import httpx
 import pytest
-from transports import running
-from virtual import virtual
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
-from wire import (
+from helpers import (
     MODEL,
     TERMINAL,
     TOOLS,
@@ -22,8 +18,12 @@ from wire import (
     longlived_rollout_ok,
     outputs,
     recv,
+    running,
     until,
 )
+from virtual import virtual
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from proto.server.config import Settings, add_arguments, from_args
 from proto.server.timers import ConnectionTimers

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import structlog
+from helpers import GUARD, MODEL, auth, clean_env, cli_command, wait_healthy
 from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
@@ -22,10 +21,8 @@ from websockets.exceptions import InvalidStatus
 from proto.server.logs import configure
 from proto.server.run import free_port
 
-FAST = "mock-4000tps"
 KEYS = ["sk-alice-0123456789abcdef", "sk-bob-fedcba9876543210"]
 SECRET_TEXT = "the launch code is PLUTONIUM-42"
-GUARD = 10.0
 
 # Every route of the app: a new one without an entry here fails test_every_route_is_listed.
 HTTP_ENDPOINTS = [
@@ -34,14 +31,10 @@ HTTP_ENDPOINTS = [
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),
     ("GET", "/v1/models"),
-    ("GET", "/healthz"),  # authenticated too: SPEC §2 says every endpoint (a load balancer gets a key)
+    ("GET", "/healthz"),  # authenticated too: docs/protocol.md §2 says every endpoint (a load balancer gets a key)
     ("GET", "/metrics"),
 ]
 WS_PROTOCOLS = ["", "?protocol=longlived"]
-
-
-def auth(key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def test_every_route_is_listed(make_server: Any) -> None:
@@ -58,10 +51,10 @@ async def test_every_endpoint_and_the_handshake_refuse_a_missing_or_wrong_key(ma
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
             for method, path in HTTP_ENDPOINTS:
                 for key in (None, "sk-wrong", KEYS[0] + "x"):
-                    reply = await http.request(method, path, headers=auth(key), json={"model": FAST, "input": "hi"})
+                    reply = await http.request(method, path, headers=auth(key), json={"model": MODEL, "input": "hi"})
                     assert reply.status_code == 401, (method, path, key)
                     assert reply.json()["error"]["code"] == "unauthorized"
-                reply = await http.request(method, path, headers=auth(KEYS[1]), json={"model": FAST, "input": "hi"})
+                reply = await http.request(method, path, headers=auth(KEYS[1]), json={"model": MODEL, "input": "hi"})
                 assert reply.status_code != 401, (method, path)
             scheme_only = await http.get("/healthz", headers={"Authorization": KEYS[0]})  # no "Bearer"
             assert scheme_only.status_code == 401
@@ -78,8 +71,8 @@ async def test_every_endpoint_and_the_handshake_refuse_a_missing_or_wrong_key(ma
 async def test_previous_response_id_of_another_key_is_not_found_over_websocket(make_server: Any, query: str) -> None:
     with make_server(api_key=KEYS) as srv:
         async with httpx.AsyncClient(base_url=srv.http_url, headers=auth(KEYS[0]), timeout=GUARD) as alice:
-            mine = (await alice.post("/v1/responses", json={"model": FAST, "input": "!say mine", "store": True})).json()
-        event = {"type": "response.create", "model": FAST, "input": "more", "previous_response_id": mine["id"], "store": True}
+            mine = (await alice.post("/v1/responses", json={"model": MODEL, "input": "!say mine", "store": True})).json()
+        event = {"type": "response.create", "model": MODEL, "input": "more", "previous_response_id": mine["id"], "store": True}
         async with connect(srv.url + query, additional_headers=auth(KEYS[1])) as bob:
             await bob.send(json.dumps(event))
             reply = json.loads(await asyncio.wait_for(bob.recv(), GUARD))
@@ -120,25 +113,17 @@ async def test_log_text_logs_message_text_but_still_never_a_key(tmp_path: Path) 
 
 async def _server_log_after_traffic(tmp_path: Path, *extra: str) -> str:
     port = free_port()
-    script = Path(sys.executable).with_name("responses-lab")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "proto"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log_file:
         server = await asyncio.create_subprocess_exec(
-            *command, "serve", "--port", str(port), "--db", ":memory:", "--log-level", "debug",
-            "--api-key", KEYS[0], "--api-key", KEYS[1], "--model-override", f"{FAST}:prefill-overhead=1", *extra,
-            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            *cli_command(), "serve", "--port", str(port), "--db", ":memory:", "--log-level", "debug",
+            "--api-key", KEYS[0], "--api-key", KEYS[1], "--model-override", f"{MODEL}:prefill-overhead=1", *extra,
+            env=clean_env(), stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth(KEYS[0]), timeout=GUARD) as http:
-                for _ in range(500):
-                    try:
-                        if (await http.get("/healthz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        await asyncio.sleep(0.02)
-                body = {"model": FAST, "input": f"{SECRET_TEXT}\n!say {SECRET_TEXT}"}
+                await wait_healthy(http)
+                body = {"model": MODEL, "input": f"{SECRET_TEXT}\n!say {SECRET_TEXT}"}
                 assert (await http.post("/v1/responses", json=body)).status_code == 200
                 await http.post("/v1/responses", json={**body, "model": "nope"})  # an error path
                 await http.get("/v1/models", headers=auth("sk-wrong-" + KEYS[1]))  # a refused key

@@ -7,15 +7,15 @@ import asyncio
 import json
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from helpers import GUARD
 
 from proto.server.store import ResponseStore, StoreError, StoreUnavailable
 
 KEY = "key_alice"
-GUARD = 10.0  # seconds: only ever reached when the behaviour under test is broken
 
 
 def payload(response_id: str) -> tuple[bytes, bytes]:
@@ -25,24 +25,6 @@ def payload(response_id: str) -> tuple[bytes, bytes]:
 @pytest.fixture
 def path(tmp_path: Path) -> str:
     return str(tmp_path / "store.sqlite3")
-
-
-@pytest.fixture
-def lock(path: str) -> Iterator[Callable[[], sqlite3.Connection]]:
-    """Hold the database file's write lock from a second connection (``BEGIN EXCLUSIVE``) until COMMIT."""
-    held: list[sqlite3.Connection] = []
-
-    def take() -> sqlite3.Connection:
-        db = sqlite3.connect(path, isolation_level=None)
-        db.execute("BEGIN EXCLUSIVE")
-        held.append(db)
-        return db
-
-    yield take
-    for db in held:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        db.close()
 
 
 @pytest.fixture

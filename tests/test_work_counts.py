@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from transports import (
+from helpers import (
     ga_rollout,
     http_rollout,
     longlived_rollout,

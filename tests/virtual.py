@@ -12,12 +12,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from proto.server.config import Settings
+from helpers import SETTINGS
+
 from proto.server.run import ThreadedServer
 from sampler.clock import FakeClock
-
-MODEL = "mock-4000tps"
-SETTINGS = Settings(db=":memory:", port=0, model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"])
 
 
 @dataclass
