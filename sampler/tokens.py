@@ -35,6 +35,7 @@ class Tokenizer:
     def __init__(self) -> None:
         self._enc = _encoding()
         self._headers: dict[str, list[int]] = {}
+        self._texts: dict[int, str | None] = {}
         self._filler = [self._enc.encode_single_token(word) for word in _FILLER_WORDS]
 
     def encode(self, text: str, work: WorkCounters) -> list[int]:
@@ -67,6 +68,21 @@ class Tokenizer:
     def piece(self, token: int) -> bytes:
         return self._enc.decode_single_token_bytes(token)
 
+    def text(self, token: int) -> str | None:
+        """The token's text when its bytes are whole UTF-8 characters (most tokens), else None (a
+        character split over tokens). Memoised: bounded by the vocabulary, and a streamed token then costs
+        a dict lookup instead of a decode."""
+        try:
+            return self._texts[token]
+        except KeyError:
+            pass
+        try:
+            text: str | None = self.piece(token).decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        self._texts[token] = text
+        return text
+
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids)
 
@@ -83,9 +99,16 @@ class TextStream:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = False  # the decoder holds the first bytes of a character
 
     def push(self, token: int) -> str:
-        return self._decoder.decode(self._tokenizer.piece(token))
+        if not self._pending:
+            text = self._tokenizer.text(token)
+            if text is not None:
+                return text  # what the decoder would say: nothing held back, and the token is whole characters
+        out = self._decoder.decode(self._tokenizer.piece(token))
+        self._pending = bool(self._decoder.getstate()[0])
+        return out
 
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)
