@@ -52,25 +52,28 @@ class LongLivedSession(WebSocketSession):
     async def serve(self) -> None:
         writer = self.out.start("ws-writer")
         try:
-            while True:
-                message = await self._receive()
-                if message is None:  # a limit came due
-                    if await self._act_all(self._limits_due(), writer):
-                        break
-                    continue
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                if text is not None:
-                    actions = self.core.receive(text)
-                else:
-                    actions = self.core.receive_binary(message.get("bytes") or b"")
-                if await self._act_all(actions, writer):
-                    break
+            while not await self._next(writer):
+                pass
         except (WebSocketDisconnect, Stopped):
             pass
         finally:
             await self._teardown(self.core.busy, self.core.close, self.stopping)
+
+    async def _next(self, writer: asyncio.Task[None]) -> bool:
+        """Read one frame (or see a limit come due) and carry out the core's actions; True when the
+        connection is done. A method of its own so the frame is not held while the next one is awaited:
+        a suspended response must not keep its create's text alive twice (the decoded items have it)."""
+        message = await self._receive()
+        if message is None:  # a limit came due
+            return await self._act_all(self._limits_due(), writer)
+        if message["type"] == "websocket.disconnect":
+            return True
+        text = message.get("text")
+        if text is not None:
+            actions = self.core.receive(text)
+        else:
+            actions = self.core.receive_binary(message.get("bytes") or b"")
+        return await self._act_all(actions, writer)
 
     async def _receive(self) -> Message | None:
         """The next message, or ``None`` when the idle or age limit must be checked first."""
@@ -127,6 +130,9 @@ class LongLivedSession(WebSocketSession):
             except ClientError as exc:
                 await self.out.put(self.core.abort(exc))
                 return
+            # The create's raw items (msgspec.Raw views of its frame) are rendered and tokenized now: the
+            # frame is not kept for the response's whole life (100 k tokens of text: ~0.5 MB).
+            del start
             self.driver = ResponseDriver(self.pipeline, prepared, self, self.api_key_id)
             await self.driver.run()
         finally:
