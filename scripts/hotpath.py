@@ -493,33 +493,32 @@ async def suspend_one(url: str, context: int, salt: int) -> ClientConnection:
 
 
 async def rss_once(server: ChildServer, context: int, count: int) -> tuple[float, float]:
+    """RSS per response over the first ``count`` held at once, and per response over ``count`` more."""
     warm = [await suspend_one(server.ws_url, context, 10_000 + k) for k in range(2)]
     for ws in warm:
         await ws.close()
     await asyncio.sleep(0.5)
-    before = server.process.memory_info().rss
-    held = [await suspend_one(server.ws_url, context, k + 1) for k in range(count)]
-    await asyncio.sleep(0.5)
-    after = server.process.memory_info().rss
+    rss = [server.process.memory_info().rss]
+    held: list[ClientConnection] = []
+    for wave in range(2):
+        held += [await suspend_one(server.ws_url, context, wave * count + k + 1) for k in range(count)]
+        await asyncio.sleep(0.5)
+        rss.append(server.process.memory_info().rss)
     for ws in held:
         await ws.close()
-    per = (after - before) / count
-    return per, per / context
+    return (rss[1] - rss[0]) / count, (rss[2] - rss[1]) / count
 
 
 def cmd_rss(args: argparse.Namespace) -> None:
-    print(f"server RSS per suspended long-lived response ({args.count} held at once, each context distinct)")
-    print(f"{'server':<10}{'context':>9}{'per response':>14}{'bytes/token':>13}")
+    print(f"server RSS per suspended long-lived response, each context distinct: the first {args.count} held at once,")
+    print(f"then {args.count} more. The mock GPU's KV pool (30 000 blocks of 16 tokens) is shared and bounded: once")
+    print("it is full a response pins nothing more, so the second figure is what a response itself holds")
+    print(f"{'server':<10}{'context':>9}{'first':>12}{'B/token':>9}{'next':>12}{'B/token':>9}")
     for label, path in servers(args):
-        rows = []
         for context in args.contexts:
             with lab_server(["--model-override", f"{MODEL}:{FAST}", *args.flags], path) as server:
-                per, per_token = asyncio.run(rss_once(server, context, args.count))
-            rows.append((context, per))
-            print(f"{label:<10}{context:>9}{per / 2**20:>12.3f}MB{per_token:>13.1f}")
-        if len(rows) > 1:
-            (c0, r0), (c1, r1) = rows[0], rows[-1]
-            print(f"{label:<10}{'slope':>9}{'':>14}{(r1 - r0) / (c1 - c0):>13.1f}  (bytes per extra context token, {c0}→{c1})")
+                first, more = asyncio.run(rss_once(server, context, args.count))
+            print(f"{label:<10}{context:>9}{first / 2**20:>10.3f}MB{first / context:>9.1f}{more / 2**20:>10.3f}MB{more / context:>9.1f}")
 
 
 # ---- deflate ---------------------------------------------------------------------------------------------
