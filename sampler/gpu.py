@@ -95,13 +95,15 @@ class GpuSequence:
         self._busy = False
         self._closed = False
 
-    async def run_turn(self, prompt_ids: Sequence[int] | Prompt, output_ids: Sequence[int]) -> AsyncGenerator[int, None]:
+    async def run_turn(self, prompt_ids: Sequence[int] | Prompt, output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
         """Yield how many output tokens became due at each wake-up (each ≥ 1, summing to
         ``len(output_ids)``); ``last_report`` is set when the turn completes. Iterate it under
         ``contextlib.aclosing`` so an abandoned turn gives its slot back at once.
 
         ``prompt_ids``: a ``Prompt`` over the conversation's log (the cost is O(new tokens)) or any
-        sequence of ids (hashed whole).
+        sequence of ids (hashed whole). ``every_s`` > 0: after a wake-up the next one comes no sooner than
+        ``every_s`` later, so the tokens that fall due meanwhile are released together (the server's
+        ``--coalesce-ms``); the first token is not delayed and the deadlines themselves do not move.
 
         Raises EngineOverloaded (queue full) before anything is yielded, EngineFailure
         (injected fault) at any point.
@@ -128,14 +130,16 @@ class GpuSequence:
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
             sent, due, last_due, first_late_ms = 0, t_first, t_first, 0.0
+            floor = t_first  # the next wake-up comes no sooner (every_s after the last one)
             if n == 0:
                 await clock.sleep_until(t_first)
             while sent < n:
                 if sent == fail_at:
                     raise EngineFailure(f"injected engine failure after {sent} of {n} tokens")
                 now = clock.now()
-                if due > now:
-                    await clock.sleep_until(due)
+                wake = due if due > floor else floor
+                if wake > now:
+                    await clock.sleep_until(wake)
                     continue
                 k = 0
                 # Release every token whose deadline has passed; the next interval is drawn with
@@ -149,6 +153,7 @@ class GpuSequence:
                     if not sent:
                         first_late_ms = (now - t_first) * 1e3
                     sent += k
+                    floor = now + every_s
                     yield k
                     if self._closed:
                         return  # closed under our feet: the caller wants nothing more

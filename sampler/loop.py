@@ -66,6 +66,9 @@ class Rollout:
     turn: int = 0  # index of the next sampling segment in the conversation (same count in every transport)
     max_output_tokens: int | None = None
     pending_phases: dict[str, float] = field(default_factory=dict)  # pipeline work to book on the next turn
+    # --coalesce-ms: the GPU wakes at most this often and each wake-up's text becomes one delta per item
+    # (0: one delta per token, as OpenAI streams).
+    coalesce_s: float = 0.0
     # This response's own input items, in the order they entered the context (what the store keeps).
     input_items: list[Item] = field(default_factory=list)
 
@@ -155,7 +158,9 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
     due = 0
     span_index = 0
     prompt = conversation.prompt()
-    async with aclosing(rollout.sequence.run_turn(prompt, ids)) as ticks:
+    coalesce = rollout.coalesce_s > 0
+    held: list[str] = []  # coalescing: this wake-up's text of the current item, not yet in a delta
+    async with aclosing(rollout.sequence.run_turn(prompt, ids, rollout.coalesce_s)) as ticks:
         async for count in ticks:
             batch: list[ServerEvent] = []
             for token_index in range(due, due + count):
@@ -169,16 +174,26 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
                     assert isinstance(stream, MessageStream | CallStream)
                     piece = text.push(ids[token_index])
                     if piece:
-                        batch.append(stream.delta(piece))
+                        if coalesce:
+                            held.append(piece)
+                        else:
+                            batch.append(stream.delta(piece))
                 if token_index == end - 1 or token_index == len(ids) - 1:
                     tail = text.flush()
-                    if tail and isinstance(stream, MessageStream | CallStream):
-                        batch.append(stream.delta(tail))
                     if isinstance(stream, MessageStream | CallStream):
+                        if tail:
+                            held.append(tail)
+                        if held:
+                            batch.append(stream.delta("".join(held)))
+                            held.clear()
                         batch.extend(stream.done())
                         produced.append(stream.item)
                     else:
                         produced.append(stream[0])
+            if held:
+                assert isinstance(stream, MessageStream | CallStream)
+                batch.append(stream.delta("".join(held)))
+                held.clear()
             due += count
             yield tuple(batch)
     report = rollout.sequence.last_report

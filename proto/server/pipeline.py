@@ -190,6 +190,7 @@ class Pipeline:
             turn=count_segments(conversation.items),
             max_output_tokens=request.max_output_tokens,
             pending_phases=dict(phases),
+            coalesce_s=self.settings.coalesce_ms / 1e3,
             input_items=list(new_items),
         )
         builder.lab.phases_ms = dict(phases)
