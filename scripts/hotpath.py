@@ -524,37 +524,45 @@ def cmd_rss(args: argparse.Namespace) -> None:
 # ---- deflate ---------------------------------------------------------------------------------------------
 
 
-async def deflate_once(url: str, tokens: int, compression: str | None, process: psutil.Process) -> tuple[float, int]:
+async def deflate_once(url: str, tokens: int, compression: str | None, process: psutil.Process) -> tuple[float, float]:
+    """Server CPU per token and wire bytes per server frame (counted where the client's websockets
+    protocol is fed the socket's bytes: headers and compression included)."""
     async with connect(url + "?protocol=longlived", compression=compression, ping_interval=None, max_size=2**24) as ws:
+        received = [0]
+        feed = ws.protocol.receive_data
+
+        def counted(data: bytes) -> None:
+            received[0] += len(data)
+            feed(data)
+
+        ws.protocol.receive_data = counted  # type: ignore[method-assign]
         await ws.send(json.dumps(say_tokens(200)))
         while json.loads(await ws.recv())["type"] not in TERMINAL:
             pass
-        cpu0 = cpu_seconds(process)
-        io0 = psutil.net_io_counters(pernic=True).get("lo")
+        cpu0, bytes0 = cpu_seconds(process), received[0]
         await ws.send(json.dumps(say_tokens(tokens)))
-        n = 0
+        n = 1
         while json.loads(await ws.recv())["type"] not in TERMINAL:
             n += 1
-        io1 = psutil.net_io_counters(pernic=True).get("lo")
-        wire = (io1.bytes_sent - io0.bytes_sent) if io0 and io1 else 0
-        return (cpu_seconds(process) - cpu0) / tokens * 1e6, wire // max(1, n)
+        return (cpu_seconds(process) - cpu0) / tokens * 1e6, (received[0] - bytes0) / n
 
 
 def cmd_deflate(args: argparse.Namespace) -> None:
-    print(f"permessage-deflate: the websockets client's default offer, {args.tokens} tokens at 4 000 tok/s")
-    print(f"{'server':<10}{'server flag':<26}{'client offers':<15}{'µs/token':>10}{'lo bytes/frame':>16}")
+    rate = "4000 tok/s" if args.rate else "flat out (the model at 10⁶ tok/s: the server and the client set the pace)"
+    print(f"permessage-deflate: the websockets client's default offer, one stream of {args.tokens} tokens, {rate}")
+    print(f"{'server':<10}{'server':<36}{'client offers':<15}{'µs/token':>10}{'bytes/frame':>16}")
     for label, path in servers(args):
-        for accept in (True, False):
-            flags = ["--model-override", f"{MODEL}:{FAST}", *args.flags]
-            if args.deflate_flag:
-                flags += ["--ws-per-message-deflate" if accept else "--no-ws-per-message-deflate"]
-            elif not accept:
-                continue
+        # This branch has --ws-per-message-deflate (off by default); an older server has uvicorn's default (accept).
+        choices = [("accepts (--ws-per-message-deflate)", ["--ws-per-message-deflate"]), ("declines (default)", [])]
+        if label == "before":
+            choices = [("accepts (uvicorn's default)", [])]
+        for name, extra in choices:
+            knobs = FAST if args.rate else f"inter-token-latency=0.001,{FAST}"
+            flags = ["--model-override", f"{MODEL}:{knobs}", *extra, *args.flags]
             with lab_server(flags, path) as server:
                 for offer in ("deflate", None):
                     us, per_frame = asyncio.run(deflate_once(server.ws_url, args.tokens, offer, server.process))
-                    flag = ("accept" if accept else "decline") if args.deflate_flag else "(uvicorn default)"
-                    print(f"{label:<10}{flag:<26}{offer or 'none':<15}{us:>10.2f}{per_frame:>16}")
+                    print(f"{label:<10}{name:<36}{offer or 'nothing':<15}{us:>10.2f}{per_frame:>16.1f}")
 
 
 # ---- profile: what a py-spy run spent its samples on --------------------------------------------------------
@@ -629,7 +637,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--count", type=int, default=12)
     p = sub.add_parser("deflate")
     p.add_argument("--tokens", type=int, default=20_000)
-    p.add_argument("--deflate-flag", action="store_true", help="the server has --ws-per-message-deflate (this branch)")
+    p.add_argument("--rate", action="store_true", help="at the model's 4 000 tok/s instead of flat out")
     p = sub.add_parser("profile", help="summarise py-spy raw output written by --profile")
     p.add_argument("files", nargs="+")
     p.add_argument("--top", type=int, default=40)

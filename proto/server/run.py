@@ -44,6 +44,7 @@ def uvicorn_config(settings: Settings, clock: Clock | None = None, app: str | No
         loop=resolve_loop(settings.loop),
         http=resolve_http(settings.http),
         ws_max_size=settings.max_frame_bytes,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
         ws_ping_interval=None,  # the lab measures its own pings; keep-alive traffic would perturb it
         log_level=settings.log_level,
         access_log=False,
