@@ -105,6 +105,10 @@ class ResponseDriver:
         builder = self.prepared.rollout.builder
         try:
             terminal = await self._produce(generate)
+            # One loop turn before the terminal work (storing the response, billing, encoding the terminal
+            # event: milliseconds at 100 k tokens): a transport whose writer is another task (SSE) puts the
+            # final answer's last tokens on the wire first. WebSocket outboxes have written them already.
+            await asyncio.sleep(0)
             terminal = await self._persist(terminal)
         except asyncio.CancelledError:
             cut = self.transport.cut()
