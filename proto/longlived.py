@@ -48,6 +48,10 @@ from proto.items import FunctionCallOutput, Item, Message
 from proto.state import ABORT_RETURNS, REFUSALS, TRANSITIONS, Event, State
 from proto.work import WorkCounters
 
+# The events whose framing changes the state (``frame``); every other one just streams.
+_TRANSITION_EVENTS = frozenset({ResponseDone, *TERMINAL_EVENTS})
+_encode = codec.encode
+
 CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection on purpose, the client reconnects
 
 
@@ -299,6 +303,8 @@ class LongLivedCore:
 
         Raises ``ClientError('too_many_pending_calls')`` for a ``response.done`` with more calls than one
         response may hold open; nothing changes, and the response must end with that failure."""
+        if self.state is State.STREAMING and type(event) not in _TRANSITION_EVENTS:
+            return _encode(event)  # an output event of a sampling response (one per token): no transition
         open_ = self._open
         if open_ is None:
             raise LocalProtocolError(f"frame({type(event).__name__}) with no open response (state {self.state.name})")

@@ -163,24 +163,25 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
     async with aclosing(rollout.sequence.run_turn(prompt, ids, rollout.coalesce_s)) as ticks:
         async for count in ticks:
             batch: list[ServerEvent] = []
-            for token_index in range(due, due + count):
-                while spans[span_index][2] <= token_index:
+            i, stop = due, due + count
+            while i < stop:  # item by item: the tokens of one item in this wake-up, then its end if it ends
+                while spans[span_index][2] <= i:
                     span_index += 1
                 out, first, end = spans[span_index]
-                if token_index == first:
+                if i == first:
                     batch.extend(_open_item(builder, out, streams, span_index))
                 stream = streams[span_index]
-                if out.kind == "message" or out.kind == "call":
-                    assert isinstance(stream, MessageStream | CallStream)
-                    piece = text.push(ids[token_index])
-                    if piece:
-                        if coalesce:
-                            held.append(piece)
-                        else:
-                            batch.append(stream.delta(piece))
-                if token_index == end - 1 or token_index == len(ids) - 1:
-                    tail = text.flush()
+                j = min(stop, end)
+                if isinstance(stream, MessageStream | CallStream):
+                    push = text.push
+                    if coalesce:
+                        held.extend(piece for token in ids[i:j] if (piece := push(token)))
+                    else:
+                        delta = stream.delta
+                        batch.extend(delta(piece) for token in ids[i:j] if (piece := push(token)))
+                if j == end or j == len(ids):  # the item's last token (or the last one max_output_tokens leaves)
                     if isinstance(stream, MessageStream | CallStream):
+                        tail = text.flush()
                         if tail:
                             held.append(tail)
                         if held:
@@ -190,10 +191,11 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
                         produced.append(stream.item)
                     else:
                         produced.append(stream[0])
-            if held:
-                assert isinstance(stream, MessageStream | CallStream)
-                batch.append(stream.delta("".join(held)))
-                held.clear()
+                elif held:
+                    assert isinstance(stream, MessageStream | CallStream)
+                    batch.append(stream.delta("".join(held)))
+                    held.clear()
+                i = j
             due += count
             yield tuple(batch)
     report = rollout.sequence.last_report

@@ -125,19 +125,38 @@ FLOOR_FRAME = json.dumps({"type": "response.output_text.delta", "item_id": "msg_
                           "content_index": 0, "delta": " the", "sequence_number": 12345}, separators=(",", ":"))
 
 
+GO = {"type": "go"}  # what the floor app waits for before it streams
+
+
 def _floor_serve(port: int, loop: str) -> None:
-    """The stack's floor: starlette + uvicorn(wsproto), nothing else, sending one constant frame flat out."""
+    """The stack's floor: starlette + uvicorn(wsproto), nothing else, sending one constant frame per
+    ``await ws.send_text``: flat out, or paced at ``rate`` frames/s on the server's own clock (RealClock,
+    absolute deadlines, every frame due at a wake-up sent then: the engine's pacing without the engine)."""
     import uvicorn
     from starlette.applications import Starlette
     from starlette.routing import WebSocketRoute
     from starlette.websockets import WebSocket
 
+    from sampler.clock import RealClock
+
     async def stream(ws: WebSocket) -> None:
         await ws.accept()
+        await ws.receive_text()  # go: every connection is open before any stream starts
         n = int(ws.query_params["n"])
+        rate = float(ws.query_params.get("rate", 0))
         text = FLOOR_FRAME
-        for _ in range(n):
-            await ws.send_text(text)
+        if rate:
+            clock = RealClock()
+            start, sent = clock.now(), 0
+            while sent < n:
+                await clock.sleep_until(start + sent / rate)
+                due = min(n, int((clock.now() - start) * rate) + 1)
+                for _ in range(sent, due):
+                    await ws.send_text(text)
+                sent = due
+        else:
+            for _ in range(n):
+                await ws.send_text(text)
         await ws.send_text('{"type":"response.completed"}')
         with contextlib.suppress(Exception):
             await ws.receive()  # the client closes
@@ -404,23 +423,25 @@ async def count_streams(port: int, path: str, first: dict[str, Any] | None, stre
 
 def cmd_stream(args: argparse.Namespace) -> None:
     loop = args.loop
-    print(f"server CPU per streamed token, {args.tokens} tokens per stream, loop {loop}")
-    with floor_server(loop) as (port, process):
-        asyncio.run(count_streams(port, f"/floor?n={args.tokens // 10}", None, 1, process))  # warm-up
-        cpu, frames, wall = asyncio.run(count_streams(port, f"/floor?n={args.tokens}", None, 1, process))
-    floor = cpu / frames * 1e6
-    print(f"floor: bare starlette+uvicorn(wsproto), one send_text per frame, flat out: {floor:.2f} µs/frame ({frames / wall:,.0f} frames/s)")
-    print(f"{'server':<10}{'model':<16}{'streams':>8}{'µs/token':>10}{'÷ floor':>9}{'tok/s':>10}")
-    for label, path in servers(args):
-        for model, streams in [(m, s) for m in args.models for s in args.streams]:
-            knobs = FAST if model == "flat-out" else f"{FAST},time-factor-under-load=1"
-            rate = "inter-token-latency=0.001," if model == "flat-out" else f"tokens-per-second={model},"
-            flags = ["--model-override", f"{MODEL}:{rate}{knobs}", "--loop", loop, *args.flags]
+    print(f"server CPU per streamed token (one delta event each), {args.tokens} tokens per stream, loop {loop};")
+    print("floor: a bare starlette+uvicorn(wsproto) app, one `await ws.send_text` per frame of the same size, at the")
+    print("same pace and number of streams (flat out: as fast as it goes; else paced on the same timerfd clock)")
+    print(f"{'server':<10}{'pace':<12}{'streams':>8}{'µs/token':>10}{'floor µs':>10}{'ratio':>8}{'tok/s':>11}")
+    for pace, streams in [(m, s) for m in args.models for s in args.streams]:
+        query = f"n={args.tokens}" + ("" if pace == "flat-out" else f"&rate={pace}")
+        with floor_server(loop) as (port, process):
+            asyncio.run(count_streams(port, "/floor?n=2000", GO, 2, process))  # warm-up
+            cpu, frames, _ = asyncio.run(count_streams(port, f"/floor?{query}", GO, streams, process))
+        floor = cpu / frames * 1e6
+        for label, path in servers(args):
+            rate = "inter-token-latency=0.001," if pace == "flat-out" else f"tokens-per-second={pace},"
+            flags = ["--model-override", f"{MODEL}:{rate}{FAST},time-factor-under-load=1", "--loop", loop, *args.flags]
             with lab_server(flags, path) as server:
-                asyncio.run(count_streams(server.port, "/v1/responses?protocol=longlived", say_tokens(200), 2, server.process))
+                asyncio.run(count_streams(server.port, "/v1/responses?protocol=longlived", say_tokens(2000), 2, server.process))
                 cpu, tokens, wall = asyncio.run(count_streams(server.port, "/v1/responses?protocol=longlived", say_tokens(args.tokens), streams, server.process))
             us = cpu / tokens * 1e6
-            print(f"{label:<10}{model:<16}{streams:>8}{us:>10.2f}{us / floor:>8.2f}×{tokens / wall:>10,.0f}")
+            name = pace if pace == "flat-out" else f"{pace} tok/s"
+            print(f"{label:<10}{name:<12}{streams:>8}{us:>10.2f}{floor:>10.2f}{us / floor:>7.2f}×{tokens / wall:>11,.0f}")
 
 
 # ---- capacity: N streams × rate ------------------------------------------------------------------------
@@ -625,7 +646,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("stream")
     p.add_argument("--tokens", type=int, default=20_000)
     p.add_argument("--streams", type=ints, default=[1, 32])
-    p.add_argument("--models", type=lambda s: s.split(","), default=["flat-out", "4000"])
+    p.add_argument("--models", type=lambda s: s.split(","), default=["flat-out", "4000", "1000"], help="paces: flat-out or tok/s")
     p.add_argument("--loop", default="asyncio")
     p = sub.add_parser("capacity")
     p.add_argument("--streams", type=ints, default=[64, 96, 128, 160])

@@ -159,10 +159,13 @@ _HEADER_64 = struct.Struct("!BBQ")
 _FIN_TEXT = 0x81  # FIN, no RSV bits, opcode 1 (text)
 
 
+_SHORT_HEADERS = [bytes((_FIN_TEXT, n)) for n in range(126)]
+
+
 def _text_header(n: int) -> bytes:
     """A server's unmasked, unfragmented text frame header for an ``n``-byte payload (RFC 6455 §5.2)."""
     if n < 126:
-        return bytes((_FIN_TEXT, n))
+        return _SHORT_HEADERS[n]
     if n < 65536:
         return _HEADER_16.pack(_FIN_TEXT, 126, n)
     return _HEADER_64.pack(_FIN_TEXT, 127, n)
