@@ -9,16 +9,16 @@ import pytest
 
 from sampler.tokens import TextStream, Tokenizer
 
-TEXTS = [
-    "plain ASCII, the code and then the test",
-    "naïve café — “quoted” ünïcödé",
-    "emoji 🙂🚀👩‍💻 and flags 🇫🇷🇯🇵 between words",
-    "日本語のテキストと中文文本, 한국어",
-    "mixed: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math, ™ ®, \u0301 combining",
-]
+TEXTS = {
+    "ascii": "plain ASCII, the code and then the test",
+    "latin": "naïve café — “quoted” ünïcödé",
+    "emoji": "emoji 🙂🚀👩‍💻 and flags 🇫🇷🇯🇵 between words",
+    "cjk": "日本語のテキストと中文文本, 한국어",
+    "astral": "mixed: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math, ™ ®, \u0301 combining",
+}
 
 
-@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("text", TEXTS.values(), ids=TEXTS.keys())
 def test_deltas_are_the_decoders_and_join_to_the_text(text: str) -> None:
     tokenizer = Tokenizer()
     ids = tokenizer.model_tokens(text)
@@ -33,6 +33,6 @@ def test_deltas_are_the_decoders_and_join_to_the_text(text: str) -> None:
 
 def test_some_tokens_are_not_whole_characters() -> None:
     tokenizer = Tokenizer()
-    ids = tokenizer.model_tokens(TEXTS[2] + TEXTS[4])
+    ids = tokenizer.model_tokens(TEXTS["emoji"] + TEXTS["astral"])
     assert any(tokenizer.text(token) is None for token in ids)  # the split path is exercised above
     assert tokenizer.text(ids[0]) == tokenizer.piece(ids[0]).decode()
