@@ -73,6 +73,19 @@ def filler(tokens: int, salt: int = 0) -> str:
     return "".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(tokens)) if salt else "".join(WORDS[i % len(WORDS)] for i in range(tokens))
 
 
+def sched_seconds(process: psutil.Process) -> tuple[float, float]:
+    """(CPU time, run-queue wait) of the process's threads, to the ns: /proc/PID/task/*/schedstat's first
+    two fields. The wait is time the server was ready to run but another process had the CPU — on a
+    shared box, the share of a stall that is not the server's doing."""
+    cpu = wait = 0
+    for task in Path(f"/proc/{process.pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            fields = (task / "schedstat").read_text().split()
+            cpu += int(fields[0])
+            wait += int(fields[1])
+    return cpu / 1e9, wait / 1e9
+
+
 def cpu_seconds(process: psutil.Process) -> float:
     """CPU time the process's threads have used, to the ns (the scheduler's own count, summed over
     /proc/PID/task; psutil's is in 10 ms ticks). A thread that has exited is no longer counted: the servers
@@ -363,8 +376,8 @@ def cmd_turn(args: argparse.Namespace) -> None:
     print("the same connection before each append; rest = overhead − ping − safety − render_tokenize − clock_late")
     print(f"{'server':<10}{'context':>9}{'overhead':>10}{'p90':>8}{'ping':>7}{'÷ping':>7}{'first10':>9}{'last10':>8}"
           f"{'safety':>8}{'tokenize':>9}{'clock':>7}{'rest':>7}{'lookup':>8}{'CPU/turn':>10}")
-    for label, path in servers(args):
-        for context in args.contexts:
+    for context in args.contexts:
+        for label, path in servers(args):
             with lab_server(["--model-override", f"{MODEL}:{FAST}", *args.flags], path) as server:
                 run = asyncio.run(longlived_turns(server.ws_url, context, args.turns, args.append, server.process))
             p50, ping = med(run.overhead_ms), med(run.ping_ms)
@@ -461,27 +474,29 @@ def cmd_stream(args: argparse.Namespace) -> None:
 def cmd_capacity(args: argparse.Namespace) -> None:
     tokens = int(args.rate * args.seconds)
     print(f"capacity: N long-lived streams × {args.rate:.0f} tok/s ({tokens} tokens each, time-factor-under-load=1), loop {args.loop}")
-    print(f"{'server':<10}{'streams':>8}{'min rate':>10}{'p50 rate':>10}{'≥99 %':>8}{'max gap':>10}{'p99 gap':>9}{'server CPU':>11}")
-    for label, path in servers(args):
-        for streams in args.streams:
+    print("rates and gaps over the window in which every stream runs; CPU and run-queue wait: the server's share of")
+    print("the wall time on a CPU, and ready but waiting for one (another process had it); µs/token = CPU / tokens")
+    print(f"{'server':<10}{'streams':>8}{'min rate':>10}{'p50 rate':>10}{'≥99 %':>8}{'max gap':>10}{'p99 gap':>9}{'CPU':>10}{'runq wait':>10}{'µs/token':>10}")
+    for streams in args.streams:  # before and this side by side at each level: the box's load drifts
+        for label, path in servers(args):
             flags = ["--model-override", f"{MODEL}:tokens-per-second={args.rate},time-factor-under-load=1,{FAST}", "--loop", args.loop, *args.flags]
             with lab_server(flags, path) as server:
-                ratios, gaps, cpu = asyncio.run(capacity_once(server, streams, tokens, args.rate))
+                ratios, gaps, cpu, waited = asyncio.run(capacity_once(server, streams, tokens, args.rate))
             ok = sum(r >= 0.99 for r in ratios)
             print(f"{label:<10}{streams:>8}{min(ratios):>9.1%}{med(ratios):>10.1%}{ok:>5}/{streams:<3}{max(gaps):>8.1f}ms"
-                  f"{pct(gaps, 99):>7.1f}ms{cpu:>10.0%}")
+                  f"{pct(gaps, 99):>7.1f}ms{cpu:>10.0%}{waited:>10.0%}{cpu / (streams * args.rate) * 1e6:>10.2f}")
 
 
-async def capacity_once(server: ChildServer, streams: int, tokens: int, rate: float) -> tuple[list[float], list[float], float]:
+async def capacity_once(server: ChildServer, streams: int, tokens: int, rate: float) -> tuple[list[float], list[float], float, float]:
     """Every stream's rate ÷ ``rate`` and its longest gap, over the window in which *all* streams ran
     (from the last stream's first delta to the first stream's last): the start-up ramp and the tail
     where streams end together are not the steady state the sweep asks about."""
     conns = [await counting(server.port, "/v1/responses?protocol=longlived") for _ in range(streams)]
-    samples: list[tuple[float, float]] = []  # (time, server CPU seconds), every 50 ms
+    samples: list[tuple[float, float, float]] = []  # (time, server CPU s, server run-queue wait s), every 50 ms
 
     async def sample_cpu() -> None:
         while True:
-            samples.append((time.perf_counter(), cpu_seconds(server.process)))
+            samples.append((time.perf_counter(), *sched_seconds(server.process)))
             await asyncio.sleep(0.05)
 
     sampler = asyncio.create_task(sample_cpu())
@@ -504,9 +519,9 @@ async def capacity_once(server: ChildServer, streams: int, tokens: int, rate: fl
         times = ([before[-1]] if before else []) + [t for t, _ in inside]
         ratios.append(sum(n for _, n in inside) / (end - start) / rate)
         gaps.append(max(b - a for a, b in itertools.pairwise(times)) * 1e3)
-    inside_cpu = [(t, c) for t, c in samples if start <= t <= end]
-    cpu = (inside_cpu[-1][1] - inside_cpu[0][1]) / (inside_cpu[-1][0] - inside_cpu[0][0])
-    return ratios, gaps, cpu
+    inside = [sample for sample in samples if start <= sample[0] <= end]
+    span = inside[-1][0] - inside[0][0]
+    return ratios, gaps, (inside[-1][1] - inside[0][1]) / span, (inside[-1][2] - inside[0][2]) / span
 
 
 # ---- rss: per suspended response by context ---------------------------------------------------------------
