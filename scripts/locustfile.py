@@ -12,7 +12,8 @@ Many (Locust's distributed mode; every worker runs the same file, the master mer
     locust -f scripts/locustfile.py --master --headless --expect-workers 2 -u 6 -r 6 -t 60s --host http://…
     locust -f scripts/locustfile.py --worker --master-host MASTER    # on each load machine, as many as cores
 
-Users (pick with class names on the command line, default all three, equally weighted): ``HttpRollout``
+A fleet without a load balancer: ``--rl-hosts URL1,URL2,…`` (each user keeps one of them; ``--host`` is
+then only Locust's label). Users (pick with class names on the command line, default all three, equally weighted): ``HttpRollout``
 (``--rl-http-mode http``: the whole history re-sent; ``http-prev``: chained), ``GaWebSocketRollout`` (one
 connection, ``previous_response_id`` per turn), ``LongLivedRollout`` (one response, an append per tool
 turn). Each user runs one rollout after another on its own connection, like a lab session. Workload and
@@ -30,6 +31,7 @@ worker per load-machine core. Loopback or your own hosts only.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -63,10 +65,12 @@ def _arguments(parser: Any) -> None:
     parser.add_argument("--rl-tool-time-scale", type=float, default=1.0)
     parser.add_argument("--rl-http-mode", default="http", choices=["http", "http-prev"])
     parser.add_argument("--rl-api-key", default="")
+    parser.add_argument("--rl-hosts", default="", help="comma list of API servers: users take them in turn (instead of --host)")
     parser.add_argument("--rl-out", default="", help="write the exact figures here (JSON), on the master")
 
 
 _WORKLOADS: dict[tuple[str, int], Workload] = {}
+_USERS = itertools.count()  # users started in this process: with --rl-hosts, user k takes host k mod n
 
 
 def _plan(environment: Environment) -> RolloutPlan:
@@ -85,8 +89,11 @@ class _Rollouts(User):
     mode = ""
 
     def on_start(self) -> None:
-        key = self.environment.parsed_options.rl_api_key
-        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        options = self.environment.parsed_options
+        self.headers = {"Authorization": f"Bearer {options.rl_api_key}"} if options.rl_api_key else {}
+        hosts = [h for h in options.rl_hosts.split(",") if h]
+        if hosts:  # a fleet without a load balancer in front: each user keeps one server
+            self.host = hosts[next(_USERS) % len(hosts)]
 
     def run_rollout(self, plan: RolloutPlan, trace: Trace) -> None:
         raise NotImplementedError

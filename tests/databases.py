@@ -64,7 +64,10 @@ def free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    """``durable=False`` (the tests'): ``fsync=off``. ``durable=True`` (figures): PostgreSQL's defaults."""
+
+    def __init__(self, durable: bool = False) -> None:
+        self.durable = durable
         self.bin = bindir()
         self.root = Path(tempfile.mkdtemp(prefix="responses-lab-pg-"))
         self.data = self.root / "data"
@@ -93,8 +96,8 @@ class PostgresServer:
         self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", self.user, "-E", "UTF8",
                   "--no-sync", "--no-instructions")
         options = " ".join([
-            f"-p {self.port}", f"-k {self.root}", "-c listen_addresses=127.0.0.1",
-            "-c fsync=off", "-c full_page_writes=off", "-c max_connections=300",
+            f"-p {self.port}", f"-k {self.root}", "-c listen_addresses=127.0.0.1", "-c max_connections=300",
+            *([] if self.durable else ["-c fsync=off", "-c full_page_writes=off"]),
         ])
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.root / "log"),
                   "-w", "-t", str(int(GUARD)), "start")
@@ -129,6 +132,10 @@ class PostgresServer:
 
     def connect(self, url: str | None = None) -> psycopg.Connection[Any]:
         return psycopg.connect(url or self.url, autocommit=True)
+
+    @property
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
 
     def wait_sessions_gone(self, pid: int) -> None:
         """Until PostgreSQL has ended every session of server process ``pid`` (after its death: a few ms)."""
