@@ -70,6 +70,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="Locust worker processes")
     parser.add_argument("--users", type=int, default=24)
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--workload", default="coding-agent", help="as bench --workload (scripts/soak-like.json: soak's shape)")
     parser.add_argument("--model", default="mock-4000tps")
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--tool-time-scale", type=float, default=0.1)
@@ -99,7 +100,7 @@ def main() -> int:
         master = subprocess.Popen(
             [*locust, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers",
              str(args.workers), "--headless", "-u", str(args.users), "-r", str(args.users), "-t", f"{args.seconds}s",
-             "--host", servers[0].http_url, "--rl-hosts", ",".join(s.http_url for s in servers), "--rl-model", args.model,
+             "--host", servers[0].http_url, "--rl-hosts", ",".join(s.http_url for s in servers), "--rl-model", args.model, "--rl-workload", args.workload,
              "--rl-turns", str(args.turns), "--rl-tool-time-scale", str(args.tool_time_scale),
              "--rl-out", str(args.out / "locust-figures.json"), "--json-file", str(args.out / "locust"), "--only-summary"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -125,7 +126,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "servers": args.servers, "locust_workers": args.workers, "users": args.users, "seconds": args.seconds,
-        "db": args.db, "model": args.model, "turns_per_rollout": args.turns, "wall_s": wall,
+        "db": args.db, "workload": args.workload, "model": args.model, "turns_per_rollout": args.turns, "wall_s": wall,
         # Per second of Locust's run time (-t), not of this script's wall time (start-ups included).
         "turns": turns, "rollouts": rollouts, "errors": errors, "turns_per_s": turns / args.seconds,
         "load_average_before": load_before, "machine_cpus": os.cpu_count(),
