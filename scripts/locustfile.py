@@ -127,6 +127,29 @@ class _Rollouts(User):
     def reconnect(self) -> None:
         """After a failure: start the next rollout on a fresh connection."""
 
+    def exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        """One turn of a request/response transport: ``body`` sent, its terminal response back."""
+        raise NotImplementedError
+
+    def chained(self, plan: RolloutPlan, trace: Trace, previous: bool) -> None:
+        """A rollout of one response per turn, as the lab's chained clients run it: ``previous`` chains with
+        ``previous_response_id`` and the new items, else the whole history is re-sent."""
+        base = plan.request()
+        history: list[Any] = list(base["input"])
+        body: dict[str, Any] = base
+        for turn in range(plan.turns):
+            response = self.exchange(body, trace)
+            trace.add_response(response)
+            calls = function_calls(response)
+            if response.get("status") != "completed" or not calls:
+                return
+            send = _answers_for(plan, turn)
+            gevent.sleep(send.tool_wait_s)
+            new_items = answer(calls, send)
+            history = [*history, *response["output"], *new_items]
+            body = dict(base, input=new_items, previous_response_id=response["id"]) if previous else dict(base, input=history)
+        raise RuntimeError(f"the rollout ran past the workload's {plan.turns} turns")
+
     def mark(self, trace: Trace, kind: str) -> None:
         trace.marks.append(Mark(time.perf_counter(), kind))
 
@@ -151,24 +174,10 @@ class HttpRollout(_Rollouts):
         self.session.close()
 
     def run_rollout(self, plan: RolloutPlan, trace: Trace) -> None:
-        base = plan.request()
-        history: list[Any] = list(base["input"])
-        body: dict[str, Any] = base
-        for turn in range(plan.turns):
-            response = self._exchange(body, trace)
-            trace.add_response(response)
-            calls = function_calls(response)
-            if response.get("status") != "completed" or not calls:
-                return
-            send = _answers_for(plan, turn)
-            gevent.sleep(send.tool_wait_s)
-            new_items = answer(calls, send)
-            history = [*history, *response["output"], *new_items]
-            if self.mode == "http-prev":
-                body = dict(base, input=new_items, previous_response_id=response["id"])
-            else:
-                body = dict(base, input=history)
-        raise RuntimeError(f"the rollout ran past the workload's {plan.turns} turns")
+        self.chained(plan, trace, self.mode == "http-prev")
+
+    def exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        return self._exchange(body, trace)
 
     def _exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
         self.mark(trace, SEND)
@@ -229,20 +238,14 @@ class GaWebSocketRollout(_WebSocketRollout):
     mode = "ws"
 
     def run_rollout(self, plan: RolloutPlan, trace: Trace) -> None:
-        body = plan.request()
-        for turn in range(plan.turns):
-            self.send(trace, {"type": "response.create", **body})
-            while (event := self.recv(trace)).get("type") not in TERMINAL:
-                pass
-            response = event["response"]
-            trace.add_response(response)
-            calls = function_calls(response)
-            if response.get("status") != "completed" or not calls:
-                return
-            send = _answers_for(plan, turn)
-            gevent.sleep(send.tool_wait_s)
-            body = dict(plan.request(), input=answer(calls, send), previous_response_id=response["id"])
-        raise RuntimeError(f"the rollout ran past the workload's {plan.turns} turns")
+        self.chained(plan, trace, True)
+
+    def exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        self.send(trace, {"type": "response.create", **body})
+        while (event := self.recv(trace)).get("type") not in TERMINAL:
+            pass
+        response: dict[str, Any] = event["response"]
+        return response
 
 
 class LongLivedRollout(_WebSocketRollout):

@@ -21,7 +21,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from proto.server.run import free_port
 
 GUARD = 30.0  # seconds for PostgreSQL to start or stop: a guard against hangs, not a timing assertion
 
@@ -55,12 +56,6 @@ def bindir() -> Path:
         "PostgreSQL's initdb was not found (looked in /usr/lib/postgresql/*/bin and $PATH): "
         "`make test` installs it (apt-get install postgresql-15); or set PG_BINDIR"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PostgresServer:
@@ -139,24 +134,19 @@ class PostgresServer:
 
     def wait_sessions_gone(self, pid: int) -> None:
         """Until PostgreSQL has ended every session of server process ``pid`` (after its death: a few ms)."""
-        deadline = time.monotonic() + GUARD
-        with self.connect() as conn:
-            while conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s", (f"responses-lab % pid {pid}",)
-            ).fetchone() != (0,):
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"PostgreSQL kept the sessions of dead process {pid}")
-                time.sleep(0.01)
+        self._wait_none(f"responses-lab % pid {pid}", f"the sessions of dead process {pid}")
 
     def wait_owner_gone(self, owner: str) -> None:
         """Until the session holding ledger ``owner``'s liveness lock has ended."""
+        self._wait_none(f"responses-lab owner {owner} %", f"the session of ledger owner {owner}")
+
+    def _wait_none(self, application_name: str, what: str) -> None:
         deadline = time.monotonic() + GUARD
         with self.connect() as conn:
-            while conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s", (f"responses-lab owner {owner} %",)
-            ).fetchone() != (0,):
+            query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s"
+            while conn.execute(query, (application_name,)).fetchone() != (0,):
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"PostgreSQL kept the session of ledger owner {owner}")
+                    raise AssertionError(f"PostgreSQL kept {what}")
                 time.sleep(0.01)
 
 
