@@ -476,15 +476,22 @@ def cmd_capacity(args: argparse.Namespace) -> None:
     print(f"capacity: N long-lived streams × {args.rate:.0f} tok/s ({tokens} tokens each, time-factor-under-load=1), loop {args.loop}")
     print("rates and gaps over the window in which every stream runs; CPU and run-queue wait: the server's share of")
     print("the wall time on a CPU, and ready but waiting for one (another process had it); µs/token = CPU / tokens")
-    print(f"{'server':<10}{'streams':>8}{'min rate':>10}{'p50 rate':>10}{'≥99 %':>8}{'max gap':>10}{'p99 gap':>9}{'CPU':>10}{'runq wait':>10}{'µs/token':>10}")
+    print(f"{'server':<10}{'streams':>8}{'min rate':>10}{'p50 rate':>10}{'≥99 %':>8}{'max gap':>10}{'p99 gap':>9}{'CPU':>10}{'runq wait':>10}{'µs/token':>10}{'tries':>6}")
     for streams in args.streams:  # before and this side by side at each level: the box's load drifts
         for label, path in servers(args):
             flags = ["--model-override", f"{MODEL}:tokens-per-second={args.rate},time-factor-under-load=1,{FAST}", "--loop", args.loop, *args.flags]
-            with lab_server(flags, path) as server:
-                ratios, gaps, cpu, waited = asyncio.run(capacity_once(server, streams, tokens, args.rate))
+            # The box is shared: a level is run again (up to --tries times) while the server waited for a CPU
+            # more than --max-wait of the window (another process had the core); the least contended run is shown.
+            runs = []
+            for _ in range(args.tries):
+                with lab_server(flags, path) as server:
+                    runs.append(asyncio.run(capacity_once(server, streams, tokens, args.rate)))
+                if runs[-1][3] <= args.max_wait:
+                    break
+            ratios, gaps, cpu, waited = min(runs, key=lambda run: run[3])
             ok = sum(r >= 0.99 for r in ratios)
             print(f"{label:<10}{streams:>8}{min(ratios):>9.1%}{med(ratios):>10.1%}{ok:>5}/{streams:<3}{max(gaps):>8.1f}ms"
-                  f"{pct(gaps, 99):>7.1f}ms{cpu:>10.0%}{waited:>10.0%}{cpu / (streams * args.rate) * 1e6:>10.2f}")
+                  f"{pct(gaps, 99):>7.1f}ms{cpu:>10.0%}{waited:>10.0%}{cpu / (streams * args.rate) * 1e6:>10.2f}{len(runs):>6}")
 
 
 async def capacity_once(server: ChildServer, streams: int, tokens: int, rate: float) -> tuple[list[float], list[float], float, float]:
@@ -674,10 +681,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", type=lambda s: s.split(","), default=["flat-out", "4000", "1000"], help="paces: flat-out or tok/s")
     p.add_argument("--loop", default="asyncio")
     p = sub.add_parser("capacity")
-    p.add_argument("--streams", type=ints, default=[64, 96, 128, 160])
+    p.add_argument("--streams", type=ints, default=[64, 96, 128, 160, 192, 256])
     p.add_argument("--rate", type=float, default=1000.0)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--loop", default="asyncio")
+    p.add_argument("--tries", type=int, default=4, help="runs of a level at most, while the box is contended")
+    p.add_argument("--max-wait", type=float, default=0.05, help="the server's run-queue wait share a run may have")
     p = sub.add_parser("rss")
     p.add_argument("--contexts", type=ints, default=[1000, 10_000, 100_000])
     p.add_argument("--count", type=int, default=12)

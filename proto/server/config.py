@@ -40,8 +40,9 @@ class Settings:
     # token deadlines do not move). 0: one delta per token, as OpenAI streams (notes/issue10.md).
     coalesce_ms: float = 0.0
     # Accept permessage-deflate when a client offers it (the websockets client and Codex do by default).
-    # Off by measurement: negotiated, it took 3× the server CPU per streamed token (5.2 vs 1.7 µs flat out)
-    # to shrink a delta frame from 189 to 10 bytes, a saving a loopback or LAN does not need (notes/issue10.md).
+    # Off by measurement: negotiated, it took 3.5× the server CPU per streamed token (4.3–4.8 vs 1.1–1.4 µs
+    # flat out) to shrink a delta frame from 189 to 10 bytes, a saving a loopback or LAN does not need
+    # (notes/issue10.md).
     ws_per_message_deflate: bool = False
     send_queue: int = 4096  # frames buffered per connection before the sampler waits for the client
     send_timeout_s: float = 30.0  # slow reader: one frame not written for this long closes the connection 1008
