@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sampler.batch import BatchSlots, EngineOverloaded
 from sampler.clock import Clock, RealClock
@@ -31,9 +31,13 @@ class EngineReport:
     queue_wait_ms: float  # waiting for a batch slot
     decode_ms: float  # modelled: first token's deadline to the last one's
     output_tokens: int
+    # Spans the API side measured around the engine call (``engine_hop`` for an engine in another
+    # process); empty in process. They join the turn's phase breakdown.
+    phases_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        """The engine's own figures (the API side's spans are not the engine's to report)."""
+        return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
 
 
 class MockGPU:
@@ -46,7 +50,9 @@ class MockGPU:
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
 
-    def open(self) -> GpuSequence:
+    def open(self, keep_warm: bool = True) -> GpuSequence:
+        """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
+        holds its blocks between turns anyway, as ``pin-suspended`` says."""
         return GpuSequence(self)
 
     def metrics(self) -> dict[str, float]:

@@ -27,7 +27,7 @@ from proto.builder import CallStream, MessageStream, ResponseBuilder
 from proto.events import ServerEvent
 from proto.items import HOSTED_TOOL_NAMES, FunctionCall, Item, WebSearchCall, function_tool_names
 from proto.response import TurnReport
-from sampler.gpu import GpuSequence
+from sampler.engine import EngineSequence
 from sampler.policy import Policy, TurnPlan
 from sampler.tokens import Conversation, TextStream, web_results_text
 from sampler.tools import WebSearch, query_of
@@ -59,7 +59,7 @@ Step = Emit | Boundary | Suspend
 class Rollout:
     builder: ResponseBuilder
     conversation: Conversation
-    sequence: GpuSequence
+    sequence: EngineSequence
     policy: Policy
     web_search: WebSearch
     script: str  # the first user message with directive lines: the directive script's source
@@ -183,6 +183,10 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
             yield tuple(batch)
     report = rollout.sequence.last_report
     assert report is not None
+    phases = dict(rollout.pending_phases)
+    for name, ms in report.phases_ms.items():  # the API → engine hop, when the engine is elsewhere
+        phases[name] = phases.get(name, 0.0) + ms
+        builder.lab.phases_ms[name] = builder.lab.phases_ms.get(name, 0.0) + ms
     builder.record_turn(
         TurnReport(
             turn=rollout.turn,
@@ -192,7 +196,7 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
             queue_wait_ms=report.queue_wait_ms,
             decode_ms=report.decode_ms,
             output_tokens=report.output_tokens,
-            phases_ms=dict(rollout.pending_phases),
+            phases_ms=phases,
         )
     )
     rollout.pending_phases.clear()
