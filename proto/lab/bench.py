@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-override", action="append", default=None, metavar="MODEL:KNOB=V,…",
         help="passed to the servers the lab starts, e.g. mock-1000tps:prefill-time-per-token=0.025 (repeatable)",
     )
+    parser.add_argument("--engine", default=None, metavar="URL|spawn",
+                        help="the servers the lab starts drive this engine (vLLM's completions API), or one the lab starts (spawn)")
+    parser.add_argument("--workers", type=int, default=None, help="API processes per server the lab starts (serve --workers N)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
     parser.add_argument("--no-plots", action="store_true")
@@ -50,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "sessions": args.sessions, "rollouts": args.rollouts, "warmup": args.warmup, "turns": args.turns,
         "tool_time_scale": args.tool_time_scale, "pings": args.pings, "api_key": args.api_key,
         "model_overrides": tuple(args.model_override) if args.model_override else None,
+        "engine": args.engine, "workers": args.workers,
     }
     for name, value in changes.items():
         if value is not None:
@@ -57,8 +61,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     bad = [m for m in config.modes if m not in MODES] + [p for p in config.profiles if p not in PROFILES]
     if bad:
         raise SystemExit(f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: {', '.join(PROFILES)})")
-    if config.url and config.model_overrides:
-        raise SystemExit("--model-override applies to the servers the lab starts; with --url, start that server with it")
+    if config.url and (config.model_overrides or config.engine or config.workers > 1):
+        raise SystemExit("--model-override, --engine and --workers apply to the servers the lab starts; with --url, start that server with them")
+    if config.workers < 1:
+        raise SystemExit("--workers must be >= 1")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
         raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
     return config

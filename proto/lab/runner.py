@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildServer, cpu_seconds
+from proto.client.child import ChildEngine, ChildServer, cpu_seconds
 from proto.lab.clients import Transport, make_client
 from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan, shorten
@@ -64,6 +66,11 @@ class BenchConfig:
     # Passed to every server the lab starts (``--model-override``): ask "what if prefill were 10x faster?"
     # or "what if suspended responses lost their KV pins?" (``pin-suspended=false``) on the same workload.
     model_overrides: tuple[str, ...] = ()
+    # The topology of the servers the lab starts: the engine (None: in process; a URL: that engine;
+    # "spawn": a `responses-lab engine` the lab starts and every profile's server shares) and the API
+    # processes in front of it (`serve --workers N`; N > 1 without an engine starts one of its own).
+    engine: str | None = None
+    workers: int = 1
 
     @classmethod
     def quick_preset(cls) -> BenchConfig:
@@ -195,23 +202,46 @@ def _servers(config: BenchConfig) -> Iterator[list[tuple[str, str, str, Callable
         yield [("external", ws_url, http_url, cpu)]
         return
     started: list[ChildServer] = []
-    try:
-        for name in config.profiles:  # all started before any is waited for: they boot side by side
-            started.append(ChildServer(server_flags(PROFILES[name], config), api_key=config.api_key))
-        for server in started:
-            server.wait_ready()
-        yield [(name, s.ws_url, s.http_url, s.cpu_s) for name, s in zip(config.profiles, started, strict=True)]
-    finally:
-        for server in started:
-            server.stop()
+    engine: ChildEngine | None = None
+    with tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as tmp:
+        try:
+            engine_url = config.engine
+            if config.engine == "spawn":
+                engine = ChildEngine([f for o in config.model_overrides for f in ("--model-override", o)])
+                engine.wait_ready()
+                engine_url = engine.http_url
+            for name in config.profiles:  # all started before any is waited for: they boot side by side
+                # N workers share one store: a file (a memory database cannot be shared).
+                db = str(Path(tmp) / f"{name}.db") if config.workers > 1 else ":memory:"
+                started.append(ChildServer(server_flags(PROFILES[name], config, engine_url), db=db, api_key=config.api_key))
+            for server in started:
+                server.wait_ready()
+            yield [(name, s.ws_url, s.http_url, _system_cpu(s, engine)) for name, s in zip(config.profiles, started, strict=True)]
+        finally:
+            for server in started:
+                server.stop()
+            if engine is not None:
+                engine.stop()
 
 
-def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
-    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides."""
+def _system_cpu(server: ChildServer, engine: ChildEngine | None) -> Callable[[], float]:
+    """The server's CPU seconds (its workers and its own engine included), plus the lab's engine's."""
+    if engine is None:
+        return server.cpu_s
+    return lambda: server.cpu_s() + engine.cpu_s()
+
+
+def server_flags(profile: Profile, config: BenchConfig, engine_url: str | None = None) -> list[str]:
+    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides
+    (which an engine elsewhere ignores: they are that engine's flags), its engine and workers."""
     flags = ["--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
              "--log-level", "warning"]
     for override in config.model_overrides:
         flags += ["--model-override", override]
+    if engine_url:
+        flags += ["--engine", engine_url]
+    if config.workers > 1:
+        flags += ["--workers", str(config.workers)]
     return flags
 
 
