@@ -26,6 +26,8 @@ import httpx
 import msgspec
 import psutil
 import pytest
+from helpers import create as create_event
+from helpers import until
 from prometheus_client.parser import text_string_to_metric_families
 from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
@@ -46,7 +48,6 @@ ENGINE_FLAGS = ["--model-override", FAST_OVERRIDE, "--model-override", f"{SLOW}:
                 "--model-override", f"{ONE_SLOT}:max-num-seqs=1,max-waiting=0"]
 GUARD = 15.0  # seconds, against hangs only: no assertion depends on timing
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
-TOOLS = [{"type": "function", "name": "grep"}, {"type": "function", "name": "read_file"}]
 STREAM_FOREVER = "!tokens 5000 !say never"
 
 
@@ -115,16 +116,11 @@ async def assert_all_released(t: Topology) -> None:
 
 # ------------------------------------------------------------------------------------------ clients
 def create(script: str, model: str = FAST, **fields: Any) -> str:
-    return json.dumps({"type": "response.create", "model": model, "input": [{"role": "user", "content": script}], "tools": TOOLS, **fields})
+    return json.dumps(create_event(script, model=model, **fields))
 
 
 async def recv_until(ws: ClientConnection, stop: set[str]) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    while True:
-        event = json.loads(await asyncio.wait_for(ws.recv(), GUARD))
-        events.append(event)
-        if event["type"] in stop | {"error"}:
-            return events
+    return await until(ws, stop | {"error"})
 
 
 async def streaming(url: str, model: str = SLOW) -> ClientConnection:

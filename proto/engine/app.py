@@ -44,7 +44,6 @@ from proto.engine.wire import (
     CompletionRequest,
     ErrorInfo,
     FinalChunk,
-    LabReport,
     PerRequestMetrics,
     PromptTokensDetails,
     StreamChoice,
@@ -239,7 +238,7 @@ class _Head:
     def token(self, token: int, text: TextStream, last: bool) -> bytes:
         piece = text.push(token) + (text.flush() if last else "")
         choice = StreamChoice(text=piece, finish_reason="length" if last else None, token_ids=[token] if self.token_ids else None)
-        return sse(_encode(TokenChunk(id=self.id, created=self.created, model=self.model, choices=[choice])))
+        return sse(_encode(TokenChunk(id=self.id, object="text_completion", created=self.created, model=self.model, choices=[choice])))
 
     def final(self, report: EngineReport, include_usage: bool) -> FinalChunk:
         """vLLM's last chunk (no choice: usage and per-request metrics), plus the modelled report. The
@@ -256,10 +255,8 @@ class _Head:
             mean_itl_ms=report.decode_ms / (n - 1) if n > 1 else None,
             tokens_per_second=n * 1e3 / (report.prefill_ms + report.decode_ms) if report.prefill_ms + report.decode_ms > 0 else None,
         )
-        lab = LabReport(prompt_tokens=report.prompt_tokens, cached_tokens=report.cached_tokens, prefill_ms=report.prefill_ms,
-                        queue_wait_ms=report.queue_wait_ms, decode_ms=report.decode_ms, output_tokens=n)
         return FinalChunk(id=self.id, object="text_completion", created=self.created, model=self.model, choices=[],
-                          usage=usage, metrics=metrics, responses_lab=lab)
+                          usage=usage, metrics=metrics, responses_lab=report)
 
 
 class EngineCollector(Collector):

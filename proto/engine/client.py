@@ -7,9 +7,9 @@ spends 6.5–6.8 µs of client CPU per streamed event and aiohttp 2.3–5.1 µs 
 figures and the command are in NOTES.md).
 
 Each turn is one streamed request for exactly N tokens (``max_tokens`` = ``min_tokens`` = N,
-``ignore_eos``); every chunk releases the tokens it carries (``return_token_ids`` from the mock engine; a
-chunk per token from vLLM, whose final usage settles the count), so the mock model's own tokens go out at
-the engine's pace. The timing report comes from the mock engine's ``responses_lab`` field,
+``ignore_eos``); every chunk releases the tokens it carries (``return_token_ids``; an engine that sends no
+ids counts as a token per chunk, its final usage settling the count), so the mock model's own tokens go out
+at the engine's pace. The timing report comes from the mock engine's ``responses_lab`` field,
 else from vLLM's ``metrics`` (``--enable-per-request-metrics``) and ``usage.prompt_tokens_details``
 (``--enable-prompt-tokens-details``); without those the prefill is the measured time to the first token,
 hop included, and no hop is reported. The hop itself, ``engine_hop``, is measured: the time from sending
@@ -264,11 +264,10 @@ class RemoteSequence:
                 self.engine.pinned.add(self.sequence_id)  # from now on the engine may hold blocks for it
         request = CompletionRequest(
             model=self.model, prompt=list(prompt_ids), max_tokens=max(n, 1), min_tokens=max(n, 1), ignore_eos=True, stream=True,
-            # Token ids per chunk from the mock engine; vLLM would also echo the whole prompt's ids in its
-            # first chunk, so it is not asked: a chunk per token (stream_interval 1), and the final usage
-            # releases any tokens a chunk carried beyond one.
-            stream_options=StreamOptions(include_usage=True), return_token_ids=True if self.engine.lab_extension else None,
-            responses_lab=lab,
+            # The token ids of each chunk: a chunk may carry several tokens (vLLM merges the outputs of an API
+            # process that lags behind its engine core). vLLM also echoes the prompt's ids in its first chunk:
+            # that cost is part of its hop.
+            stream_options=StreamOptions(include_usage=True), return_token_ids=True, responses_lab=lab,
         )
         return _encode(request)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import msgspec
 
+from sampler.gpu import EngineReport
+
 DONE = b"[DONE]"
 
 
@@ -76,17 +78,6 @@ class PerRequestMetrics(msgspec.Struct, omit_defaults=True):
     tokens_per_second: float | None = None
 
 
-class LabReport(msgspec.Struct, kw_only=True):
-    """The mock engine's report of one request: ``sampler.gpu.EngineReport``'s modelled figures."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_ms: float
-    queue_wait_ms: float
-    decode_ms: float
-    output_tokens: int
-
-
 class StreamChoice(msgspec.Struct, kw_only=True):
     index: int = 0
     text: str = ""
@@ -113,7 +104,7 @@ class StreamChunk(msgspec.Struct, kw_only=True):
     choices: list[StreamChoice] = msgspec.field(default_factory=list)
     usage: Usage | None = None
     metrics: PerRequestMetrics | None = None
-    responses_lab: LabReport | None = None
+    responses_lab: EngineReport | None = None  # the mock engine's modelled report (its phases_ms empty)
     error: ErrorInfo | None = None
 
 
@@ -121,24 +112,19 @@ class TokenChunk(msgspec.Struct, kw_only=True):
     """A chunk with tokens, as the mock engine writes it (vLLM's fields, always present)."""
 
     id: str
-    object: str = "text_completion"
-    created: int
-    model: str
-    choices: list[StreamChoice]
-
-
-class FinalChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The last chunk, as the mock engine writes it: no choice, the usage (when asked for), vLLM's
-    per-request metrics and the ``responses_lab`` report."""
-
-    id: str
     object: str
     created: int
     model: str
     choices: list[StreamChoice]
+
+
+class FinalChunk(TokenChunk, kw_only=True, omit_defaults=True):
+    """The last chunk, as the mock engine writes it: no choice, the usage (when asked for), vLLM's
+    per-request metrics and the ``responses_lab`` report."""
+
     usage: Usage | None = None
     metrics: PerRequestMetrics | None = None
-    responses_lab: LabReport | None = None
+    responses_lab: EngineReport | None = None
 
 
 class ErrorResponse(msgspec.Struct):
