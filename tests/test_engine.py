@@ -29,6 +29,7 @@ import pytest
 from helpers import create as create_event
 from helpers import until
 from prometheus_client.parser import text_string_to_metric_families
+from test_lab_e2e import TINY
 from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -36,6 +37,7 @@ from websockets.exceptions import ConnectionClosed
 from proto.client.child import ChildEngine, ChildServer
 from proto.engine.client import _failure, _report
 from proto.engine.wire import EventStream, StreamChunk
+from proto.lab.bench import main as bench_main
 from proto.server.config import Settings
 from proto.server.run import ThreadedServer, free_port
 from sampler.gpu import EngineFailure, EngineOverloaded
@@ -432,3 +434,22 @@ async def test_the_engine_refuses_bad_requests_as_vllm_does(topology: Topology) 
             assert b"[DONE]" in b"".join([part async for part in reply.aiter_raw()])
         assert scrape(url)[("responses_lab_engine_pinned_sequences", "")] == 1
     await until_true(lambda: engine_idle(url), "the orphaned pin expired")
+
+
+# ------------------------------------------------------------------------------------------ the lab on this topology
+def test_the_lab_runs_on_a_spawned_engine_behind_two_workers_and_shows_the_hop(tmp_path: Path) -> None:
+    workload = tmp_path / "tiny.json"
+    workload.write_text(json.dumps(TINY), encoding="utf-8")
+    out = tmp_path / "out"
+    code = bench_main([
+        "--modes", "longlived,http", "--workload", str(workload), "--model", FAST, "--profile", "local", "--sessions", "1",
+        "--rollouts", "1", "--warmup", "1", "--pings", "20", "--no-plots", "--out", str(out),
+        "--engine", "spawn", "--workers", "2", "--model-override", FAST_OVERRIDE,
+    ])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "--engine spawn --workers 2" in results["command"]
+    for run in results["runs"]:
+        assert run["phases_ms"]["engine_hop"] > 0, run["mode"]  # a measured span of every turn's breakdown
+        assert run["server_cpu_ms_per_turn"] > 0  # the supervisor's workers and the lab's engine, read by psutil
+        assert run["usage"]["output_tokens"] > 0
