@@ -271,11 +271,16 @@ async def test_a_rollout_through_the_engine_reports_the_same_usage_and_its_overh
 
 # ------------------------------------------------------------------------------------------ the engine failing
 async def test_an_engine_crash_mid_stream_gives_each_open_response_one_typed_terminal_event() -> None:
-    engine = ChildEngine()
+    engine = ChildEngine(["--model-override", f"{ONE_SLOT}:fail-rate=1"])  # every turn of it dies mid-stream
     workers: list[ChildServer] = []
     try:
         engine.wait_ready()
         workers = start_workers(engine)
+        async with connect(ws_url(workers[0]) + "?protocol=longlived") as ws:  # an engine fault: its error chunk
+            await ws.send(create("!tokens 50 !say hi", ONE_SLOT))
+            failed = (await recv_until(ws, TERMINAL))[-1]
+            assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "engine_failure"
+            assert "injected engine failure" in failed["response"]["error"]["message"]
         sockets = [await streaming(ws_url(w)) for w in workers for _ in range(2)]
         engine.proc.kill()  # SIGKILL: the connections drop mid-stream
         engine.proc.wait()
