@@ -200,9 +200,11 @@ class MockEngine:
                 yield sse(_encode(error_body(500, str(exc))))
             else:
                 report = sequence.last_report
-                assert report is not None
-                self.observe(request.model, report)
-                yield sse(_encode(head.final(report, bool(request.stream_options and request.stream_options.include_usage))))
+                if report is None:  # released (DELETE) while it ran: the turn stopped short
+                    yield sse(_encode(error_body(409, "the sequence was released while this request ran")))
+                else:
+                    self.observe(request.model, report)
+                    yield sse(_encode(head.final(report, bool(request.stream_options and request.stream_options.include_usage))))
             yield sse(DONE)
         finally:
             self.streams -= 1

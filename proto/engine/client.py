@@ -224,6 +224,8 @@ class RemoteSequence:
                 if due:
                     sent += due
                     yield due
+                    if self._closed:
+                        return  # closed under our feet (as GpuSequence): the caller wants nothing more
                 if finished:
                     break
             if sent != n:
@@ -275,10 +277,12 @@ class RemoteSequence:
         """POST and wait for the status line: in a task of its own, so the watchdog can give up on it."""
         engine = self.engine
         post = engine.session.post(engine.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-        self._request = asyncio.ensure_future(post)
+        request = self._request = asyncio.ensure_future(post)
         try:
-            response = await self._request
+            response = await request
         except asyncio.CancelledError:
+            if request.done() and not request.cancelled() and request.exception() is None:
+                request.result().close()  # the status line came just as we were cancelled: end that request
             task = asyncio.current_task()
             if self._stalled is not None and (task is None or not task.cancelling()):
                 raise EngineFailure(self._stalled) from None
