@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from proto.lab.metrics import percentile, rollout_metrics, summarize
+from proto.lab.metrics import percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.runner import PROFILES, BenchResult, CellResult
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
@@ -72,6 +72,8 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
         "wall_s": cell.wall_s,
         "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
+        # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
+        "store_vs_cached": store_vs_cached(cell.traces),
     }
 
 
