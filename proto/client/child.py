@@ -44,7 +44,7 @@ class ChildProcess:
     STOP_TIMEOUT_S = 30.0  # after SIGTERM, before SIGKILL
 
     def __init__(self, command: str, flags: Sequence[str], health: str, *, port: int | None = None,
-                 api_key: str | None = None, new_session: bool = False) -> None:
+                 api_key: str | None = None, new_session: bool = False, capture: bool = True) -> None:
         from proto.server.run import free_port
 
         self.port = port or free_port()
@@ -53,14 +53,16 @@ class ChildProcess:
         self.health = health
         self.command = [sys.executable, "-m", "proto", command, "--port", str(self.port), *flags]
         self.new_session = new_session
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process; closed in stop())
+        # Captured for log() (the lab, the tests), or the parent's own stdout and stderr (an operator's server).
+        self._log = tempfile.TemporaryFile() if capture else None  # noqa: SIM115 (closed in stop())
         self._start()
 
     def _start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
         # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching it: its
         # owner stops it, in order (the engine after the workers that use it).
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=self.new_session)
+        output = subprocess.STDOUT if self._log is not None else None
+        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=output, env=env, start_new_session=self.new_session)
         self.process = psutil.Process(self.proc.pid)  # for its CPU time and RSS
 
     def restart(self) -> None:
@@ -85,7 +87,9 @@ class ChildProcess:
         return cpu_seconds(self.process)
 
     def log(self) -> str:
-        """The tail of what the child wrote to stdout and stderr."""
+        """The tail of what the child wrote to stdout and stderr (when captured)."""
+        if self._log is None:
+            return "(not captured: see this process's own output)"
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-4000:]
 
@@ -97,7 +101,8 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
     def __enter__(self) -> ChildProcess:
         try:
@@ -127,8 +132,8 @@ class ChildServer(ChildProcess):
 class ChildEngine(ChildProcess):
     """``responses-lab engine --port P FLAGS…`` (the mock GPU behind vLLM's completions API)."""
 
-    def __init__(self, flags: Sequence[str] = (), *, port: int | None = None, new_session: bool = False) -> None:
-        super().__init__("engine", flags, "/health", port=port, new_session=new_session)
+    def __init__(self, flags: Sequence[str] = (), *, port: int | None = None, new_session: bool = False, capture: bool = True) -> None:
+        super().__init__("engine", flags, "/health", port=port, new_session=new_session, capture=capture)
 
     def __enter__(self) -> ChildEngine:
         super().__enter__()

@@ -49,7 +49,7 @@ def serve_workers(settings: Settings) -> None:
         flags = ["--log-level", settings.log_level]
         for override in settings.model_override:
             flags += ["--model-override", override]
-        engine = ChildEngine(flags, new_session=True)
+        engine = ChildEngine(flags, new_session=True, capture=False)  # its log lines join the workers
         try:
             engine.wait_ready()
         except BaseException:
