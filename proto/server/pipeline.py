@@ -87,9 +87,9 @@ class Engines:
         return frozenset(self.by_name)
 
     def cards(self) -> list[dict[str, object]]:
-        """``GET /v1/models``' entries: the catalogue's, or the engine's own."""
+        """``GET /v1/models``' entries: the catalogue's, or the engine's own (its address is not shown)."""
         if self.remote is not None:
-            return [{**card, "engine": self.remote.url} for card in self.remote.cards]
+            return [dict(card) for card in self.remote.cards]
         return [{"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public()}
                 for name, spec in sorted(self.specs.items())]
 
