@@ -23,6 +23,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "response_not_found": (404, "invalid_request_error"),
     "model_not_found": (404, "invalid_request_error"),
     "previous_response_not_found": (404, "invalid_request_error"),
+    "item_not_found": (404, "invalid_request_error"),
     "message_too_large": (413, "invalid_request_error"),
     "tool_timeout": (408, "invalid_request_error"),
     "too_many_items": (400, "invalid_request_error"),

@@ -44,7 +44,7 @@ from proto.events import (
     ServerEvent,
     WireEvent,
 )
-from proto.items import FunctionCallOutput, Item, Message
+from proto.items import CALL_ITEMS, OUTPUT_ITEMS, CallItem, Item, Message, OutputItem
 from proto.state import ABORT_RETURNS, REFUSALS, TRANSITIONS, Event, State
 from proto.work import WorkCounters
 
@@ -92,8 +92,9 @@ class _Open:
     id: str
     work: WorkCounters
     pending: dict[str, str] = field(default_factory=dict)  # call_id -> name, in call order
-    received: dict[str, FunctionCallOutput] = field(default_factory=dict)
+    received: dict[str, OutputItem] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)  # every call answered so far in this response
+    calls: dict[str, str] = field(default_factory=dict)  # every call this response made: call_id -> name
     extra: list[Item] = field(default_factory=list)  # user messages appended while suspended
     queued: list[Item] = field(default_factory=list)  # user messages appended while sampling
     cancel: Cancel | None = None  # asked for; the response has not ended yet
@@ -174,7 +175,7 @@ class LongLivedCore:
 
     def _create(self, event: ResponseCreate) -> list[Action]:
         self._check(Event.CREATE)
-        items, work = validate_create(event, self._models, self._limits.create, root="$.", item_code="invalid_event")
+        items, work = validate_create(event, self._models, self._limits.create, root="$.")
         self._before_open = self.state
         self._transition(Event.CREATE)
         self._open = _Open(id=self._new_id(), work=work)
@@ -190,9 +191,9 @@ class LongLivedCore:
         assert self._open is not None
         if len(raw) > self._limits.max_input_items:
             raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
-        items = codec.decode_items(raw, code="invalid_event")
+        items = codec.decode_items(raw)
         open_ = self._open
-        outputs: dict[str, FunctionCallOutput] = {}
+        outputs: dict[str, OutputItem] = {}
         messages: list[Item] = []
         for index, item in enumerate(items):
             path = f"$.input[{index}]"
@@ -200,15 +201,17 @@ class LongLivedCore:
                 if item.role == "assistant":
                     raise ClientError("invalid_request", "append accepts user, system or developer messages", f"{path}.role")
                 messages.append(item)
-            elif isinstance(item, FunctionCallOutput):
-                call_id = item.call_id
+            elif isinstance(item, OUTPUT_ITEMS):
+                call_id = item.call_id or ""
                 if call_id in open_.received or call_id in open_.answered or call_id in outputs:
                     raise ClientError("duplicate_call_output", f"call {call_id!r} already has an output", f"{path}.call_id")
                 if call_id not in open_.pending:
                     raise ClientError("unknown_call_id", f"the response is not waiting on call {call_id!r}", f"{path}.call_id")
                 outputs[call_id] = item
+            elif isinstance(item, CALL_ITEMS):
+                self._check_echo(item, path)  # already in the context: accepted, not added again
             else:
-                raise ClientError("invalid_request", "append accepts function_call_output and message items", f"{path}.type")
+                raise ClientError("invalid_request", "append accepts function_call_output, custom_tool_call_output, message items and echoes of pending calls", f"{path}.type")
         if self.state is not State.SUSPENDED:
             if len(open_.queued) + len(messages) > self._limits.max_queued_items:
                 limit = self._limits.max_queued_items
@@ -231,6 +234,18 @@ class LongLivedCore:
         open_.received.clear()
         open_.extra = []
         return [resume]
+
+    def _check_echo(self, item: CallItem, path: str) -> None:
+        """A client may send the model's own call back before its output (Codex 0.87's v1 transport does):
+        accepted when it names a call this response made, with the same name; dropped, since the call is
+        already in the context."""
+        open_ = self._open
+        assert open_ is not None
+        name = open_.pending.get(item.call_id) or open_.calls.get(item.call_id)
+        if name is None:
+            raise ClientError("unknown_call_id", f"the response made no call {item.call_id!r}", f"{path}.call_id")
+        if name != item.name:
+            raise ClientError("invalid_request", f"call {item.call_id!r} is {name!r}, not {item.name!r}", f"{path}.name")
 
     def _inject(self, event: ResponseInject) -> list[Action]:
         # The beta spelling of append: acknowledged or refused with its own event types.
@@ -309,6 +324,7 @@ class LongLivedCore:
                 raise ClientError("too_many_pending_calls", f"the model made {count} parallel calls; at most {limit} may be pending (--max-pending-calls)")
             self._transition(Event.SUSPEND)
             open_.pending = {call.call_id: call.name for call in event.pending_calls}
+            open_.calls.update(open_.pending)
         elif isinstance(event, TERMINAL_EVENTS):
             self._transition(Event.TERMINAL)
             self._last_id = open_.id

@@ -6,6 +6,7 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
+from proto import openai_types as oa
 from proto.items import Item, Tool
 from proto.work import WorkCounters
 
@@ -96,8 +97,14 @@ class Response(msgspec.Struct, kw_only=True):
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     usage: Usage | None = None
-    text: dict[str, Any] = msgspec.field(default_factory=lambda: {"format": {"type": "text"}})
+    text: oa.ResponseTextConfig = msgspec.field(default_factory=lambda: oa.ResponseTextConfig(format=oa.Text()))
     truncation: str = "disabled"
-    reasoning: dict[str, Any] | None = None
+    reasoning: oa.ReasoningReasoning | None = None
     user: str | None = None
+    # Carried through from the request as OpenAI echoes them on the Response object.
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
     lab: LabInfo | None = None

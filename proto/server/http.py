@@ -34,7 +34,7 @@ from proto.items import Item
 from proto.longlived import Cancel
 from proto.response import Mode
 from proto.server.auth import Auth, error_response
-from proto.server.chain import load_history
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed
 
@@ -125,11 +125,12 @@ class HttpResponses:
         phases: dict[str, float] = {}
         history: list[Item] = []
         mode: Mode = "http"
-        if body.previous_response_id is not None:
-            mode = "http-prev"
-            with timed(phases, "store_load"):
+        with timed(phases, "store_load"):
+            items = await resolve_references(self.pipeline, items, key)
+            if body.previous_response_id is not None:
+                mode = "http-prev"
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)
-            check_outputs(history, items)
+        check_outputs(history, items)
         return await self.pipeline.prepare(new_response_id(), body, history, items, work, mode, scan_history=mode == "http", phases=phases)
 
     def _stream(self, prepared: Prepared, key: str, created: float) -> Response:

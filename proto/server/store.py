@@ -46,6 +46,15 @@ CREATE TABLE IF NOT EXISTS responses (
     response_json        BLOB NOT NULL,
     input_items_json     BLOB NOT NULL
 );
+-- Every item of a stored response (its inputs and its output), by id: what an ``item_reference`` names.
+CREATE TABLE IF NOT EXISTS items (
+    api_key_id  TEXT NOT NULL,
+    item_id     TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    item_json   BLOB NOT NULL,
+    PRIMARY KEY (api_key_id, item_id)
+);
+CREATE INDEX IF NOT EXISTS items_by_response ON items (response_id);
 """
 _FIELDS = "response_id, api_key_id, response_json, input_items_json, previous_response_id, created_at, model"
 
@@ -160,7 +169,9 @@ class ResponseStore:
         model: str,
         *,
         created_at: float | None = None,
+        items: list[tuple[str, bytes]] | None = None,
     ) -> None:
+        """``items``: (item id, item JSON) of every item the response holds, for ``find_items``."""
         if not input_items_json.lstrip().startswith(b"["):
             raise ValueError("input_items_json must be a JSON array")
         row = (
@@ -184,6 +195,13 @@ class ResponseStore:
             )
             if cursor.rowcount == 0:
                 raise StoreError(f"response id {response_id!r} belongs to another API key")
+            if items:
+                db.executemany(
+                    "INSERT INTO items (api_key_id, item_id, response_id, item_json) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (api_key_id, item_id) DO UPDATE SET response_id = excluded.response_id,"
+                    " item_json = excluded.item_json",
+                    [(api_key_id, item_id, response_id, bytes(item)) for item_id, item in items],
+                )
             with self._counts:
                 self.writes += 1
                 self.bytes_written += len(response_json) + len(input_items_json)
@@ -213,6 +231,7 @@ class ResponseStore:
             cursor = db.execute(
                 "DELETE FROM responses WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id)
             )
+            db.execute("DELETE FROM items WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id))
             with self._counts:
                 self.deletes += cursor.rowcount
             return cursor.rowcount > 0
@@ -249,6 +268,24 @@ class ResponseStore:
             return links
 
         return await self._read("chain", walk)
+
+    async def find_items(self, item_ids: list[str], api_key_id: str) -> dict[str, bytes]:
+        """The stored items with these ids (this key's only), by id; a missing id is simply absent."""
+
+        def read(db: sqlite3.Connection) -> dict[str, bytes]:
+            found: dict[str, bytes] = {}
+            for item_id in dict.fromkeys(item_ids):
+                row = db.execute(
+                    "SELECT item_json FROM items WHERE api_key_id = ? AND item_id = ?", (api_key_id, item_id)
+                ).fetchone()
+                if row is not None:
+                    found[item_id] = bytes(row[0])
+            with self._counts:
+                self.reads += len(found)
+                self.bytes_read += sum(map(len, found.values()))
+            return found
+
+        return await self._read("find_items", read)
 
     def close(self) -> None:
         """Finish queued calls, close the database, stop the threads. Idempotent; blocks (from the loop,

@@ -27,7 +27,7 @@ from proto.events import ResponseCompleted, ServerEvent
 from proto.ga import Close, GaCore
 from proto.items import Item, Tool
 from proto.longlived import Cancel
-from proto.server.chain import load_history
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed
 from proto.server.session import SLOW_READER, Outbox, Stop, StoppableReader, Stopped
@@ -164,23 +164,26 @@ class GaSession(StoppableReader):
         request, work = start.request, start.work
         previous = request.previous_response_id
         cached, self.cached = self.cached, None  # taken for this response: a failure leaves it evicted
+        phases: dict[str, float] = {}
+        with timed(phases, "store_load"):
+            items = await resolve_references(self.pipeline, start.items, self.api_key_id)
         if previous is None:
-            return await self.pipeline.prepare(start.response_id, request, [], start.items, work, "ws", scan_history=True)
+            check_outputs([], items)
+            return await self.pipeline.prepare(start.response_id, request, [], items, work, "ws", scan_history=True, phases=phases)
         if cached is not None and cached.response_id == previous:
-            check_outputs(cached.conversation.items, start.items)
+            check_outputs(cached.conversation.items, items)
             if cached.instructions == request.instructions:
                 gpu = cached.gpu if cached.model == request.model else None
                 return await self.pipeline.prepare(
-                    start.response_id, request, [], start.items, work, "ws", scan_history=False, conversation=cached.conversation, gpu=gpu
+                    start.response_id, request, [], items, work, "ws", scan_history=False, phases=phases, conversation=cached.conversation, gpu=gpu
                 )
             # New instructions head the prompt: the items are in memory, their rendering is not reusable.
             history = list(cached.conversation.items)
-            return await self.pipeline.prepare(start.response_id, request, history, start.items, work, "ws", scan_history=False)
-        phases: dict[str, float] = {}
+            return await self.pipeline.prepare(start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases)
         with timed(phases, "store_load"):
             history = await load_history(self.pipeline, previous, self.api_key_id, work)
-        check_outputs(history, start.items)
-        return await self.pipeline.prepare(start.response_id, request, history, start.items, work, "ws", scan_history=False, phases=phases)
+        check_outputs(history, items)
+        return await self.pipeline.prepare(start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases)
 
     # --------------------------------------------------------------------------------- Transport
     def opened(self) -> bool:

@@ -22,11 +22,12 @@ from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto.actions import Reply, Start
+from proto.create import check_outputs
 from proto.errors import ClientError
 from proto.events import ServerEvent
 from proto.items import Item
 from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
-from proto.server.chain import load_history
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared
 from proto.server.session import SLOW_READER, Outbox, StoppableReader, Stopped
@@ -155,10 +156,12 @@ class LongLivedSession(StoppableReader):
 
     async def _prepare(self, start: Start) -> Prepared:
         history: list[Item] = []
+        items = await resolve_references(self.pipeline, start.items, self.api_key_id, root="$.")
         if start.request.previous_response_id is not None:
             # Continuing a stored response: its chain is context, loaded and rendered once.
             history = await load_history(self.pipeline, start.request.previous_response_id, self.api_key_id, start.work)
-        return await self.pipeline.prepare(start.response_id, start.request, history, start.items, start.work, "longlived", scan_history=False)
+        check_outputs(history, items, root="$.")
+        return await self.pipeline.prepare(start.response_id, start.request, history, items, start.work, "longlived", scan_history=False)
 
     # --------------------------------------------------------------------------------- Transport
     def opened(self) -> bool:
