@@ -31,6 +31,7 @@ from proto.items import (
     Item,
     Message,
     Reasoning,
+    Tool,
     WebSearchAction,
     WebSearchCall,
     WebSearchSource,
@@ -145,13 +146,22 @@ def render_parts(item: Item, call_names: dict[str, str]) -> list[Segment]:
             return [(item_type(item), _generic_body(item)), *_generic_media(item)]
 
 
+def tools_text(tools: list[Tool]) -> str:
+    return msgspec.json.encode(tools).decode()
+
+
 def text_segments(item: Item) -> list[str]:
     """The text an item puts into the context (what the safety scan reads)."""
     return [body for _, body in render_parts(item, {}) if isinstance(body, str)]
 
 
 def _generic_body(item: Item) -> str:
-    return msgspec.json.encode(item).decode()
+    # Without ``type`` (it is the header) and ``id`` (the store gives an item one: the same item must
+    # render the same before and after, or a stored chain would cost more than the items sent).
+    fields = msgspec.to_builtins(item)
+    fields.pop("type", None)
+    fields.pop("id", None)
+    return msgspec.json.encode(fields).decode()
 
 
 def _generic_media(item: Item) -> list[Segment]:
@@ -235,6 +245,12 @@ class Conversation:
 
     def add_instructions(self, text: str) -> None:
         self._segment("system", self.tokenizer.encode(text, self.work))
+
+    def add_tools(self, tools: list[Tool]) -> None:
+        """Tool definitions head the context after the instructions and count as input tokens, as at
+        OpenAI (which renders them into the system prompt in its own format; here: their JSON)."""
+        if tools:
+            self._segment("system tools", self.tokenizer.encode(tools_text(tools), self.work))
 
     def add_input(self, items: list[Item]) -> None:
         for item in items:

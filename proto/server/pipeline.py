@@ -174,6 +174,7 @@ class Pipeline:
                 conversation = Conversation(self.tokenizer, work)
                 if request.instructions:
                     conversation.add_instructions(request.instructions)
+                conversation.add_tools(request.tools)
                 conversation.add_input(history)
             conversation.work = work
             conversation.add_input(new_items)

@@ -2,7 +2,7 @@
 cache of the most recent response.
 
 The cache is what makes this mode cheap: a continuation of the cached response (``previous_response_id``
-equal to its id, same model and instructions) tokenizes only its new items onto the cached rendering and
+equal to its id, same instructions and tools) tokenizes only its new items onto the cached rendering and
 reuses the resolved engine. Anything else falls back to the store (``store: true`` responses; counted in
 ``store_reads``; the chain is re-rendered) or fails with ``previous_response_not_found``. The entry is
 taken out of the cache when a continuation starts (the conversation it holds is handed to that response
@@ -172,12 +172,12 @@ class GaSession(StoppableReader):
             return await self.pipeline.prepare(start.response_id, request, [], items, work, "ws", scan_history=True, phases=phases)
         if cached is not None and cached.response_id == previous:
             check_outputs(cached.conversation.items, items)
-            if cached.instructions == request.instructions:
+            if cached.instructions == request.instructions and cached.tools == request.tools:
                 gpu = cached.gpu if cached.model == request.model else None
                 return await self.pipeline.prepare(
                     start.response_id, request, [], items, work, "ws", scan_history=False, phases=phases, conversation=cached.conversation, gpu=gpu
                 )
-            # New instructions head the prompt: the items are in memory, their rendering is not reusable.
+            # New instructions or tools head the prompt: the items are in memory, their rendering is not reusable.
             history = list(cached.conversation.items)
             return await self.pipeline.prepare(start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases)
         with timed(phases, "store_load"):
