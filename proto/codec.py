@@ -54,21 +54,20 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> ClientError:
     except msgspec.ValidationError:
         # Valid JSON that no Python value holds (a number out of range): still a bad field.
         param = _param(exc)
-        kind = _kind_prefix(data)
-        return ClientError(event_fault_code(kind, param), str(exc), param)
+        return ClientError(event_fault_code(_kind_prefix(data), param), str(exc), param)
     except msgspec.DecodeError as bad:
         return ClientError("invalid_json", f"frame is not valid JSON: {bad}")
     except RecursionError:
         return ClientError("invalid_json", "frame is nested too deeply")
     if not isinstance(raw, dict):
         return ClientError("invalid_event", f"an event must be a JSON object, got {type(raw).__name__}")
-    kind = raw.get("type")
-    if not isinstance(kind, str):
+    event_type = raw.get("type")
+    if not isinstance(event_type, str):
         return ClientError("invalid_event", "an event needs a string field `type`", "$.type")
-    if kind not in CLIENT_EVENT_TYPES:
-        return ClientError("unknown_event_type", f"unknown event type {kind!r}", "$.type")
+    if event_type not in CLIENT_EVENT_TYPES:
+        return ClientError("unknown_event_type", f"unknown event type {event_type!r}", "$.type")
     param = _param(exc)
-    return ClientError(event_fault_code(kind, param), _message(exc), param)
+    return ClientError(event_fault_code(event_type, param), _message(exc), param)
 
 
 _ENVELOPE = frozenset({"$.type", "$.event_id", "$.stream_id"})
