@@ -25,6 +25,8 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "previous_response_not_found": (404, "invalid_request_error"),
     "item_not_found": (404, "invalid_request_error"),
     "message_too_large": (413, "invalid_request_error"),
+    "invalid_encoding": (400, "invalid_request_error"),
+    "unsupported_encoding": (415, "invalid_request_error"),
     "tool_timeout": (408, "invalid_request_error"),
     "too_many_items": (400, "invalid_request_error"),
     "too_many_tools": (400, "invalid_request_error"),

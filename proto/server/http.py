@@ -33,6 +33,7 @@ from proto.events import CreateBody, ServerEvent
 from proto.items import Item
 from proto.longlived import Cancel
 from proto.response import Mode
+from proto.server import encoding
 from proto.server.auth import Auth, error_response
 from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
@@ -92,7 +93,8 @@ class HttpResponses:
     async def create(self, request: Request, key: str) -> Response:
         created = time.time()
         try:
-            body = decode_body(await self._read_body(request))
+            raw = await self._read_body(request)
+            body = decode_body(await encoding.decode(raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes))
             prepared = await self._prepare(body, key)
         except ClientError as exc:
             return error_response(exc)
