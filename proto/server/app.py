@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 
 from proto.errors import ClientError
 from proto.server.auth import Auth, error_response, unauthorized
+from proto.server.catalog import models_list
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
 from proto.server.logs import configure as configure_logs
@@ -128,11 +129,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
             server.sessions.discard(session)
 
     async def models(request: Request, key_id: str) -> Response:
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public()}
-            for name, spec in sorted(server.pipeline.engines.specs.items())
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(models_list(server.pipeline.engines.specs))
 
     async def healthz(request: Request, key_id: str) -> Response:
         return JSONResponse({"status": "ok"})
