@@ -57,7 +57,7 @@ def _with_id(item: Item) -> Item:
     return msgspec.structs.replace(item, id=new_item_id(_PREFIX.get(item_type(item), "item")))
 
 
-async def resolve_references(pipeline: Pipeline, items: list[Item], api_key_id: str, root: str = "") -> list[Item]:
+async def resolve_references(pipeline: Pipeline, items: list[Item], api_key_id: str, work: WorkCounters, root: str = "") -> list[Item]:
     """Each ``item_reference`` replaced by the stored item it names (OpenAI resolves them the same way:
     the AI SDK sends its earlier output items as references when ``store`` is on). ``item_not_found``
     names the first one missing (another key's items do not exist for this key)."""
@@ -71,6 +71,7 @@ async def resolve_references(pipeline: Pipeline, items: list[Item], api_key_id: 
             resolved.append(item)
         elif item.id in found:
             resolved.append(_item_decoder.decode(found[item.id]))
+            work.references_resolved += 1
         else:
             raise ClientError("item_not_found", f"item with id {item.id!r} not found", f"{root}input[{index}].id")
     return resolved

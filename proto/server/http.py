@@ -128,7 +128,7 @@ class HttpResponses:
         history: list[Item] = []
         mode: Mode = "http"
         with timed(phases, "store_load"):
-            items = await resolve_references(self.pipeline, items, key)
+            items = await resolve_references(self.pipeline, items, key, work)
             if body.previous_response_id is not None:
                 mode = "http-prev"
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)

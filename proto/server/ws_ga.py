@@ -166,7 +166,7 @@ class GaSession(StoppableReader):
         cached, self.cached = self.cached, None  # taken for this response: a failure leaves it evicted
         phases: dict[str, float] = {}
         with timed(phases, "store_load"):
-            items = await resolve_references(self.pipeline, start.items, self.api_key_id)
+            items = await resolve_references(self.pipeline, start.items, self.api_key_id, work)
         if previous is None:
             check_outputs([], items)
             return await self.pipeline.prepare(start.response_id, request, [], items, work, "ws", scan_history=True, phases=phases)

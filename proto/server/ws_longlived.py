@@ -156,7 +156,7 @@ class LongLivedSession(StoppableReader):
 
     async def _prepare(self, start: Start) -> Prepared:
         history: list[Item] = []
-        items = await resolve_references(self.pipeline, start.items, self.api_key_id, root="$.")
+        items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
         if start.request.previous_response_id is not None:
             # Continuing a stored response: its chain is context, loaded and rendered once.
             history = await load_history(self.pipeline, start.request.previous_response_id, self.api_key_id, start.work)
