@@ -101,6 +101,8 @@ class ResponseBuilder:
         self._turns_sent = 0  # lab.turns already reported on a response.done
         self._flags_sent = 0  # lab.safety_flags likewise
         self._sequence = 0
+        self._usage_sent = Usage()  # the running total when the last response.done left
+        self.lab.usage_total = self.usage  # the live response (stored, the HTTP reply): both are the total
         if request.text is not None:
             self.response.text = request.text
 
@@ -132,16 +134,20 @@ class ResponseBuilder:
         self.usage.add(report.prompt_tokens, report.cached_tokens, report.output_tokens)
 
     def suspend(self, calls: list[CallItem]) -> ResponseDone:
-        # Only what is new since the last response.done travels with this one (this segment's output and
-        # turn report): re-sending the whole rollout on every suspension would make the long-lived
-        # response pay O(turns²) bytes for nothing. The terminal event carries the whole response.
+        # Only what is new since the last response.done travels with this one (this segment's output,
+        # turn report and usage): re-sending the whole rollout on every suspension would make the
+        # long-lived response pay O(turns²) bytes for nothing. The terminal event carries the whole
+        # output; its usage is the last segment's, so that the usages of a response's events add up
+        # (the total is ``lab.usage_total``, and the stored Response's ``usage``).
         segment = self.response.output[self._segment_start :]
         self._segment_start = len(self.response.output)
-        return ResponseDone(
+        done = ResponseDone(
             response=self._snapshot(output=segment, lab=self._lab_since_last()),
             pending_calls=[PendingCall(call_id=call.call_id, name=call.name) for call in calls],
             sequence_number=self.next_sequence(),
         )
+        self._usage_sent = self.usage.copy()
+        return done
 
     def completed(self) -> ResponseCompleted:
         self.response.status = "completed"
@@ -166,27 +172,20 @@ class ResponseBuilder:
     def _final(self) -> Response:
         lab = self.lab
         whole = msgspec.structs.replace(lab, turns=list(lab.turns), phases_ms=dict(lab.phases_ms), safety_flags=list(lab.safety_flags),
-                                        work=msgspec.structs.replace(lab.work), input_positions=None if lab.input_positions is None else list(lab.input_positions))
+                                        work=msgspec.structs.replace(lab.work), input_positions=None if lab.input_positions is None else list(lab.input_positions),
+                                        usage_total=self.usage.copy())
         return self._snapshot(output=list(self.response.output), lab=whole)
 
     def _lab_since_last(self) -> LabInfo:
         lab = self.lab
         turns, self._turns_sent = lab.turns[self._turns_sent :], len(lab.turns)
         flags, self._flags_sent = lab.safety_flags[self._flags_sent :], len(lab.safety_flags)
-        return LabInfo(mode=lab.mode, turns=turns, phases_ms=dict(lab.phases_ms), safety_flags=flags, work=msgspec.structs.replace(lab.work))
+        return LabInfo(mode=lab.mode, turns=turns, phases_ms=dict(lab.phases_ms), safety_flags=flags, work=msgspec.structs.replace(lab.work),
+                       usage_total=self.usage.copy())
 
     def _snapshot(self, output: list[Item], lab: LabInfo) -> Response:
-        usage = self.usage
         return msgspec.structs.replace(
-            self.response,
-            output=output,
-            usage=msgspec.structs.replace(
-                usage,
-                input_tokens_details=msgspec.structs.replace(usage.input_tokens_details),
-                output_tokens_details=msgspec.structs.replace(usage.output_tokens_details),
-            ),
-            metadata=dict(self.response.metadata),
-            lab=lab,
+            self.response, output=output, usage=self.usage.minus(self._usage_sent), metadata=dict(self.response.metadata), lab=lab
         )
 
     # ------------------------------------------------------------------------------ output items

@@ -82,7 +82,13 @@ class Close:
     reason: str
 
 
-Action = Reply | Start | Resume | Cancel | Close
+@dataclass(frozen=True)
+class OpenNext:
+    """After the ``Cancel`` before it has been carried out (the superseded response's terminal event is
+    framed): call ``open_next`` and carry out what it returns."""
+
+
+Action = Reply | Start | Resume | Cancel | Close | OpenNext
 
 
 @dataclass
@@ -115,6 +121,7 @@ class LongLivedCore:
         self._before_open = State.IDLE
         self._last_id: str | None = None
         self._expiring = False  # the age limit passed: close once no response is open
+        self._next: tuple[ResponseCreate, list[Item], WorkCounters] | None = None  # a create superseding the open response
 
     # ------------------------------------------------------------------------------------ properties
     @property
@@ -175,11 +182,40 @@ class LongLivedCore:
 
     def _create(self, event: ResponseCreate) -> list[Action]:
         self._check(Event.CREATE)
+        if self.state is State.SUSPENDED:
+            return self._supersede(event)
         items, work = validate_create(event, self._models, self._limits.create, root="$.")
+        return self._start(event, items, work)
+
+    def _start(self, event: ResponseCreate, items: list[Item], work: WorkCounters) -> list[Action]:
         self._before_open = self.state
         self._transition(Event.CREATE)
         self._open = _Open(id=self._new_id(), work=work)
         return [Start(self._open.id, event, items, work)]
+
+    def _supersede(self, event: ResponseCreate) -> list[Action]:
+        """A create while the open response waits on its calls: it ends ``incomplete`` (reason
+        ``superseded``, billed once like any cut) and the new one opens after its terminal event. One
+        create at a time: a second, or one after a cancel, is ``response_in_progress``. The create is
+        validated first, so a bad one leaves the suspended response as it was."""
+        open_ = self._open
+        assert open_ is not None
+        if self._next is not None or open_.cancel is not None or self._expiring:
+            raise ClientError("response_in_progress", "the open response is already ending; wait for its terminal event")
+        items, work = validate_create(event, self._models, self._limits.create, root="$.")
+        self._transition(Event.CREATE)
+        self._next = (event, items, work)
+        return [*self._cut(Cancel(open_.id, "superseded")), OpenNext()]
+
+    def open_next(self) -> list[Action]:
+        """The superseded response has ended: open the create that superseded it (nothing if the
+        connection closed meanwhile)."""
+        if self._next is not None and self.state not in (State.ENDED, State.CLOSED):
+            raise LocalProtocolError(f"open_next() in state {self.state.name}: the superseded response has not ended")
+        pending, self._next = self._next, None
+        if pending is None or self.state is State.CLOSED:
+            return []
+        return self._start(*pending)
 
 
     def _append(self, raw: list[msgspec.Raw], response_id: str | None) -> list[Action]:

@@ -113,13 +113,13 @@ def _prepare(home: Path, workdir: Path, config: str) -> Path:
     return home / "last_message.txt"
 
 
-async def codex_exec(binary: Path, home: Path, workdir: Path, config: str, prompt: str) -> CodexRun:
+async def codex_exec(binary: Path, home: Path, workdir: Path, config: str, prompt: str, *flags: str) -> CodexRun:
     last = _prepare(home, workdir, config)
     env = {**clean_env(), "CODEX_HOME": str(home), "HOME": str(home), "LAB_API_KEY": KEY, "NO_COLOR": "1"}
     env.pop("OPENAI_API_KEY", None)
     proc = await asyncio.create_subprocess_exec(
         str(binary), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-        "--output-last-message", str(last), prompt,
+        "--output-last-message", str(last), *flags, prompt,
         cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -145,7 +145,8 @@ LL_CASES = [
     LLCase("cancel_unknown_response", one('{"type": "response.cancel", "response_id": "resp_nope"}'), "response_not_found", "$.response_id"),
     LLCase("append_after_end", one(append([output("call_x", "x")])), "response_already_completed", None, setup="ended"),
     LLCase("cancel_after_end", one('{"type": "response.cancel"}'), "response_already_completed", None, setup="ended"),
-    LLCase("create_while_suspended", one(with_()), "response_in_progress", None, setup="suspended"),
+    # (a create while suspended supersedes the open response: tests/test_codex_v1.py)
+    LLCase("create_while_suspended_invalid", one(with_(model="gpt-nope")), "model_not_found", "$.model", setup="suspended"),
     LLCase("create_while_running", one(with_()), "response_in_progress", None, setup="running"),
     LLCase("append_unknown_call_id", one(append([output("call_nope", "x")])), "unknown_call_id", "$.input[0].call_id", setup="suspended"),
     LLCase("output_not_yet_pending", one(append([output("call_future", "x")])), "unknown_call_id", "$.input[0].call_id", setup="running"),

@@ -32,7 +32,7 @@ from proto.events import (
     ServerEvent,
 )
 from proto.items import FunctionCall, FunctionCallOutput, Message
-from proto.longlived import Action, Cancel, Limits, LongLivedCore, Reply, Resume, Start
+from proto.longlived import Action, Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
 from proto.state import CLIENT_EVENTS, REFUSALS, TRANSITIONS, Event, State
 
 
@@ -387,7 +387,7 @@ def test_no_open_response() -> None:
     assert code_of(pipe.client(type="response.cancel")) == "no_open_response"
 
 
-@pytest.mark.parametrize("state", [State.OPENING, State.STREAMING, State.SUSPENDED])
+@pytest.mark.parametrize("state", [State.OPENING, State.STREAMING])
 def test_response_in_progress(state: State) -> None:
     pipe = pipe_in(state)
     before = pipe.core.response_id
@@ -638,9 +638,24 @@ BAD_FRAMES = [
     '{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "hi"}, {"type": "message", "role": "assistant", "content": "x"}]}',
     '{"type": "response.append", "response_id": "resp_zz", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}]}',
     '{"type": "response.inject", "response_id": "RESP", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}, {}]}',
-    '{"type": "response.create", "model": "mock-1000tps"}',
+    '{"type": "response.create", "model": "gpt-nope"}',  # (a valid one supersedes: test_create_supersedes_a_suspended_response)
     '{"type": "response.cancel", "response_id": "resp_zz"}',
 ]
+
+
+def test_create_supersedes_a_suspended_response() -> None:
+    pipe = pipe_in(State.SUSPENDED)
+    old = pipe.core.response_id
+    cancel, follow = pipe.client(type="response.create", model=CORE_MODEL, input="anew")
+    assert cancel == Cancel(old or "", "superseded") and isinstance(follow, OpenNext)
+    assert pipe.core.cancelling == cancel
+    again = pipe.client(type="response.create", model=CORE_MODEL, input="and again")  # one at a time
+    assert code_of(again) == "response_in_progress"
+    with pytest.raises(LocalProtocolError):
+        pipe.core.open_next()  # not before the superseded response's terminal event
+    pipe.complete()
+    [start] = pipe.core.open_next()
+    assert isinstance(start, Start) and start.response_id != old and pipe.core.state is State.OPENING
 
 
 @pytest.mark.parametrize("frame", BAD_FRAMES)

@@ -26,7 +26,7 @@ from proto.create import check_outputs
 from proto.errors import ClientError
 from proto.events import ServerEvent
 from proto.items import Item
-from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
+from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, OpenNext, Resume
 from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared
@@ -119,6 +119,9 @@ class LongLivedSession(StoppableReader):
                     self.driver.resume(items)
                 case Cancel():
                     await self._stop_task()
+                case OpenNext():
+                    if await self._act_all(self.core.open_next(), writer):
+                        return True
                 case Close(code, reason):
                     await self._close(writer, code, reason)
                     return True
