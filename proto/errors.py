@@ -32,6 +32,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "too_many_tools": (400, "invalid_request_error"),
     "too_many_pending_calls": (400, "invalid_request_error"),
     "too_many_queued_items": (400, "invalid_request_error"),
+    "too_many_lanes": (400, "invalid_request_error"),
     "binary_frame_not_supported": (400, "invalid_request_error"),
     "content_policy": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),

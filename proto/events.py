@@ -74,7 +74,15 @@ class ResponseCancel(ClientEventBase, tag="response.cancel"):
     response_id: str | None = None
 
 
-ClientEvent = ResponseCreate | ResponseAppend | ResponseInject | ResponseCancel
+class ResponseSteer(ClientEventBase, tag="response.steer"):
+    """GA WebSocket mode's beta steering (SDK: ``ResponseSteerEventParam``): user input queued for the
+    response ``previous_response_id``; a string or message items, decoded on their own."""
+
+    previous_response_id: str
+    input: str | list[msgspec.Raw]
+
+
+ClientEvent = ResponseCreate | ResponseAppend | ResponseInject | ResponseCancel | ResponseSteer
 CLIENT_EVENT_TYPES = frozenset(str(kind.__struct_config__.tag) for kind in typing.get_args(ClientEvent))
 
 # ----------------------------------------------------------------------------------------------- server
@@ -248,6 +256,52 @@ class InjectFailed(WireEvent, tag="response.inject.failed", frozen=True):
     event_id: str | None = None
 
 
+class SteerRef(msgspec.Struct, kw_only=True):
+    id: str
+    previous_response_id: str
+
+
+class SteerFailure(msgspec.Struct, kw_only=True, omit_defaults=True):
+    previous_response_id: str
+    input: Any  # the submission as it came, returned so the client can carry it into a response.create
+    id: str | None = None
+
+
+class SteerError(msgspec.Struct, kw_only=True):
+    code: str  # response_not_found, invalid_input, too_many_pending_steers, response_already_completed, response_not_active
+    message: str
+    type: str = "invalid_request_error"
+
+
+class RequiredInput(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """A stub of an output the client owes (SDK: ``ResponseSteerRequiredInput``)."""
+
+    call_id: str
+
+
+class RequiredFunctionOutput(RequiredInput, tag="function_call_output"):
+    name: str
+
+
+class RequiredCustomOutput(RequiredInput, tag="custom_tool_call_output"):
+    pass
+
+
+class SteerAccepted(ServerEvent, tag="response.steer.accepted", frozen=True):
+    steer: SteerRef
+
+
+class SteerPending(ServerEvent, tag="response.steer.pending", frozen=True):
+    steer: SteerRef
+    required_input: list[RequiredFunctionOutput | RequiredCustomOutput]
+    reason: str = "waiting_for_required_input"
+
+
+class SteerFailed(ServerEvent, tag="response.steer.failed", frozen=True):
+    steer: SteerFailure
+    error: SteerError
+
+
 class ErrorDetail(msgspec.Struct, kw_only=True):
     type: str
     code: str | None
@@ -261,6 +315,7 @@ class ErrorEvent(WireEvent, tag="error", frozen=True):
 
 
 TERMINAL_EVENTS = (ResponseCompleted, ResponseIncomplete, ResponseFailed)
+TerminalEvent = ResponseCompleted | ResponseIncomplete | ResponseFailed
 
 AnyServerEvent = (
     ResponseCreated
@@ -288,5 +343,8 @@ AnyServerEvent = (
     | ResponseFailed
     | InjectCreated
     | InjectFailed
+    | SteerAccepted
+    | SteerPending
+    | SteerFailed
     | ErrorEvent
 )

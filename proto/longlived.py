@@ -41,6 +41,7 @@ from proto.events import (
     ResponseCreate,
     ResponseDone,
     ResponseInject,
+    ResponseSteer,
     ServerEvent,
     WireEvent,
 )
@@ -172,6 +173,8 @@ class LongLivedCore:
                     return self._inject(event)
                 case ResponseCancel():
                     return self._cancel(event.response_id)
+                case ResponseSteer():
+                    raise ClientError("unknown_event_type", "response.steer is GA WebSocket mode's; here response.append steers", "$.type")
         except ClientError as exc:
             return [self.error(exc)]
         raise LocalProtocolError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match

@@ -243,6 +243,14 @@ class Conversation:
         self.call_names: dict[str, str] = {}
         self.user_texts: list[str] = []
 
+    def fork(self, work: WorkCounters) -> Conversation:
+        """A copy to continue on its own (a GA lane forking a response another lane holds): the ids are
+        copied, nothing is re-rendered."""
+        other = Conversation(self.tokenizer, work)
+        other.ids, other.items = list(self.ids), list(self.items)
+        other.call_names, other.user_texts = dict(self.call_names), list(self.user_texts)
+        return other
+
     def add_instructions(self, text: str) -> None:
         self._segment("system", self.tokenizer.encode(text, self.work))
 

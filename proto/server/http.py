@@ -73,6 +73,9 @@ class _OneRequest:
     def cut(self) -> Cancel | None:
         return None
 
+    def end_at_boundary(self) -> str | None:
+        return None
+
 
 class HttpResponses:
     def __init__(self, auth: Auth, pipeline: Pipeline) -> None:

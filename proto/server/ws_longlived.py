@@ -181,3 +181,6 @@ class LongLivedSession(StoppableReader):
 
     def cut(self) -> Cancel | None:
         return self.core.cancelling
+
+    def end_at_boundary(self) -> str | None:
+        return None  # appended user messages join at the boundary instead (queued)
