@@ -8,6 +8,8 @@ model produces messages, reasoning, function calls, custom tool calls and web se
 
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 from proto import openai_types as oa
 
 Item = oa.InputItem
@@ -36,11 +38,12 @@ InputImage = oa.ResponseInputImage
 InputFile = oa.ResponseInputFile
 OutputText = oa.ResponseOutputText
 Refusal = oa.ResponseOutputRefusal
-TEXT_PARTS = (oa.ResponseInputText, oa.ResponseInputTextContent, oa.ResponseOutputText)
-IMAGE_PARTS = (oa.ResponseInputImage, oa.ResponseInputImageContent)
-FILE_PARTS = (oa.ResponseInputFile, oa.ResponseInputFileContent)
-ImagePart = oa.ResponseInputImage | oa.ResponseInputImageContent
-FilePart = oa.ResponseInputFile | oa.ResponseInputFileContent
+# (A message's parts and a tool output's list are the same structs: the generator merges the SDK's twins.)
+TEXT_PARTS = (oa.ResponseInputText, oa.ResponseOutputText)
+IMAGE_PARTS = (oa.ResponseInputImage,)
+FILE_PARTS = (oa.ResponseInputFile,)
+ImagePart = oa.ResponseInputImage
+FilePart = oa.ResponseInputFile
 
 # Tools the mock model calls.
 FunctionTool = oa.FunctionTool
@@ -94,24 +97,22 @@ def media_parts(item: Item) -> list[ImagePart | FilePart]:
 def function_tool_names(tools: list[Tool]) -> frozenset[str]:
     """Names the model may call as functions: function tools, and the functions inside a namespace
     (called by their own name, SPEC §5)."""
-    names: set[str] = set()
-    for tool in tools:
-        if isinstance(tool, FunctionTool):
-            names.add(tool.name)
-        elif isinstance(tool, NamespaceTool):
-            names.update(inner.name for inner in tool.tools if isinstance(inner, NamespaceFunction))
-    return frozenset(names)
+    return _names(tools, (FunctionTool, NamespaceFunction))
 
 
 def custom_tool_names(tools: list[Tool]) -> frozenset[str]:
     """Names of ``custom`` (freeform) tools, top-level or inside a namespace."""
-    names: set[str] = set()
-    for tool in tools:
-        if isinstance(tool, CustomTool):
-            names.add(tool.name)
-        elif isinstance(tool, NamespaceTool):
-            names.update(inner.name for inner in tool.tools if isinstance(inner, CustomTool))
-    return frozenset(names)
+    return _names(tools, (CustomTool,))
+
+
+class _Named(Protocol):
+    name: str
+
+
+def _names(tools: list[Tool], kinds: tuple[type, ...]) -> frozenset[str]:
+    inner = [t for tool in tools if isinstance(tool, NamespaceTool) for t in tool.tools]
+    named = [cast(_Named, tool) for tool in (*tools, *inner) if isinstance(tool, kinds)]
+    return frozenset(tool.name for tool in named)
 
 
 def namespace_of(tools: list[Tool], name: str) -> str | None:

@@ -161,20 +161,8 @@ class McpAllowedToolsMcpToolFilter(msgspec.Struct, kw_only=True, omit_defaults=T
 
 class McpRequireApprovalMcpToolApprovalFilter(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Specify which of the MCP server's tools require approval. Can be `always`, `never`, or a filter object associated with tools that require approval."""
-    always: McpRequireApprovalMcpToolApprovalFilterAlways | None = None
-    never: McpRequireApprovalMcpToolApprovalFilterNever | None = None
-
-
-class McpRequireApprovalMcpToolApprovalFilterAlways(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A filter object to specify which tools are allowed."""
-    read_only: bool | None = None
-    tool_names: list[str] | None = None
-
-
-class McpRequireApprovalMcpToolApprovalFilterNever(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A filter object to specify which tools are allowed."""
-    read_only: bool | None = None
-    tool_names: list[str] | None = None
+    always: McpAllowedToolsMcpToolFilter | None = None
+    never: McpAllowedToolsMcpToolFilter | None = None
 
 
 class CodeInterpreter(msgspec.Struct, tag='code_interpreter', tag_field="type", kw_only=True, omit_defaults=True):
@@ -344,7 +332,7 @@ class WebSearchPreviewTool(msgspec.Struct, tag_field="type", kw_only=True, omit_
     """This tool searches the web for relevant results to use in a response. Learn more about the [web search tool](https://developers.openai.com/api/docs/guides/tools-web-search)."""
     search_content_types: list[Literal['text', 'image']] | None = None
     search_context_size: Literal['low', 'medium', 'high'] | None = None
-    user_location: WebSearchPreviewToolUserLocation | None = None
+    user_location: UserLocation | None = None
 
 
 class WebSearchPreviewTool_web_search_preview(WebSearchPreviewTool, tag='web_search_preview', tag_field="type", kw_only=True, omit_defaults=True):
@@ -353,14 +341,6 @@ class WebSearchPreviewTool_web_search_preview(WebSearchPreviewTool, tag='web_sea
 
 class WebSearchPreviewTool_web_search_preview_2025_03_11(WebSearchPreviewTool, tag='web_search_preview_2025_03_11', tag_field="type", kw_only=True, omit_defaults=True):
     pass
-
-
-class WebSearchPreviewToolUserLocation(msgspec.Struct, tag='approximate', tag_field="type", kw_only=True, omit_defaults=True):
-    """The approximate location of the user. If omitted or null, defaults to the United States. To avoid this fallback, pass `{"type": "approximate"}` without location fields. To localize results, provide th…"""
-    city: str | None = None
-    country: str | None = None
-    region: str | None = None
-    timezone: str | None = None
 
 
 class ApplyPatchTool(msgspec.Struct, tag='apply_patch', tag_field="type", kw_only=True, omit_defaults=True):
@@ -487,7 +467,7 @@ class ResponseComputerToolCall(msgspec.Struct, tag='computer_call', tag_field="t
     pending_safety_checks: list[PendingSafetyCheck]
     status: Literal['in_progress', 'completed', 'incomplete']
     action: ActionClick | ActionDoubleClick | ActionDrag | ActionKeypress | ActionMove | ActionScreenshot | ActionScroll | ActionType | ActionWait | None = None
-    actions: list[ActionClick | ActionDoubleClick | Drag | ActionKeypress | ActionMove | ActionScreenshot | ActionScroll | ActionType | ActionWait] | None = None
+    actions: list[ActionClick | ActionDoubleClick | ActionDrag | ActionKeypress | ActionMove | ActionScreenshot | ActionScroll | ActionType | ActionWait] | None = None
 
 
 class PendingSafetyCheck(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -560,24 +540,12 @@ class ActionWait(msgspec.Struct, tag='wait', tag_field="type", kw_only=True, omi
     pass
 
 
-class Drag(msgspec.Struct, tag='drag', tag_field="type", kw_only=True, omit_defaults=True):
-    """A drag action."""
-    path: list[DragPath]
-    keys: list[str] | None = None
-
-
-class DragPath(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """An x/y coordinate pair, e.g. `{ x: 100, y: 200 }`."""
-    x: int
-    y: int
-
-
 class ComputerCallOutput(msgspec.Struct, tag='computer_call_output', tag_field="type", kw_only=True, omit_defaults=True):
     """The output of a computer tool call."""
     call_id: str
     output: ResponseComputerToolCallOutputScreenshot
     id: str | None = None
-    acknowledged_safety_checks: list[ComputerCallOutputAcknowledgedSafetyCheck] | None = None
+    acknowledged_safety_checks: list[PendingSafetyCheck] | None = None
     status: Literal['in_progress', 'completed', 'incomplete'] | None = None
 
 
@@ -585,13 +553,6 @@ class ResponseComputerToolCallOutputScreenshot(msgspec.Struct, tag='computer_scr
     """A computer screenshot image used with the computer use tool."""
     file_id: str | None = None
     image_url: str | None = None
-
-
-class ComputerCallOutputAcknowledgedSafetyCheck(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A pending safety check for the computer call."""
-    id: str
-    code: str | None = None
-    message: str | None = None
 
 
 class ResponseFunctionWebSearch(msgspec.Struct, tag='web_search_call', tag_field="type", kw_only=True, omit_defaults=True):
@@ -648,37 +609,13 @@ class CallerProgram(msgspec.Struct, tag='program', tag_field="type", kw_only=Tru
 
 class FunctionCallOutput(msgspec.Struct, tag='function_call_output', tag_field="type", kw_only=True, omit_defaults=True):
     """The output of a function tool call."""
-    output: str | list[ResponseInputTextContent | ResponseInputImageContent | ResponseInputFileContent]
+    output: str | list[ResponseInputText | ResponseInputImage | ResponseInputFile]
     id: str | None = None
     call_id: str | None = None
     caller: CallerDirect | CallerProgram | None = None
     name: str | None = None
     namespace: str | None = None
     status: Literal['in_progress', 'completed', 'incomplete'] | None = None
-
-
-class ResponseInputTextContent(msgspec.Struct, tag='input_text', tag_field="type", kw_only=True, omit_defaults=True):
-    """A text input to the model."""
-    text: str
-    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
-
-
-class ResponseInputImageContent(msgspec.Struct, tag='input_image', tag_field="type", kw_only=True, omit_defaults=True):
-    """An image input to the model. Learn about [image inputs](https://developers.openai.com/api/docs/guides/images-vision)"""
-    detail: Literal['low', 'high', 'auto', 'original'] | None = None
-    file_id: str | None = None
-    image_url: str | None = None
-    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
-
-
-class ResponseInputFileContent(msgspec.Struct, tag='input_file', tag_field="type", kw_only=True, omit_defaults=True):
-    """A file input to the model."""
-    detail: Literal['auto', 'low', 'high'] | None = None
-    file_data: str | None = None
-    file_id: str | None = None
-    file_url: str | None = None
-    filename: str | None = None
-    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
 
 
 class ToolSearchCall(msgspec.Struct, tag='tool_search_call', tag_field="type", kw_only=True, omit_defaults=True):
@@ -690,92 +627,11 @@ class ToolSearchCall(msgspec.Struct, tag='tool_search_call', tag_field="type", k
 
 
 class ResponseToolSearchOutputItem(msgspec.Struct, tag='tool_search_output', tag_field="type", kw_only=True, omit_defaults=True):
-    tools: list[FunctionTool | FileSearchTool | ComputerTool | ComputerUsePreviewTool | WebSearchTool_web_search | WebSearchTool_web_search_2025_08_26 | ToolMcp | ToolCodeInterpreter | ProgrammaticToolCalling | ToolImageGeneration | LocalShell | FunctionShellTool | CustomTool | NamespaceTool | ToolSearchTool | WebSearchPreviewTool_web_search_preview | WebSearchPreviewTool_web_search_preview_2025_03_11 | ApplyPatchTool]
+    tools: list[FunctionTool | FileSearchTool | ComputerTool | ComputerUsePreviewTool | WebSearchTool_web_search | WebSearchTool_web_search_2025_08_26 | Mcp | CodeInterpreter | ProgrammaticToolCalling | ImageGeneration | LocalShell | FunctionShellTool | CustomTool | NamespaceTool | ToolSearchTool | WebSearchPreviewTool_web_search_preview | WebSearchPreviewTool_web_search_preview_2025_03_11 | ApplyPatchTool]
     id: str | None = None
     call_id: str | None = None
     execution: Literal['server', 'client'] | None = None
     status: Literal['in_progress', 'completed', 'incomplete'] | None = None
-
-
-class ToolMcp(msgspec.Struct, tag='mcp', tag_field="type", kw_only=True, omit_defaults=True):
-    """Give the model access to additional tools via remote Model Context Protocol (MCP) servers. [Learn more about MCP](https://developers.openai.com/api/docs/guides/tools-connectors-mcp)."""
-    server_label: str
-    allowed_callers: list[Literal['direct', 'programmatic']] | None = None
-    allowed_tools: list[str] | ToolMcpAllowedToolsMcpToolFilter | None = None
-    authorization: str | None = None
-    connector_id: Literal['connector_dropbox', 'connector_gmail', 'connector_googlecalendar', 'connector_googledrive', 'connector_microsoftteams', 'connector_outlookcalendar', 'connector_outlookemail', 'connector_sharepoint'] | None = None
-    defer_loading: bool | None = None
-    headers: dict[str, str] | None = None
-    require_approval: Literal['always', 'never'] | ToolMcpRequireApprovalMcpToolApprovalFilter | None = None
-    server_description: str | None = None
-    server_url: str | None = None
-    tunnel_id: str | None = None
-
-
-class ToolMcpAllowedToolsMcpToolFilter(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A filter object to specify which tools are allowed."""
-    read_only: bool | None = None
-    tool_names: list[str] | None = None
-
-
-class ToolMcpRequireApprovalMcpToolApprovalFilter(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Specify which of the MCP server's tools require approval. Can be `always`, `never`, or a filter object associated with tools that require approval."""
-    always: ToolMcpRequireApprovalMcpToolApprovalFilterAlways | None = None
-    never: ToolMcpRequireApprovalMcpToolApprovalFilterNever | None = None
-
-
-class ToolMcpRequireApprovalMcpToolApprovalFilterAlways(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A filter object to specify which tools are allowed."""
-    read_only: bool | None = None
-    tool_names: list[str] | None = None
-
-
-class ToolMcpRequireApprovalMcpToolApprovalFilterNever(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A filter object to specify which tools are allowed."""
-    read_only: bool | None = None
-    tool_names: list[str] | None = None
-
-
-class ToolCodeInterpreter(msgspec.Struct, tag='code_interpreter', tag_field="type", kw_only=True, omit_defaults=True):
-    """A tool that runs Python code to help generate a response to a prompt."""
-    container: str | CodeInterpreterContainerCodeInterpreterToolAuto
-    allowed_callers: list[Literal['direct', 'programmatic']] | None = None
-
-
-class ToolImageGeneration(msgspec.Struct, tag='image_generation', tag_field="type", kw_only=True, omit_defaults=True):
-    """A tool that generates images using the GPT image models."""
-    action: Literal['generate', 'edit', 'auto'] | None = None
-    background: Literal['transparent', 'opaque', 'auto'] | None = None
-    complexity: Literal['low', 'medium', 'high'] | None = None
-    frame_count: int | None = None
-    frame_duration_ms: int | None = None
-    input_fidelity: Literal['high', 'low'] | None = None
-    input_image_mask: ToolImageGenerationInputImageMask | None = None
-    model: str | None = None
-    moderation: Literal['auto', 'low'] | None = None
-    output_compression: int | None = None
-    output_format: Literal['png', 'webp', 'jpeg', 'gif', 'svg'] | None = None
-    partial_images: int | None = None
-    quality: Literal['low', 'medium', 'high', 'xhigh', 'max', 'auto'] | None = None
-    size: str | None = None
-    svg: ToolImageGenerationSvg | None = None
-
-
-class ToolImageGenerationInputImageMask(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Optional mask for inpainting. Contains `image_url` (string, optional) and `file_id` (string, optional)."""
-    file_id: str | None = None
-    image_url: str | None = None
-
-
-class ToolImageGenerationSvg(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """SVG author model settings. Requires `output_format` to be `svg`. When SVG model selection is enabled, omitting this object uses the outer response model. Otherwise, the default SVG author is used and …"""
-    model: str | None = None
-    reasoning: ToolImageGenerationSvgReasoning | None = None
-
-
-class ToolImageGenerationSvgReasoning(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Reasoning effort for SVG authoring. When omitted, uses the author model's default in both Images and Responses."""
-    effort: Literal['none', 'minimal', 'low', 'medium', 'high', 'xhigh', 'max'] | None = None
 
 
 class AdditionalTools(msgspec.Struct, tag='additional_tools', tag_field="type", kw_only=True, omit_defaults=True):
@@ -787,13 +643,8 @@ class AdditionalTools(msgspec.Struct, tag='additional_tools', tag_field="type", 
 class ResponseConfigurationUpdateItem(msgspec.Struct, tag='configuration_update', tag_field="type", kw_only=True, omit_defaults=True):
     """An update to the conversation's response configuration. Supply reasoning, text, or both. Each setting stays in effect until a later update replaces it."""
     id: str | None = None
-    reasoning: Reasoning | None = None
+    reasoning: ImageGenerationSvgReasoning | None = None
     text: ResponseConfigurationUpdateItemText | None = None
-
-
-class Reasoning(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Updates to reasoning configuration. Only effort is supported."""
-    effort: Literal['none', 'minimal', 'low', 'medium', 'high', 'xhigh', 'max'] | None = None
 
 
 class ResponseConfigurationUpdateItemText(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1165,16 +1016,11 @@ class Moderation(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ModerationPolicy(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The policy to apply to moderated response input and output."""
     input: ModerationPolicyInput | None = None
-    output: ModerationPolicyOutput | None = None
+    output: ModerationPolicyInput | None = None
 
 
 class ModerationPolicyInput(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The moderation policy for the response input."""
-    mode: Literal['score', 'block']
-
-
-class ModerationPolicyOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The moderation policy for the response output."""
     mode: Literal['score', 'block']
 
 

@@ -224,6 +224,31 @@ class Generator:
         return fields
 
     # ------------------------------------------------------------------------------------ output
+    def merge_equal(self, roots: dict[str, str]) -> None:
+        """Structs that render the same (the SDK's ``…Content`` twins of content parts, once ``RELAXED``
+        has made them equal) become one: the first name met stays, references move to it."""
+        while True:
+            seen: dict[tuple[Any, ...], str] = {}
+            renames: dict[str, str] = {}
+            for name, d in self.structs.items():
+                if d.base or d.subclasses:
+                    continue
+                key = (d.tag, _render_struct(StructDef(name="_", doc="", fields=d.fields, tag=d.tag)))
+                if key in seen:
+                    renames[name] = seen[key]
+                else:
+                    seen[key] = name
+            if not renames:
+                return
+            for name in renames:
+                del self.structs[name]
+            rename = _renamer(renames)
+            for d in self.structs.values():
+                d.fields = [(wire, rename(src), req) for wire, src, req in d.fields]
+            for table in (self.aliases, roots):
+                for key, src in table.items():
+                    table[key] = rename(src)
+
     def render(self, roots: dict[str, str]) -> str:
         out = [HEADER.format(version=openai.__version__)]
         for definition in self.structs.values():
@@ -275,13 +300,72 @@ def _render_struct(d: StructDef) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _renamer(renames: dict[str, str]) -> typing.Callable[[str], str]:
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b")
+    return lambda source: _dedupe(pattern.sub(lambda m: renames[m[1]], source))
+
+
+def _dedupe(source: str) -> str:
+    """``A | B | A`` → ``A | B`` at every bracket depth (after a merge made two alternatives one)."""
+    return _dedupe_at(source)
+
+
+def _dedupe_at(source: str) -> str:
+    alternatives = _split(source)
+    unique: list[str] = []
+    for alt in alternatives:
+        head, bracket, inner = alt.partition("[")
+        if bracket:
+            alt = head + "[" + ", ".join(_dedupe_at(arg) for arg in _split(inner[:-1], ", ")) + "]"
+        if alt not in unique:
+            unique.append(alt)
+    return " | ".join(unique)
+
+
+def _split(source: str, sep: str = " | ") -> list[str]:
+    """``source`` split on ``sep`` outside brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(source):
+        ch = source[i]
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif depth == 0 and source.startswith(sep, i):
+            parts.append(source[start:i])
+            i += len(sep)
+            start = i
+            continue
+        i += 1
+    parts.append(source[start:])
+    return parts
+
+
 def _structural_key(td: Any) -> tuple[Any, ...]:
-    hints = te.get_type_hints(td, include_extras=True)
-    fields = tuple(sorted((key, re.sub(r"[\w.]*\.", "", str(hint))) for key, hint in hints.items()))
-    # Tagged shapes are the same wire thing whatever the SDK calls them (ResponseInputText in a message,
-    # ResponseInputTextContent in a tool output): one struct.
-    tags = _tags(td)
-    return (tuple(tags), fields) if tags else (td.__name__, fields)
+    """What a TypedDict is on the wire, whatever the SDK calls it and its nested types (the SDK spells
+    some shapes in several modules: ``response_input_param`` and ``response_input_item_param``,
+    ``tool_param`` and the tool lists inside items)."""
+    return _shape(td, ())
+
+
+def _shape(tp: Any, seen: tuple[Any, ...]) -> Any:
+    origin = get_origin(tp)
+    if origin in (te.Required, te.NotRequired, typing.Required, typing.NotRequired, te.Annotated):
+        return ("req" if origin in (te.Required, typing.Required) else "opt", _shape(get_args(tp)[0], seen))
+    if te.is_typeddict(tp):
+        if tp in seen:  # a recursive shape: name the cycle
+            return ("cycle", seen.index(tp))
+        hints = te.get_type_hints(tp, include_extras=True)
+        return ("struct", bool(tp.__total__), tuple(sorted((key, _shape(hint, (*seen, tp))) for key, hint in hints.items())))
+    if origin is Union:
+        return ("union", frozenset(_shape(arg, seen) for arg in get_args(tp)))
+    if origin is Literal:
+        return ("literal", frozenset(get_args(tp)))
+    if _is_list(tp):
+        return ("list", _shape(get_args(tp)[0], seen) if get_args(tp) else "any")
+    if origin is not None:
+        return (getattr(origin, "__name__", str(origin)), tuple(_shape(arg, seen) for arg in get_args(tp)))
+    return getattr(tp, "__name__", str(tp))
 
 
 def _required(td: Any, hint: Any) -> bool:
@@ -343,6 +427,7 @@ def generate() -> str:
     }
     body = gen.structs[roots["CreateParams"]]
     body.fields = [f for f in body.fields if f[0] != "input"]
+    gen.merge_equal(roots)
     return gen.render(roots)
 
 

@@ -22,7 +22,6 @@ import struct
 import sys
 import typing
 import zlib
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,10 @@ import httpx
 import msgspec
 import msgspec.inspect as mi
 import openai
+import plain_server
 import pytest
 import typing_extensions
-from helpers import MODEL, TERMINAL, running, until
+from helpers import MODEL, TERMINAL, until
 from openai.types.responses.response_input_item_param import ResponseInputItemParam
 from openai.types.responses.tool_param import ToolParam
 from websockets.asyncio.client import connect
@@ -40,6 +40,8 @@ from websockets.asyncio.client import connect
 from proto import openai_types as oa
 from proto.server.run import ThreadedServer
 from sampler import media
+
+srv, http = plain_server.srv, plain_server.http  # the module's server and its httpx client (fixtures)
 
 GENERATOR = Path(__file__).resolve().parent.parent / "scripts" / "gen_openai_types.py"
 SCRIPT = "!say ok\n!say ok\n!say ok\n!say ok"  # every turn says the same, whatever the item shifts
@@ -175,18 +177,6 @@ def test_generated_schema_is_current() -> None:
 
 
 # ------------------------------------------------------------------------------------ a server
-@pytest.fixture(scope="module")
-def srv() -> Iterator[ThreadedServer]:
-    with running() as server:
-        yield server
-
-
-@pytest.fixture
-async def http(srv: ThreadedServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
-        yield client
-
-
 def body(extra: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "input": [{"role": "user", "content": SCRIPT}, *extra], "tools": tools or [], **fields}
 

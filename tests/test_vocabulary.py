@@ -5,16 +5,18 @@ back, one call per turn under ``parallel_tool_calls: false``, and custom outputs
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import plain_server
 import pytest
-from helpers import MODEL, TERMINAL, running, until
+from helpers import MODEL, TERMINAL, until
 from websockets.asyncio.client import ClientConnection, connect
 
 from proto.server.run import ThreadedServer
 from sampler.policy import PlannedCall, ScriptError, parse_directive, parse_script
+
+srv, http = plain_server.srv, plain_server.http  # the module's server and its httpx client (fixtures)
 
 CONTEXT = "<environment_context>\n  <cwd>/work</cwd>\n</environment_context>"  # what Codex sends first
 PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"
@@ -43,18 +45,6 @@ def test_bad_reason_or_custom_lines_take_their_turn(line: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ a server
-@pytest.fixture(scope="module")
-def srv() -> Iterator[ThreadedServer]:
-    with running() as server:
-        yield server
-
-
-@pytest.fixture
-async def http(srv: ThreadedServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
-        yield client
-
-
 async def post(http: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
     reply = await http.post("/v1/responses", json={"model": MODEL, **fields})
     assert reply.status_code == 200, reply.text
