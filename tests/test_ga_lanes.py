@@ -19,8 +19,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from proto.server.run import ThreadedServer
 
-LONG = "!tokens 3000"  # ~0.75 s of decode at 4000 tokens/s: long enough to steer or interleave (the
-# text is padded with filler words after what the line says)
+LONG = "!tokens 3000"  # ~0.75 s of decode at 4000 tokens/s: long enough to interleave (the text is
+# padded with filler words after what the line says)
+STEERABLE = "!tokens 8000"  # ~2 s: a steer sent on the first delta arrives while it runs, on a busy machine too
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ async def started(ws: ClientConnection) -> str:
 
 
 async def test_steer_ends_the_response_steered_and_a_successor_continues(ws: ClientConnection) -> None:
-    await ws.send(create(f'{LONG} !call web_search {{"query": "python"}}\n!say A\n!say B', "s"))
+    await ws.send(create(f'{STEERABLE} !call web_search {{"query": "python"}}\n!say A\n!say B', "s"))
     first_id = await started(ws)
     await ws.send(steer(first_id))
     frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 2)
@@ -142,7 +143,7 @@ async def test_steer_ends_the_response_steered_and_a_successor_continues(ws: Cli
 
 
 async def test_steer_on_a_final_answer_starts_a_successor_after_it(ws: ClientConnection) -> None:
-    await ws.send(create(f"{LONG} !say done\n!say noted", "f"))
+    await ws.send(create(f"{STEERABLE} !say done\n!say noted", "f"))
     first_id = await started(ws)
     await ws.send(steer(first_id))
     frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 2)
@@ -152,7 +153,7 @@ async def test_steer_on_a_final_answer_starts_a_successor_after_it(ws: ClientCon
 
 
 async def test_steer_waits_for_required_tool_outputs(srv: ThreadedServer, ws: ClientConnection) -> None:
-    await ws.send(create(f'{LONG} !call grep {{"q": 1}}\n!say done', "t", store=True))
+    await ws.send(create(f'{STEERABLE} !call grep {{"q": 1}}\n!say done', "t", store=True))
     first_id = await started(ws)
     await ws.send(steer(first_id, [{"role": "user", "content": "Use the fast path."}]))
     frames = await frames_until(ws, lambda fs: any(f["type"] == "response.steer.pending" for f in fs))
@@ -179,7 +180,7 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
     if case == "unknown":
         target = "resp_nobody"
     else:
-        await ws.send(create(f"{LONG} !say x" if case == "not_user" else "!say x", "e"))
+        await ws.send(create(f"{STEERABLE} !say x" if case == "not_user" else "!say x", "e"))
         if case == "completed":
             target = (await until(ws, TERMINAL))[-1]["response"]["id"]
         else:
@@ -205,15 +206,16 @@ async def test_openai_sdk_lane_session_and_steer(srv: ThreadedServer) -> None:
         left, right = session.lane("left"), session.lane("right")
         body = {"type": "response.create", "model": MODEL, "store": False}
         await left.send({**body, "input": f"{LONG} !say left side"})
-        await right.send({**body, "input": f"{LONG} !say right side\n!say steered here"})
+        await right.send({**body, "input": f"{STEERABLE} !say right side\n!say steered here"})
         first = await right.recv()
         while first.type != "response.created":
             first = await right.recv()
         await conn.response.steer(previous_response_id=first.response.id, input="one more thing")
-        results = await asyncio.gather(left.get_final_response(), right.get_final_response())
+        results = await asyncio.wait_for(asyncio.gather(left.get_final_response(), right.get_final_response()), 60)
         assert results[0].output_text.startswith("left side") and results[1].output_text.startswith("right side")
-        event = await right.recv()
+        event = await asyncio.wait_for(right.recv(), 30)
         while event.type != "response.created":  # the steered successor starts by itself, on the same lane
-            event = await right.recv()
-        successor = await right.get_final_response()
+            assert event.type != "response.steer.failed", event
+            event = await asyncio.wait_for(right.recv(), 30)
+        successor = await asyncio.wait_for(right.get_final_response(), 30)
         assert successor.previous_response_id == first.response.id and successor.output_text == "steered here"
