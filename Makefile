@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench serve lint typecheck clean clients
+.PHONY: demo test bench serve lint typecheck clean postgres clients
 
 # The real clients the suite runs (tests/clients/*: pinned package.json + package-lock.json), installed
 # from the npm registry into a directory this Makefile owns; npm's own cache lives there too. `npm install`
@@ -34,7 +34,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/responses-lab demo
 
-test: $(STAMP) clients
+# The suite starts its own throwaway PostgreSQL (tests/databases.py) from Debian's package; a machine
+# without it gets it here (as root; elsewhere the PostgreSQL tests fail and say what to install).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; } || \
+	  echo "postgresql-15 is not installed and could not be: the PostgreSQL tests will fail (apt-get install postgresql-15)"
+
+test: $(STAMP) postgres clients
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/mypy
 	$(BIN)/pytest

@@ -17,7 +17,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: list[str] = field(default_factory=list)  # none: the server runs open (loopback only)
-    db: str = "responses-lab.db"  # usage ledger + response store (SQLite); ":memory:" for throwaway runs
+    # Usage ledger + response store: a SQLite file (embedded), ":memory:" for throwaway runs, or a
+    # postgresql://… URL shared by every worker and host (proto/server/database.py).
+    db: str = "responses-lab.db"
     workers: int = 1
     loop: str = "auto"  # auto | uvloop | asyncio — auto: uvloop when installed (NOTES.md, "event loop")
     http: str = "auto"  # auto | httptools | h11 — auto: httptools when installed

@@ -144,8 +144,13 @@ class HttpResponses:
         async def produce() -> None:
             try:
                 await ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created).run()
-            finally:
-                await queue.put(None)
+            except asyncio.CancelledError:
+                raise  # the client went away: nobody waits for the end marker (a full queue would hang here)
+            except BaseException:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+                raise
+            await queue.put(None)
 
         async def frames() -> AsyncIterator[bytes]:
             task = asyncio.create_task(produce(), name=f"sse-{prepared.rollout.builder.response.id}")

@@ -37,7 +37,7 @@ from proto.longlived import Cancel
 from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed
-from proto.server.session import SLOW_READER, Outbox, Stop, StoppableReader, Stopped
+from proto.server.session import Stop, Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from proto.work import WorkCounters
 from sampler.gpu import MockGPU
@@ -85,22 +85,19 @@ class _LaneResponse:
         return "steered" if self.session.core.steering_due(self.start.response_id) else None
 
 
-class GaSession(StoppableReader):
-    """One connection: its lanes' responses in flight, and their cache."""
+class GaSession(WebSocketSession):
+    """One connection: its lanes' responses in flight (``tasks``, not the base's single ``task``), and
+    their cache."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        super().__init__(ws, pipeline, api_key_id)
         settings = pipeline.settings
-        self.ws = ws
-        self.pipeline = pipeline
-        self.api_key_id = api_key_id
-        self.clock = pipeline.clock
         self.core = GaCore(
             pipeline.engines.names(),
             CreateLimits(settings.max_input_items, settings.max_tools),
             self.clock.now(),
             settings.connection_max_age_s,
         )
-        self.out = Outbox(ws, settings, self.clock, lambda: self.stop(SLOW_READER))
         self.tasks: dict[str, asyncio.Task[None]] = {}  # response id -> its task
         self.builders: dict[str, ResponseBuilder] = {}  # responses streaming: steering events join their sequence
         self.cached: dict[str | None, Cached] = {}  # by lane
@@ -152,11 +149,8 @@ class GaSession(StoppableReader):
             for task in list(self.tasks.values()):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            stop = self.stopping  # shutdown: a response in flight hears why before the close
-            if stop is not None and stop.error is not None and had_tasks:
-                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data)
-            close = stop or (Stop(*self._close) if self._close else None)
-            await self.out.finish(close, self.pipeline.settings.shutdown_grace_s)
+            close = self.stopping or (Stop(*self._close) if self._close else None)
+            await self._teardown(had_tasks, self.core.close, close)
 
     async def _drain(self) -> None:
         while self.tasks:
