@@ -42,6 +42,7 @@ def _assert_rollout(server: LabServer, mode: str, run_output: str, returncode: i
     ended = [line for line in server.ended() if line["turns"] > 0]  # (a GA warm-up samples nothing)
     assert ended and {line["mode"] for line in ended} == {mode}, ended
     assert [line["status"] for line in ended] == ["completed"] * 4, ended  # shell, patch, image, answer
+    assert ended[0]["output_tokens"] >= 30, ended  # the reasoning item's tokens; Codex sent it back, and went on
     # view_image's output carried the picture: the turn after it costs the image's tokens more
     grew = [b["input_tokens"] - a["input_tokens"] for a, b in itertools.pairwise(ended)]
     assert grew[2] >= IMAGE_TOKENS, grew
@@ -52,7 +53,8 @@ async def _full_rollout(tmp_path: Path, websockets: bool) -> None:
     binary = codex_bin("codex")
     async with lab_server(tmp_path) as server:
         work = _workdir(tmp_path)
-        prompt = rollout_prompt(shell("printf 'one\\n' > notes.txt"), apply_patch(PATCH), VIEW_IMAGE, f"!say {ANSWER}")
+        # `!reason 30`: a reasoning item (with encrypted_content: Codex asks for it) that Codex sends back
+        prompt = rollout_prompt("!reason 30 " + shell("printf 'one\\n' > notes.txt"), apply_patch(PATCH), VIEW_IMAGE, f"!say {ANSWER}")
         run = await codex_exec(binary, tmp_path / "home", work, provider_config(server, websockets=websockets), prompt)
         _assert_rollout(server, "ws" if websockets else "http", run.output, run.returncode, run.last_message, work)
         if websockets:
