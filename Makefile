@@ -4,7 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench serve lint typecheck clean postgres vllm-check
+.PHONY: demo test bench serve lint typecheck clean postgres clients vllm-check
+
+# The real clients the suite runs (tests/clients/*: pinned package.json + package-lock.json), installed
+# from the npm registry into a directory this Makefile owns; npm's own cache lives there too. `npm install`
+# (it honours the lock) rather than `npm ci`: Codex 0.107 declares platform packages that were never
+# published for every platform, which `npm ci` takes for a lock out of sync. A client that cannot be
+# installed fails its tests with the reason (never skipped).
+CLIENTS_DIR := .cache/clients
+NPM_CACHE := .cache/npm
+CLIENTS := codex codex-v1 aisdk
+CLIENT_STAMPS := $(foreach c,$(CLIENTS),$(CLIENTS_DIR)/$(c)/.installed)
+
+$(CLIENTS_DIR)/%/.installed: tests/clients/%/package.json tests/clients/%/package-lock.json
+	mkdir -p $(CLIENTS_DIR)/$*
+	cp tests/clients/$*/package.json tests/clients/$*/package-lock.json $(CLIENTS_DIR)/$*/
+	npm install --prefix $(CLIENTS_DIR)/$* --cache $(abspath $(NPM_CACHE)) --no-audit --no-fund --loglevel=error \
+		|| echo "npm install failed for $*: its tests will fail with the reason" >&2
+	test -d $(CLIENTS_DIR)/$*/node_modules && touch $@ || true
+
+clients: $(CLIENT_STAMPS)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +41,7 @@ postgres:
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; } || \
 	  echo "postgresql-15 is not installed and could not be: the PostgreSQL tests will fail (apt-get install postgresql-15)"
 
-test: $(STAMP) postgres
+test: $(STAMP) postgres clients
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/mypy
 	$(BIN)/pytest
@@ -62,3 +81,4 @@ vllm-check: $(STAMP) $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) bench-out vllm-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache .cache

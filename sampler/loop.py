@@ -23,13 +23,24 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from proto.builder import CallStream, MessageStream, ResponseBuilder
+from proto.builder import CallStream, CustomCallStream, MessageStream, ReasoningStream, ResponseBuilder
 from proto.events import ServerEvent
-from proto.items import HOSTED_TOOL_NAMES, FunctionCall, Item, WebSearchCall, function_tool_names
+from proto.items import (
+    CALL_ITEMS,
+    HOSTED_TOOL_NAMES,
+    CallItem,
+    Item,
+    WebSearchAction,
+    WebSearchCall,
+    WebSearchSource,
+    custom_tool_names,
+    function_tool_names,
+    namespace_of,
+)
 from proto.response import TurnReport
 from sampler.engine import EngineSequence
 from sampler.policy import Policy, TurnPlan
-from sampler.tokens import Conversation, TextStream, web_results_text
+from sampler.tokens import Conversation, TextStream, reasoning_content, web_results_text
 from sampler.tools import WebSearch, query_of
 
 
@@ -49,7 +60,7 @@ class Boundary:
 
 @dataclass(frozen=True)
 class Suspend:
-    calls: tuple[FunctionCall, ...]
+    calls: tuple[CallItem, ...]
 
 
 Step = Emit | Boundary | Suspend
@@ -68,15 +79,19 @@ class Rollout:
     pending_phases: dict[str, float] = field(default_factory=dict)  # pipeline work to book on the next turn
     # This response's own input items, in the order they entered the context (what the store keeps).
     input_items: list[Item] = field(default_factory=list)
+    summary: bool = False  # reasoning.summary asked for summaries of reasoning items
+    encrypted_reasoning: bool = False  # include asked for reasoning.encrypted_content
 
 
 @dataclass
 class _Output:
-    kind: str  # "message" | "call" | "web_search"
+    kind: str  # "reasoning" | "message" | "call" | "custom" | "web_search"
     ids: list[int]
     name: str = ""
     call_id: str = ""
     query: str = ""
+    namespace: str | None = None
+    summary: str | None = None  # reasoning: its summary text, when one is asked for
 
 
 async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
@@ -91,7 +106,7 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
             async for batch in batches:
                 yield Emit(batch)
         rollout.turn += 1
-        calls = [item for item in produced if isinstance(item, FunctionCall | WebSearchCall)]
+        calls = [item for item in produced if isinstance(item, (*CALL_ITEMS, WebSearchCall))]
         if not calls:
             late = yield Boundary(final=True)
             if not late:
@@ -100,7 +115,7 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
         for call in calls:
             if isinstance(call, WebSearchCall):
                 yield Emit(_run_hosted(rollout, call))
-        local = tuple(c for c in calls if isinstance(c, FunctionCall))
+        local = tuple(c for c in calls if isinstance(c, CALL_ITEMS))
         if local:
             rollout.sequence.suspend()
             resumed = yield Suspend(local)
@@ -115,14 +130,19 @@ def _last_user_text(conversation: Conversation) -> str:
 def _materialize(rollout: Rollout, plan: TurnPlan) -> list[_Output]:
     """The token ids the mock model samples this turn, item by item."""
     tok = rollout.conversation.tokenizer
-    local = function_tool_names(rollout.builder.response.tools)
+    tools = rollout.builder.response.tools
+    local, custom = function_tool_names(tools), custom_tool_names(tools)
     outputs: list[_Output] = []
     for call in plan.calls:
-        if call.name in HOSTED_TOOL_NAMES and call.name not in local:
+        call_id = "call_" + secrets.token_hex(12)
+        namespace = namespace_of(tools, call.name)
+        if call.name in HOSTED_TOOL_NAMES and call.name not in local and not call.custom:
             query = query_of(call.arguments)
             outputs.append(_Output("web_search", tok.model_tokens(json.dumps({"query": query})), query=query))
+        elif call.custom or call.name in custom:
+            outputs.append(_Output("custom", tok.model_tokens(call.arguments), call.name, call_id, namespace=namespace))
         else:
-            outputs.append(_Output("call", tok.model_tokens(call.arguments), call.name, "call_" + secrets.token_hex(12)))
+            outputs.append(_Output("call", tok.model_tokens(call.arguments), call.name, call_id, namespace=namespace))
     # Hosted calls go last in a turn: their result closes the segment in every transport's rendering.
     outputs.sort(key=lambda out: out.kind == "web_search")
     if not plan.calls:
@@ -132,6 +152,12 @@ def _materialize(rollout: Rollout, plan: TurnPlan) -> list[_Output]:
         spent = sum(len(o.ids) for o in outputs)
         if plan.output_tokens > spent:
             outputs.insert(0, _Output("message", tok.model_tokens("", plan.output_tokens - spent)))
+    if plan.reasoning_tokens:
+        # `!reason N`: the turn opens with N reasoning tokens (filler the model "thinks"), summarised in
+        # one sentence that names what follows (deterministic, so every transport says the same).
+        then = "calling " + ", ".join(c.name for c in plan.calls) if plan.calls else "answering"
+        summary = f"Reasoned for {plan.reasoning_tokens} tokens before {then}." if rollout.summary else None
+        outputs.insert(0, _Output("reasoning", tok.model_tokens("", plan.reasoning_tokens), summary=summary))
     return outputs
 
 
@@ -150,7 +176,7 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
     for out in outputs:
         spans.append((out, at, at + len(out.ids)))
         at += len(out.ids)
-    streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]] = {}
+    streams: dict[int, _Stream] = {}
     text = TextStream(conversation.tokenizer)
     due = 0
     span_index = 0
@@ -165,20 +191,22 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
                 if token_index == first:
                     batch.extend(_open_item(builder, out, streams, span_index))
                 stream = streams[span_index]
-                if out.kind == "message" or out.kind == "call":
-                    assert isinstance(stream, MessageStream | CallStream)
+                if isinstance(stream, _TEXT_STREAMS):
                     piece = text.push(ids[token_index])
                     if piece:
                         batch.append(stream.delta(piece))
                 if token_index == end - 1 or token_index == len(ids) - 1:
-                    tail = text.flush()
-                    if tail and isinstance(stream, MessageStream | CallStream):
-                        batch.append(stream.delta(tail))
-                    if isinstance(stream, MessageStream | CallStream):
+                    if isinstance(stream, _TEXT_STREAMS):
+                        tail = text.flush()
+                        if tail:
+                            batch.append(stream.delta(tail))
+                    if isinstance(stream, tuple):
+                        produced.append(stream[0])
+                    else:
+                        if isinstance(stream, ReasoningStream):
+                            _reasoned(rollout, stream, ids[first:end])
                         batch.extend(stream.done())
                         produced.append(stream.item)
-                    else:
-                        produced.append(stream[0])
             due += count
             yield tuple(batch)
     report = rollout.sequence.last_report
@@ -206,25 +234,41 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
         raise MaxOutputTokens
 
 
-def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]], key: int) -> list[ServerEvent]:
+_Stream = MessageStream | CallStream | CustomCallStream | ReasoningStream | tuple[WebSearchCall, int]
+_TEXT_STREAMS = (MessageStream, CallStream, CustomCallStream)
+
+
+def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, _Stream], key: int) -> list[ServerEvent]:
+    stream: _Stream
     if out.kind == "message":
-        message = builder.message()
-        streams[key] = message
-        return message.added()
-    if out.kind == "call":
-        call = builder.function_call(out.name, out.call_id)
-        streams[key] = call
-        return call.added()
-    item, index, events = builder.web_search(out.query)
-    streams[key] = (item, index)
-    return events
+        stream = builder.message()
+    elif out.kind == "call":
+        stream = builder.function_call(out.name, out.call_id, out.namespace)
+    elif out.kind == "custom":
+        stream = builder.custom_call(out.name, out.call_id, out.namespace)
+    elif out.kind == "reasoning":
+        stream = builder.reasoning(out.summary)
+    else:
+        item, index, events = builder.web_search(out.query)
+        streams[key] = (item, index)
+        return events
+    streams[key] = stream
+    return stream.added()
+
+
+def _reasoned(rollout: Rollout, stream: ReasoningStream, ids: list[int]) -> None:
+    """A reasoning item's tokens are done: they count as reasoning tokens, and ``include`` may ask for
+    them back as ``encrypted_content`` (``sampler.tokens.reasoning_content``)."""
+    rollout.builder.usage.output_tokens_details.reasoning_tokens += len(ids)
+    if rollout.encrypted_reasoning:
+        stream.set_encrypted(reasoning_content(ids))
 
 
 def _run_hosted(rollout: Rollout, call: WebSearchCall) -> tuple[ServerEvent, ...]:
     """A hosted call, inside the loop: the service runs in process, its result joins the context."""
     started = time.perf_counter()
-    query = call.action.query if call.action else ""
-    sources = rollout.web_search.search(query)
+    query = (call.action.query or "") if isinstance(call.action, WebSearchAction) else ""
+    sources = [WebSearchSource(url=s["url"], title=s["title"], snippet=s["snippet"]) for s in rollout.web_search.search(query)]
     rollout.pending_phases["hosted_tools"] = rollout.pending_phases.get("hosted_tools", 0.0) + (time.perf_counter() - started) * 1e3
     index = rollout.builder.response.output.index(call)
     rollout.conversation.add_hosted_result("web_search to=assistant", web_results_text(sources))

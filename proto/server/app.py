@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 
 from proto.errors import ClientError
 from proto.server.auth import Auth, error_response, unauthorized
+from proto.server.catalog import models_list
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
 from proto.server.logs import configure as configure_logs
@@ -93,6 +94,18 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
 
 
+# Codex's WebSocket transports name themselves in the handshake (codex-rs/codex-api, responses_websocket):
+# v1, on response.append (0.87-0.107), sends this beta; v2 (GA WebSocket mode) sends =2026-02-06. The query
+# parameter wins when both are given.
+LONGLIVED_BETA = "responses_websockets=2026-02-04"
+
+
+def protocol_of_beta(header: str | None) -> str:
+    """``OpenAI-Beta`` (comma-separated values) → the protocol it selects; GA mode unless it is v1's."""
+    values = {value.strip() for value in (header or "").split(",")}
+    return "longlived" if LONGLIVED_BETA in values else "ga"
+
+
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> Starlette:
     """``clock`` drives the server's limits (idle, age, tool, send and shutdown timeouts): tests pass a
     ``FakeClock`` to run them on virtual time."""
@@ -114,7 +127,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         if key_id is None:
             await ws.send_denial_response(error_response(unauthorized()))
             return
-        protocol = ws.query_params.get("protocol", "ga")
+        protocol = ws.query_params.get("protocol") or protocol_of_beta(ws.headers.get("openai-beta"))
         if protocol not in ("longlived", "ga"):
             await ws.send_denial_response(error_response(ClientError("invalid_request", f"unknown protocol {protocol!r}", "protocol")))
             return
@@ -132,7 +145,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
             server.sessions.discard(session)
 
     async def models(request: Request, key_id: str) -> Response:
-        return JSONResponse({"object": "list", "data": server.pipeline.engines.cards()})
+        return JSONResponse(models_list(server.pipeline.engines.cards()))
 
     async def healthz(request: Request, key_id: str) -> Response:
         return JSONResponse({"status": "ok"})

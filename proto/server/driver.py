@@ -65,6 +65,10 @@ class Transport(Protocol):
         """Why the owner cancelled the response's task: a ``Cancel`` whose terminal event the client
         hears, or ``None`` when nobody will (the client is gone, the server shuts down)."""
 
+    def end_at_boundary(self) -> str | None:
+        """At a turn boundary after the first turn: a reason to end the response there (``incomplete``
+        with it: GA WebSocket mode's ``steered``), or ``None`` to sample on."""
+
 
 class ResponseEnded(Exception):
     """The response ended on the driver's side (``tool_timeout``): it ends ``incomplete`` with this reason."""
@@ -155,6 +159,7 @@ class ResponseDriver:
         rollout = self.prepared.rollout
         async with aclosing(sample(rollout)) as steps:
             reply: list[Item] | None = None
+            sampled = False  # a turn has streamed: the next boundary is between turns
             while True:
                 try:
                     step = await steps.asend(reply)
@@ -163,8 +168,12 @@ class ResponseDriver:
                 reply = None
                 match step:
                     case Emit(events):
+                        sampled = True
                         await self.transport.send(events)
-                    case Boundary():
+                    case Boundary(final):
+                        reason = self.transport.end_at_boundary() if sampled and not final else None
+                        if reason is not None:
+                            raise ResponseEnded(reason)
                         reply = self._ingest(self.transport.queued())
                     case Suspend(calls):
                         if not self.transport.suspends:

@@ -33,8 +33,9 @@ from proto.events import CreateBody, ServerEvent
 from proto.items import Item
 from proto.longlived import Cancel
 from proto.response import Mode
+from proto.server import encoding
 from proto.server.auth import Auth, error_response
-from proto.server.chain import load_history
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed
 
@@ -72,6 +73,9 @@ class _OneRequest:
     def cut(self) -> Cancel | None:
         return None
 
+    def end_at_boundary(self) -> str | None:
+        return None
+
 
 class HttpResponses:
     def __init__(self, auth: Auth, pipeline: Pipeline) -> None:
@@ -92,7 +96,8 @@ class HttpResponses:
     async def create(self, request: Request, key: str) -> Response:
         created = time.time()
         try:
-            body = decode_body(await self._read_body(request))
+            raw = await self._read_body(request)
+            body = decode_body(await encoding.decode(raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes))
             prepared = await self._prepare(body, key)
         except ClientError as exc:
             return error_response(exc)
@@ -125,11 +130,12 @@ class HttpResponses:
         phases: dict[str, float] = {}
         history: list[Item] = []
         mode: Mode = "http"
-        if body.previous_response_id is not None:
-            mode = "http-prev"
-            with timed(phases, "store_load"):
+        with timed(phases, "store_load"):
+            items = await resolve_references(self.pipeline, items, key, work)
+            if body.previous_response_id is not None:
+                mode = "http-prev"
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)
-            check_outputs(history, items)
+        check_outputs(history, items)
         return await self.pipeline.prepare(new_response_id(), body, history, items, work, mode, scan_history=mode == "http", phases=phases)
 
     def _stream(self, prepared: Prepared, key: str, created: float) -> Response:

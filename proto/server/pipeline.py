@@ -21,7 +21,7 @@ from proto.builder import ResponseBuilder
 from proto.engine.client import RemoteEngine
 from proto.errors import ClientError
 from proto.events import CreateBody
-from proto.items import FunctionCall, Item, Message, WebSearchCall
+from proto.items import CALL_ITEMS, Item, Message, Reasoning, WebSearchCall, message_text
 from proto.response import Mode
 from proto.server.config import Settings
 from proto.server.ledger import LedgerRow, UsageLedger
@@ -35,8 +35,8 @@ from sampler.engine import Engine
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
 from sampler.models import ModelSpec
-from sampler.policy import select_policy
-from sampler.tokens import Conversation, Tokenizer, render_parts
+from sampler.policy import has_directives, select_policy
+from sampler.tokens import Conversation, Tokenizer, text_segments
 from sampler.tools import WebSearch
 
 log = structlog.get_logger("proto.server.pipeline")
@@ -135,7 +135,7 @@ class Pipeline:
     # ---------------------------------------------------------------------------------- stages
     async def scan(self, items: list[Item], work: WorkCounters, phases: dict[str, float], instructions: str | None = None) -> list[str]:
         with timed(phases, "safety"):
-            texts = [body for item in items for _, body in render_parts(item, {})]
+            texts = [text for item in items for text in text_segments(item)]
             if instructions:
                 texts.append(instructions)
             result = self.scanner.enforce(self.scanner.scan_many(texts))
@@ -180,24 +180,27 @@ class Pipeline:
                 conversation = Conversation(self.tokenizer, work)
                 if request.instructions:
                     conversation.add_instructions(request.instructions)
+                conversation.add_tools(request.tools)
                 conversation.add_input(history)
             conversation.work = work
             conversation.add_input(new_items)
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
-        script = _first_user_text(conversation.items)
+        script = script_source(conversation.items)
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
             # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
             sequence=gpu.open(keep_warm=mode == "longlived"),
-            policy=select_policy(script, self.settings.default_policy),
+            policy=select_policy(script, self.settings.default_policy, parallel=request.parallel),
             web_search=self.web_search,
             script=script,
             turn=count_segments(conversation.items),
             max_output_tokens=request.max_output_tokens,
             pending_phases=dict(phases),
             input_items=list(new_items),
+            summary=request.reasoning is not None and request.reasoning.summary is not None,
+            encrypted_reasoning=request.includes("reasoning.encrypted_content"),
         )
         builder.lab.phases_ms = dict(phases)
         return Prepared(rollout, gpu)
@@ -212,7 +215,7 @@ class Pipeline:
         lab.input_positions.extend([len(rollout.builder.response.output)] * len(items))
         rollout.input_items.extend(items)
         with timed(phases, "safety"):
-            texts = [body for item in items for _, body in render_parts(item, rollout.conversation.call_names)]
+            texts = [text for item in items for text in text_segments(item)]
             result = self.scanner.enforce(self.scanner.scan_many(texts))
             work.chars_scanned += result.chars_scanned
             rollout.builder.lab.safety_flags.extend(result.rules)
@@ -259,14 +262,15 @@ class Pipeline:
 
 
 def _output_text(items: list[Item]) -> str:
-    return "".join(item.text() for item in items if isinstance(item, Message))
+    return "".join(message_text(item) for item in items if isinstance(item, Message))
 
 
-def _first_user_text(items: list[Item]) -> str:
-    for item in items:
-        if isinstance(item, Message) and item.role == "user":
-            return item.text()
-    return ""
+def script_source(items: list[Item]) -> str:
+    """The directive script's source (SPEC §5): the first user message that contains directive lines.
+    Agents put context first (Codex's first user message is its ``<environment_context>``); without any
+    directive line, the first user message (what the default policy reads)."""
+    users = [message_text(item) for item in items if isinstance(item, Message) and item.role == "user"]
+    return next((text for text in users if has_directives(text)), users[0] if users else "")
 
 
 def count_segments(items: list[Item]) -> int:
@@ -275,7 +279,7 @@ def count_segments(items: list[Item]) -> int:
     segments = 0
     inside = False
     for item in items:
-        own = isinstance(item, FunctionCall | WebSearchCall) or (isinstance(item, Message) and item.role == "assistant")
+        own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (isinstance(item, Message) and item.role == "assistant")
         if own:
             if not inside:
                 segments += 1

@@ -22,11 +22,12 @@ from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto.actions import Reply, Start
+from proto.create import check_outputs
 from proto.errors import ClientError
 from proto.events import ServerEvent
 from proto.items import Item
-from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
-from proto.server.chain import load_history
+from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, OpenNext, Resume
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared
 from proto.server.session import Stopped, WebSocketSession
@@ -107,6 +108,9 @@ class LongLivedSession(WebSocketSession):
                     self.driver.resume(items)
                 case Cancel():
                     await self._stop_task()
+                case OpenNext():
+                    if await self._act_all(self.core.open_next(), writer):
+                        return True
                 case Close(code, reason):
                     await self._close(writer, code, reason)
                     return True
@@ -135,10 +139,12 @@ class LongLivedSession(WebSocketSession):
 
     async def _prepare(self, start: Start) -> Prepared:
         history: list[Item] = []
+        items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
         if start.request.previous_response_id is not None:
             # Continuing a stored response: its chain is context, loaded and rendered once.
             history = await load_history(self.pipeline, start.request.previous_response_id, self.api_key_id, start.work)
-        return await self.pipeline.prepare(start.response_id, start.request, history, start.items, start.work, "longlived", scan_history=False)
+        check_outputs(history, items, root="$.")
+        return await self.pipeline.prepare(start.response_id, start.request, history, items, start.work, "longlived", scan_history=False)
 
     # --------------------------------------------------------------------------------- Transport
     def opened(self) -> bool:
@@ -155,3 +161,6 @@ class LongLivedSession(WebSocketSession):
 
     def cut(self) -> Cancel | None:
         return self.core.cancelling
+
+    def end_at_boundary(self) -> str | None:
+        return None  # appended user messages join at the boundary instead (queued)
