@@ -174,7 +174,7 @@ class LongLivedCore:
 
     def _create(self, event: ResponseCreate) -> list[Action]:
         self._check(Event.CREATE)
-        items, work = validate_create(event, self._models, self._limits.create, root="$.", item_code="invalid_event")
+        items, work = validate_create(event, self._models, self._limits.create, root="$.", item_code="invalid_event", refuse_background=False)
         self._before_open = self.state
         self._transition(Event.CREATE)
         self._open = _Open(id=self._new_id(), work=work)
@@ -188,6 +188,8 @@ class LongLivedCore:
         if self._open is None:
             self._check(Event.APPEND)
         assert self._open is not None
+        if not raw:  # nothing to hand over: answered, never silently dropped (OpenAI's code for an empty array)
+            raise ClientError("empty_array", "Invalid 'input': empty array. Expected at least one item.", "$.input")
         if len(raw) > self._limits.max_input_items:
             raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
         items = codec.decode_items(raw, code="invalid_event")

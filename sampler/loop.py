@@ -68,6 +68,9 @@ class Rollout:
     pending_phases: dict[str, float] = field(default_factory=dict)  # pipeline work to book on the next turn
     # This response's own input items, in the order they entered the context (what the store keeps).
     input_items: list[Item] = field(default_factory=list)
+    # Output tokens emitted (handed to the owner as events) in the turn in progress; None between turns.
+    # With the engine's live report it is what a turn cut short bills (``cut_turn``).
+    streamed: int | None = None
 
 
 @dataclass
@@ -85,9 +88,11 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
     while True:
         yield Boundary(final=False)  # items queued before this turn join now (the owner added them)
         plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
-        outputs = _materialize(rollout, plan)
+        prompt = rollout.conversation.prompt()
+        room = _room(rollout, len(prompt))
+        outputs = _materialize(rollout, plan, room)
         produced: list[Item] = []
-        async with aclosing(_sample(rollout, outputs, produced)) as batches:
+        async with aclosing(_sample(rollout, prompt, outputs, room, produced)) as batches:
             async for batch in batches:
                 yield Emit(batch)
         rollout.turn += 1
@@ -112,8 +117,63 @@ def _last_user_text(conversation: Conversation) -> str:
     return conversation.user_texts[-1] if conversation.user_texts else ""
 
 
-def _materialize(rollout: Rollout, plan: TurnPlan) -> list[_Output]:
-    """The token ids the mock model samples this turn, item by item."""
+def _room(rollout: Rollout, prompt_tokens: int) -> int:
+    """How many tokens this turn may generate: the model's max output per call, what is left of its
+    context window after the prompt, and what is left of the response's ``max_output_tokens``."""
+    spec = rollout.sequence.spec
+    room = min(spec.max_output_tokens, spec.context_window - prompt_tokens)
+    if rollout.max_output_tokens is not None:
+        room = min(room, rollout.max_output_tokens - rollout.builder.usage.output_tokens)
+    return max(0, room)
+
+
+def cut_turn(rollout: Rollout) -> None:
+    """The turn in progress ended early (cancel, disconnect, slow reader, shutdown, an engine failure):
+    book what it delivered — its prompt and cached figures once its prefill started (the engine's live
+    report), and the output tokens already emitted — so the terminal event and the ledger bill them.
+    A no-op between turns; idempotent."""
+    streamed, rollout.streamed = rollout.streamed, None
+    live = rollout.sequence.live
+    if streamed is None or (live is None and not streamed):
+        return  # no turn in progress, or one that never reached the engine: nothing was spent on it
+    rollout.builder.record_turn(
+        TurnReport(
+            turn=rollout.turn,
+            prompt_tokens=live.prompt_tokens if live else 0,
+            cached_tokens=live.cached_tokens if live else 0,
+            prefill_ms=live.prefill_ms if live else 0.0,
+            queue_wait_ms=live.queue_wait_ms if live else 0.0,
+            decode_ms=live.decode_ms if live else 0.0,
+            output_tokens=streamed,
+            phases_ms=dict(rollout.pending_phases),
+        )
+    )
+    rollout.pending_phases.clear()
+
+
+def delivered(rollout: Rollout) -> tuple[int, int, int, int]:
+    """(input, cached, output tokens, turns) delivered so far, the turn in progress included: what the
+    crash trace (``UsageLedger.progress``) records."""
+    usage = rollout.builder.usage
+    live = rollout.sequence.live if rollout.streamed is not None else None
+    turns = len(rollout.builder.lab.turns)
+    prompt, cached = (live.prompt_tokens, live.cached_tokens) if live else (0, 0)
+    return (
+        usage.input_tokens + prompt,
+        usage.input_tokens_details.cached_tokens + cached,
+        usage.output_tokens + (rollout.streamed or 0),
+        turns + (live is not None),
+    )
+
+
+def _capped(n: int | None, room: int) -> int | None:
+    # One token past the room: enough to see that the plan was cut, never more built than can be sampled.
+    return None if n is None else min(n, room + 1)
+
+
+def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[_Output]:
+    """The token ids the mock model samples this turn, item by item; a script-driven size (``!tokens N``)
+    is built only up to ``room`` (+1, so that ``_sample`` sees the cut)."""
     tok = rollout.conversation.tokenizer
     local = function_tool_names(rollout.builder.response.tools)
     outputs: list[_Output] = []
@@ -126,25 +186,25 @@ def _materialize(rollout: Rollout, plan: TurnPlan) -> list[_Output]:
     # Hosted calls go last in a turn: their result closes the segment in every transport's rendering.
     outputs.sort(key=lambda out: out.kind == "web_search")
     if not plan.calls:
-        outputs.append(_Output("message", tok.model_tokens(plan.text, plan.output_tokens)))
+        outputs.append(_Output("message", tok.model_tokens(plan.text, _capped(plan.output_tokens, room))))
     elif plan.output_tokens is not None:
         # `!tokens N` on a call line: the model says a preamble before its calls, as real models do.
         spent = sum(len(o.ids) for o in outputs)
         if plan.output_tokens > spent:
-            outputs.insert(0, _Output("message", tok.model_tokens("", plan.output_tokens - spent)))
+            outputs.insert(0, _Output("message", tok.model_tokens("", _capped(plan.output_tokens - spent, room))))
     return outputs
 
 
-async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]) -> AsyncGenerator[tuple[ServerEvent, ...], None]:
+async def _sample(
+    rollout: Rollout, prompt: list[int], outputs: list[_Output], room: int, produced: list[Item]
+) -> AsyncGenerator[tuple[ServerEvent, ...], None]:
     """One turn on the GPU: yield each wake-up's events (every output item token by token), fill
-    ``produced``, record the engine's report."""
+    ``produced``, record the engine's report. ``rollout.streamed`` counts the tokens handed over."""
     builder, conversation = rollout.builder, rollout.conversation
     ids = [token for out in outputs for token in out.ids]
-    limit = rollout.max_output_tokens
-    truncated = limit is not None and builder.usage.output_tokens + len(ids) > limit
+    truncated = len(ids) > room  # max_output_tokens, the model's max output, or its context window
     if truncated:
-        assert limit is not None
-        ids = ids[: max(0, limit - builder.usage.output_tokens)]
+        ids = ids[:room]
     spans: list[tuple[_Output, int, int]] = []  # (output, first token index, end)
     at = 0
     for out in outputs:
@@ -154,7 +214,7 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
     text = TextStream(conversation.tokenizer)
     due = 0
     span_index = 0
-    prompt = conversation.prompt()
+    rollout.streamed = 0
     async with aclosing(rollout.sequence.run_turn(prompt, ids)) as ticks:
         async for count in ticks:
             batch: list[ServerEvent] = []
@@ -180,9 +240,11 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
                     else:
                         produced.append(stream[0])
             due += count
+            rollout.streamed = due  # counted as handed over before the owner sends them: a cut mid-send bills them
             yield tuple(batch)
     report = rollout.sequence.last_report
     assert report is not None
+    rollout.streamed = None
     builder.record_turn(
         TurnReport(
             turn=rollout.turn,

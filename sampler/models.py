@@ -28,6 +28,8 @@ _PUBLIC_NAMES: dict[str, str] = {
     "max-waiting": "max_waiting",
     "pin-suspended": "pin_suspended",
     "fail-rate": "fail_rate",
+    "max-model-len": "max_model_len",
+    "max-output-tokens": "max_output_tokens",
 }
 
 MAX_JITTER_STD = 0.3  # llm-d's bound: a std-dev above 30 % of the mean is rejected
@@ -50,6 +52,13 @@ class ModelSpec:
     max_waiting: int = 1024
     pin_suspended: bool = True
     fail_rate: float = 0.0
+    # The context window (vLLM's and llm-d-inference-sim's `max-model-len`): prompt + output tokens of one
+    # model call. Llama-3.1-8B, the class these models stand for, has a 128 k window (its model card), served
+    # whole (Scaleway's generative-APIs table: llama-3.1-8b-instruct, 128k context, 16 384 max output).
+    max_model_len: int = 131_072
+    # The most tokens one model call may generate (OpenAI's "max output tokens" of a model; same table).
+    # It bounds every script-driven size (`!tokens N`) too: the directive script is user input.
+    max_output_tokens: int = 16_384
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,12 +76,25 @@ class ModelSpec:
             problems.append(f"jitter std-dev must be within [0, {MAX_JITTER_STD}]")
         if not 0 <= self.fail_rate <= 1:
             problems.append("fail-rate must be within [0, 1]")
+        if self.max_model_len < 1 or self.max_output_tokens < 1:
+            problems.append("max-model-len and max-output-tokens must be >= 1")
         if problems:
             raise ValueError(f"model {self.name!r}: " + "; ".join(problems))
 
     @property
     def tokens_per_s(self) -> float:
         return 1000.0 / self.inter_token_latency_ms
+
+    @property
+    def kv_tokens(self) -> int:
+        """How many tokens the whole KV cache holds: a prompt longer than this can never be prefilled."""
+        return self.kv_cache_size * self.block_size
+
+    @property
+    def context_window(self) -> int:
+        """The longest sequence (prompt + output) this engine can run: the model's window, or less when the
+        KV cache is smaller (vLLM refuses to start in that case; the mock lets a study shrink the cache)."""
+        return min(self.max_model_len, self.kv_tokens)
 
     @property
     def constant_prefill(self) -> bool:

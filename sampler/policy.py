@@ -56,6 +56,7 @@ _DIRECTIVES = frozenset({"!call", "!say", "!tokens"})
 _TOKENS = re.compile(r"!tokens\s+(\d+)(?:\s+|$)")
 _CALL = re.compile(r"\s*!call\s+([A-Za-z_][A-Za-z0-9_.\-]*)\s*")
 _JSON = json.JSONDecoder()
+_MAX_DIGITS = 9  # `!tokens N` is capped by the model's max output tokens when it runs (sampler/loop.py)
 
 
 class ScriptError(ValueError):
@@ -79,6 +80,8 @@ def parse_script(first_user_text: str) -> list[TurnPlan] | None:
 def parse_directive(line: str) -> TurnPlan:
     output_tokens = None
     if m := _TOKENS.match(line):
+        if len(m[1]) > _MAX_DIGITS:  # the script is user input: int() of 10 MB of digits is a CPU sink
+            raise ScriptError(f"!tokens N: N has more than {_MAX_DIGITS} digits (the model's limits bound it anyway)")
         output_tokens, line = int(m[1]), line[m.end() :]
         if not line:
             raise ScriptError("!tokens N must prefix a !call or !say on the same line")

@@ -20,7 +20,7 @@ import pytest
 from helpers import GUARD
 from structlog.testing import capture_logs
 
-from proto.server.ledger import INCOMPLETE, LedgerError, LedgerFullError, LedgerRow, UsageLedger
+from proto.server.ledger import CRASHED, INCOMPLETE, LedgerError, LedgerFullError, LedgerRow, UsageLedger
 from proto.work import WorkCounters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,8 +207,8 @@ def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress
         assert restarted.reconcile() == 2
     assert restarted.reconciled == 2 and restarted.rows_written == 2
     a, c = restarted.get("resp_a"), restarted.get("resp_c")
-    assert a == LedgerRow("resp_a", "key_a", "mock-65tps", "longlived", INCOMPLETE, 100, 20, 7, 2, 1e9, cast(float, progress_at))
-    assert c == LedgerRow("resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2)
+    assert a == LedgerRow("resp_a", "key_a", "mock-65tps", "longlived", INCOMPLETE, 100, 20, 7, 2, 1e9, cast(float, progress_at), CRASHED)
+    assert c == LedgerRow("resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2, CRASHED)
     b = restarted.get("resp_b")
     assert b is not None and b.status == "completed"
     assert [o.response_id for o in restarted.open_responses()] == ["resp_mine"]

@@ -89,9 +89,11 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
 
 
-def create_app(settings: Settings | None = None, clock: Clock | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, clock: Clock | None = None, reconcile: bool = True) -> Starlette:
     """``clock`` drives the server's limits (idle, age, tool, send and shutdown timeouts): tests pass a
-    ``FakeClock`` to run them on virtual time."""
+    ``FakeClock`` to run them on virtual time. ``reconcile``: bill, before serving, the responses a dead
+    process left open in the ledger (one process per database does it: ``--workers N`` reconciles in the
+    parent, before the workers start, never in a worker — it would bill its live siblings' responses)."""
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
     server = Server(settings, clock)
@@ -99,6 +101,8 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if reconcile:
+            await server.pipeline.ledger.areconcile()  # before the writer starts and before any response
         server.pipeline.start()
         try:
             yield

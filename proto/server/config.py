@@ -18,6 +18,10 @@ class Settings:
     port: int = 8000
     api_key: list[str] = field(default_factory=list)  # none: the server runs open (loopback only)
     db: str = "responses-lab.db"  # usage ledger + response store (SQLite); ":memory:" for throwaway runs
+    # How long one SQLite statement waits for another writer's lock before it fails: a store write then
+    # ends its response `store_unavailable`; the ledger retries with backoff (NOTES.md, issue 13).
+    db_busy_timeout_s: float = 10.0
+    progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1
     loop: str = "auto"  # auto | uvloop | asyncio — auto: uvloop when installed (NOTES.md, "event loop")
     http: str = "auto"  # auto | httptools | h11 — auto: httptools when installed

@@ -10,6 +10,12 @@ Two modes, told apart by the body alone:
 
 The response ends at the first local function call (``completed`` with the calls in its output), as in
 OpenAI's API; the client answers with a new request.
+
+Faults: a JSON reply whose response *failed* has sent nothing yet, so it answers as OpenAI does for a
+request that failed — the OpenAI error body with the code's status (``store_unavailable`` 503,
+``engine_failure`` 500, ``context_length_exceeded`` 400, …), never a plain-text 500; a fault of the
+pre-inference work (a store read) likewise. A JSON client that goes away before its reply cancels the
+response (billed for what it produced), as an SSE client does.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import msgspec
@@ -36,7 +42,7 @@ from proto.response import Mode
 from proto.server.auth import Auth, error_response
 from proto.server.chain import load_history
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, timed
+from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 
 _encoder = msgspec.json.Encoder()
 _items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
@@ -93,14 +99,18 @@ class HttpResponses:
         created = time.time()
         try:
             body = decode_body(await self._read_body(request))
-            prepared = await self._prepare(body, key)
+            with typed_faults():
+                prepared = await self._prepare(body, key)
         except ClientError as exc:
             return error_response(exc)
         if body.stream:
             return self._stream(prepared, key, created)
-        terminal = await ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created).run()
-        del terminal  # the reply is the Response object itself, as it ended
-        return Response(_encoder.encode(prepared.rollout.builder.response), media_type=JSON)
+        driver = ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created)
+        await _unless_disconnected(request, driver.run())
+        response = prepared.rollout.builder.response  # the reply is the Response object itself, as it ended
+        if response.status == "failed" and response.error is not None:
+            return error_response(ClientError(response.error.code, response.error.message))
+        return Response(_encoder.encode(response), media_type=JSON)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused past ``--max-frame-bytes`` (the WebSocket frame limit, so one request is
@@ -119,8 +129,6 @@ class HttpResponses:
         return b"".join(chunks)
 
     async def _prepare(self, body: CreateBody, key: str) -> Prepared:
-        if body.background:
-            raise ClientError("invalid_request", "background responses are not supported", "background")
         items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
         phases: dict[str, float] = {}
         history: list[Item] = []
@@ -196,6 +204,28 @@ class HttpResponses:
             "has_more": len(items) > limit,
         }
         return Response(_encoder.encode(body), media_type=JSON)
+
+
+async def _unless_disconnected(request: Request, run: Coroutine[Any, Any, ServerEvent]) -> None:
+    """Run the response, cancelling it if the client goes away first (the driver bills what was done).
+    The body was read in full: the only ASGI message left to receive is ``http.disconnect``."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.create_task(run, name="http-response")
+    watch = asyncio.create_task(disconnected(), name="http-disconnect-watch")
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        with contextlib.suppress(asyncio.CancelledError):  # nobody hears a cut JSON response: it re-raises
+            await task
 
 
 def _too_large(limit: int) -> ClientError:

@@ -12,7 +12,8 @@ Two tables, three facts per response:
 - ``record()`` writes the final usage row (table ``usage``) and deletes the open row, in the same
   transaction.
 At start-up, before serving, ``reconcile()`` turns every open row left by a dead process into a usage row
-with status ``incomplete`` and the open row's last progress figures.
+with status ``incomplete``, reason ``server_crashed`` (the ``reason`` column, which for every other row holds
+the terminal event's ``incomplete_details.reason`` or error code) and the open row's last progress figures.
 
 Guarantees (one server process per database file):
 - Never twice: the ``usage`` primary key refuses a second row for an id, whoever writes it (a retried
@@ -73,6 +74,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_DB_PATH: Final = "responses-lab.sqlite3"
 _MODES_SQL: Final = ", ".join(f"'{mode}'" for mode in MODES)
 INCOMPLETE: Final = "incomplete"  # the status reconcile() bills a response that never ended
+CRASHED: Final = "server_crashed"  # ... and its reason (the usage row's ``reason`` column)
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS usage (
@@ -86,7 +88,8 @@ CREATE TABLE IF NOT EXISTS usage (
     output_tokens INTEGER NOT NULL,
     turns         INTEGER NOT NULL,
     created_at    REAL NOT NULL,
-    completed_at  REAL NOT NULL
+    completed_at  REAL NOT NULL,
+    reason        TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS usage_by_key ON usage (api_key_id, created_at);
 CREATE TABLE IF NOT EXISTS open_responses (
@@ -154,11 +157,14 @@ class LedgerRow:
     turns: int
     created_at: float  # unix seconds
     completed_at: float
+    # Why it ended other than completed: the terminal event's incomplete_details.reason or error code
+    # ("cancelled", "max_output_tokens", "engine_failure", …); "server_crashed" from reconcile(); "" if none.
+    reason: str = ""
 
     def __post_init__(self) -> None:
         # Refused at record() time, on the caller's stack, rather than later in the writer thread.
         _check_mode(self.mode)
-        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status)
+        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status, reason=self.reason)
         _check_counts(
             input_tokens=self.input_tokens,
             cached_tokens=self.cached_tokens,
@@ -265,6 +271,9 @@ class UsageLedger:
             self._wdb.execute("PRAGMA journal_mode=WAL")
             self._wdb.execute("PRAGMA synchronous=NORMAL")
             self._wdb.executescript(_SCHEMA)
+            columns = {row[1] for row in self._wdb.execute("PRAGMA table_info(usage)")}
+            if "reason" not in columns:  # a file written before the column existed
+                self._wdb.execute("ALTER TABLE usage ADD COLUMN reason TEXT NOT NULL DEFAULT ''")
             # A file gets its own reader connection: WAL readers never wait on the writer's lock. A memory
             # database exists in one connection only, so readers share the writer's (under its lock).
             self._rdb = self._wdb if self._memory else self._connect()
@@ -538,8 +547,8 @@ class UsageLedger:
     # -- start-up --------------------------------------------------------------------------------------
 
     def reconcile(self, timeout: float = 30.0) -> int:
-        """Bill every open row left by a dead process: one usage row, status ``incomplete``, with the open
-        row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
+        """Bill every open row left by a dead process: one usage row, status ``incomplete`` and reason
+        ``server_crashed``, with the open row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
         Open rows that already have a usage row are deleted. Returns how many rows it billed.
 
         Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``): every open row not
@@ -596,6 +605,7 @@ class UsageLedger:
                         turns=o.turns,
                         created_at=o.created_at,
                         completed_at=o.created_at if o.progress_at is None else o.progress_at,
+                        reason=CRASHED,
                     )
                     for o in (OpenResponse(*r) for r in found)
                 ]

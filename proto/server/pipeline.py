@@ -21,12 +21,12 @@ from proto.builder import ResponseBuilder
 from proto.errors import ClientError
 from proto.events import CreateBody
 from proto.items import FunctionCall, Item, Message, WebSearchCall
-from proto.response import Mode
+from proto.response import Mode, Response
 from proto.server.config import Settings
 from proto.server.ledger import LedgerRow, UsageLedger
 from proto.server.metrics import PipelineMetrics
 from proto.server.safety import SafetyScanner
-from proto.server.store import ResponseStore
+from proto.server.store import ResponseStore, StoreUnavailable
 from proto.work import WorkCounters
 from sampler.clock import Clock, RealClock
 from sampler.gpu import MockGPU
@@ -46,6 +46,22 @@ def timed(phases: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         phases[name] = phases.get(name, 0.0) + (time.perf_counter() - started) * 1e3
+
+
+@contextmanager
+def typed_faults() -> Iterator[None]:
+    """Faults of the pre-inference work (a store read, a bug) as the typed error every transport answers
+    with (``store_unavailable``, ``server_error``) instead of an exception that would leave a connection
+    waiting for a response that never starts. The peer's own errors pass through."""
+    try:
+        yield
+    except ClientError:
+        raise
+    except StoreUnavailable as exc:
+        raise ClientError("store_unavailable", str(exc)) from exc
+    except Exception as exc:
+        log.exception("prepare_failed")
+        raise ClientError("server_error", f"internal error: {type(exc).__name__}") from exc
 
 
 class Engines:
@@ -113,8 +129,8 @@ class Pipeline:
         self.scanner = SafetyScanner(settings.safety)  # type: ignore[arg-type]
         self.engines = Engines(settings.model_override)
         self.web_search = WebSearch()
-        self.ledger = UsageLedger(settings.db)
-        self.store = ResponseStore(settings.db)
+        self.ledger = UsageLedger(settings.db, busy_timeout=settings.db_busy_timeout_s)
+        self.store = ResponseStore(settings.db, busy_timeout=settings.db_busy_timeout_s)
         select_policy("", settings.default_policy)  # a bad --default-policy fails at start-up, not per request
         self.totals = WorkCounters()
         self.metrics = PipelineMetrics()
@@ -247,8 +263,16 @@ class Pipeline:
                 turns=len(builder.lab.turns),
                 created_at=created,
                 completed_at=time.time(),
+                reason=end_reason(response),
             )
         )
+
+
+def end_reason(response: Response) -> str:
+    """Why a response ended other than completed: its ``incomplete_details.reason`` or its error's code."""
+    if response.incomplete_details is not None:
+        return response.incomplete_details.reason
+    return response.error.code if response.error is not None else ""
 
 
 def _output_text(items: list[Item]) -> str:

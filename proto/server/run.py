@@ -144,12 +144,24 @@ def serve(settings: Settings) -> None:
         # Several processes need an import string: hand them the settings through the environment.
         for name, value in asdict(settings).items():
             os.environ["RESPONSES_LAB_" + name.upper()] = ",".join(value) if isinstance(value, list) else str(value)
+        reconcile_ledger(settings.db)  # once, here: a worker that reconciled would bill its siblings' responses
         config = uvicorn_config(settings, app="proto.server.run:app_from_env", factory=True, workers=settings.workers)
         # Each worker runs uvicorn's own Server, whose shutdown closes WebSockets 1012 without our drain;
         # workers that share one engine and drain on SIGTERM are the engine issue's (NOTES.md).
         Multiprocess(config, sockets=[config.bind_socket()]).run()
         return
     LabServer(uvicorn_config(settings)).run()
+
+
+def reconcile_ledger(db: str) -> int:
+    """Bill the responses a dead server left open in ``db``'s ledger (``UsageLedger.reconcile``)."""
+    from proto.server.ledger import UsageLedger
+
+    ledger = UsageLedger(db)
+    try:
+        return ledger.reconcile()
+    finally:
+        ledger.close()
 
 
 def app_from_env() -> object:
@@ -159,7 +171,7 @@ def app_from_env() -> object:
 
     settings = from_args(argparse.Namespace())
     configure(settings.log_level)
-    return create_app(settings)
+    return create_app(settings, reconcile=False)  # the parent reconciled (serve)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -29,7 +29,7 @@ from proto.items import Item, Tool
 from proto.longlived import Cancel
 from proto.server.chain import load_history
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, timed
+from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.session import SLOW_READER, Outbox, Stop, StoppableReader, Stopped
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from sampler.gpu import MockGPU
@@ -138,7 +138,8 @@ class GaSession(StoppableReader):
     async def _respond(self, start: Start) -> None:
         try:
             try:
-                prepared = await self._prepare(start)
+                with typed_faults():
+                    prepared = await self._prepare(start)
             except ClientError as exc:
                 await self.out.put(self.core.error(exc).data)
                 return

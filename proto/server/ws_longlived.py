@@ -28,7 +28,7 @@ from proto.items import Item
 from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
 from proto.server.chain import load_history
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared
+from proto.server.pipeline import Pipeline, Prepared, typed_faults
 from proto.server.session import SLOW_READER, Outbox, StoppableReader, Stopped
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 
@@ -143,7 +143,8 @@ class LongLivedSession(StoppableReader):
     async def _respond(self, start: Start) -> None:
         try:
             try:
-                prepared = await self._prepare(start)
+                with typed_faults():
+                    prepared = await self._prepare(start)
             except ClientError as exc:
                 await self.out.put(self.core.abort(exc))
                 return
