@@ -16,6 +16,7 @@ and its owner (``proto.server.driver``) decides what each step means:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -31,6 +32,11 @@ from sampler.gpu import GpuSequence
 from sampler.policy import Policy, TurnPlan
 from sampler.tokens import Conversation, TextStream, web_results_text
 from sampler.tools import WebSearch, query_of
+
+# Tokens per Emit at most. A wake-up that releases more (a late wake-up, a sub-µs ITL, the whole output of a
+# `!tokens N` due at once) is handed over in chunks, with a loop iteration between them: framing 16 k tokens
+# in one go would hold the loop for ~0.1 s, and a send cut midway bills at most one chunk not yet framed.
+EMIT_CHUNK = 32
 
 
 class MaxOutputTokens(Exception):
@@ -217,31 +223,36 @@ async def _sample(
     rollout.streamed = 0
     async with aclosing(rollout.sequence.run_turn(prompt, ids)) as ticks:
         async for count in ticks:
-            batch: list[ServerEvent] = []
-            for token_index in range(due, due + count):
-                while spans[span_index][2] <= token_index:
-                    span_index += 1
-                out, first, end = spans[span_index]
-                if token_index == first:
-                    batch.extend(_open_item(builder, out, streams, span_index))
-                stream = streams[span_index]
-                if out.kind == "message" or out.kind == "call":
-                    assert isinstance(stream, MessageStream | CallStream)
-                    piece = text.push(ids[token_index])
-                    if piece:
-                        batch.append(stream.delta(piece))
-                if token_index == end - 1 or token_index == len(ids) - 1:
-                    tail = text.flush()
-                    if tail and isinstance(stream, MessageStream | CallStream):
-                        batch.append(stream.delta(tail))
-                    if isinstance(stream, MessageStream | CallStream):
-                        batch.extend(stream.done())
-                        produced.append(stream.item)
-                    else:
-                        produced.append(stream[0])
-            due += count
-            rollout.streamed = due  # counted as handed over before the owner sends them: a cut mid-send bills them
-            yield tuple(batch)
+            burst = due + count
+            while due < burst:
+                stop = min(burst, due + EMIT_CHUNK)
+                batch: list[ServerEvent] = []
+                for token_index in range(due, stop):
+                    while spans[span_index][2] <= token_index:
+                        span_index += 1
+                    out, first, end = spans[span_index]
+                    if token_index == first:
+                        batch.extend(_open_item(builder, out, streams, span_index))
+                    stream = streams[span_index]
+                    if out.kind == "message" or out.kind == "call":
+                        assert isinstance(stream, MessageStream | CallStream)
+                        piece = text.push(ids[token_index])
+                        if piece:
+                            batch.append(stream.delta(piece))
+                    if token_index == end - 1 or token_index == len(ids) - 1:
+                        tail = text.flush()
+                        if tail and isinstance(stream, MessageStream | CallStream):
+                            batch.append(stream.delta(tail))
+                        if isinstance(stream, MessageStream | CallStream):
+                            batch.extend(stream.done())
+                            produced.append(stream.item)
+                        else:
+                            produced.append(stream[0])
+                due = stop
+                rollout.streamed = due  # counted before the owner sends them: a send cut midway bills its chunk
+                yield tuple(batch)
+                if due < burst:
+                    await asyncio.sleep(0)  # a burst (a late wake-up, a very fast model): other streams go first
     report = rollout.sequence.last_report
     assert report is not None
     rollout.streamed = None

@@ -41,11 +41,14 @@ class Server:
         self.auth = Auth(settings.api_key)
         self.pipeline = Pipeline(settings, clock)
         self.sessions: set[LongLivedSession | GaSession] = set()
+        self.http = HttpResponses(self.auth, self.pipeline)
 
     async def drain(self, grace_s: float) -> int:
         """Shutdown, before uvicorn's own (which would drop every WebSocket with 1012): tell each session
         to end — its open response gets ``server_shutting_down`` and is billed, the connection closes 1001 —
-        and wait up to ``grace_s`` for them. Returns how many were still open when the grace ran out."""
+        and wait up to ``grace_s`` for them; every HTTP response in flight is cut alike (``HttpResponses.stop``).
+        Returns how many sessions were still open when the grace ran out."""
+        self.http.stop()
         for session in list(self.sessions):
             session.stop(SHUTDOWN)
         # Real time, whatever the limits' clock: a SIGTERM's grace is the operator's, not a protocol limit.
@@ -147,7 +150,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None, rec
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", responses_ws),
-            *HttpResponses(server.auth, server.pipeline).routes(),
+            *server.http.routes(),
             Route("/v1/models", server.auth.guard(models)),
             Route("/healthz", server.auth.guard(healthz)),
             Route("/metrics", server.auth.guard(metrics)),

@@ -16,6 +16,10 @@ request that failed — the OpenAI error body with the code's status (``store_un
 ``engine_failure`` 500, ``context_length_exceeded`` 400, …), never a plain-text 500; a fault of the
 pre-inference work (a store read) likewise. A JSON client that goes away before its reply cancels the
 response (billed for what it produced), as an SSE client does.
+
+Shutdown (``stop``, from ``Server.drain``): every response in flight is cut at once, as the WebSocket
+sessions' are, billed for what it delivered, and answered typed — a JSON reply is the 503
+``server_shutting_down`` error body, an SSE stream ends with one ``error`` event of that code.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -31,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proto.actions import new_response_id
+from proto.actions import error_reply, new_response_id
 from proto.codec import decode_body
 from proto.create import CreateLimits, check_outputs, validate_create
 from proto.errors import ClientError
@@ -85,6 +89,22 @@ class HttpResponses:
         self.pipeline = pipeline
         settings = pipeline.settings
         self.limits = CreateLimits(settings.max_input_items, settings.max_tools)
+        self.running: set[asyncio.Task[ServerEvent]] = set()  # every response in flight (its driver's task)
+        self.stopping = False
+
+    def stop(self) -> None:
+        """The server shuts down: cut every response in flight (each is billed and answered typed)."""
+        self.stopping = True
+        for task in list(self.running):
+            task.cancel()
+
+    def _run(self, driver: ResponseDriver, name: str) -> asyncio.Task[ServerEvent]:
+        task = asyncio.create_task(driver.run(), name=name)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        if self.stopping:
+            task.cancel()  # started as the server stops: it ends at once, billed and answered like the rest
+        return task
 
     def routes(self) -> list[Route]:
         return [
@@ -106,10 +126,12 @@ class HttpResponses:
         if body.stream:
             return self._stream(prepared, key, created)
         driver = ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created)
-        await _unless_disconnected(request, driver.run())
+        await _unless_disconnected(request, self._run(driver, "http-response"))
         response = prepared.rollout.builder.response  # the reply is the Response object itself, as it ended
         if response.status == "failed" and response.error is not None:
             return error_response(ClientError(response.error.code, response.error.message))
+        if response.status == "cancelled" and self.stopping:
+            return error_response(_shutting_down())
         return Response(_encoder.encode(response), media_type=JSON)
 
     async def _read_body(self, request: Request) -> bytes:
@@ -145,7 +167,11 @@ class HttpResponses:
 
         async def produce() -> None:
             try:
-                await ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created).run()
+                await self._run(ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver")
+            except asyncio.CancelledError:
+                if not self.stopping:
+                    raise  # the client went away: nobody to tell
+                await queue.put(b"event: error\ndata: " + error_reply(_shutting_down()).data + b"\n\n")
             finally:
                 await queue.put(None)
 
@@ -206,15 +232,14 @@ class HttpResponses:
         return Response(_encoder.encode(body), media_type=JSON)
 
 
-async def _unless_disconnected(request: Request, run: Coroutine[Any, Any, ServerEvent]) -> None:
-    """Run the response, cancelling it if the client goes away first (the driver bills what was done).
+async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]) -> None:
+    """Wait for the response, cancelling it if the client goes away first (the driver bills what was done).
     The body was read in full: the only ASGI message left to receive is ``http.disconnect``."""
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    task = asyncio.create_task(run, name="http-response")
     watch = asyncio.create_task(disconnected(), name="http-disconnect-watch")
     try:
         await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -226,6 +251,10 @@ async def _unless_disconnected(request: Request, run: Coroutine[Any, Any, Server
             await watch
         with contextlib.suppress(asyncio.CancelledError):  # nobody hears a cut JSON response: it re-raises
             await task
+
+
+def _shutting_down() -> ClientError:
+    return ClientError("server_shutting_down", "the server is shutting down; the response was cut and billed for what it delivered")
 
 
 def _too_large(limit: int) -> ClientError:
