@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -297,5 +298,26 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
         "responses_lab_ledger_failed": 0,
         "responses_lab_ledger_overflow": 1,
         "responses_lab_ledger_duplicates": 0,
+        "responses_lab_ledger_reconciled": 0,
     }
+    led.close()
+
+
+def test_a_file_from_before_the_reason_column_is_migrated_and_keeps_its_rows(path: str) -> None:
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE usage (response_id TEXT PRIMARY KEY, api_key_id TEXT NOT NULL, model TEXT NOT NULL, mode TEXT NOT NULL,"
+        " status TEXT NOT NULL, input_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,"
+        " turns INTEGER NOT NULL, created_at REAL NOT NULL, completed_at REAL NOT NULL);"
+        "INSERT INTO usage VALUES ('resp_old', 'key_a', 'm', 'ws', 'completed', 1, 0, 2, 1, 1e9, 1e9);"
+    )
+    old.commit()
+    old.close()
+    led = fast(path)
+    led.start()
+    led.record(replace(row(1, status="incomplete"), reason="max_output_tokens"))
+    led.flush()
+    assert led.get("resp_old") == LedgerRow("resp_old", "key_a", "m", "ws", "completed", 1, 0, 2, 1, 1e9, 1e9, "")
+    found = led.get("resp_000001")
+    assert found is not None and found.reason == "max_output_tokens"
     led.close()

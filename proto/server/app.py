@@ -90,6 +90,7 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
         yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
         yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
+        yield GaugeMetricFamily("responses_lab_ledger_reconciled", "responses a dead process left open, billed at start-up (server_crashed)", value=ledger.reconciled)
 
 
 def create_app(settings: Settings | None = None, clock: Clock | None = None, reconcile: bool = True) -> Starlette:
