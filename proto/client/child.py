@@ -80,6 +80,12 @@ class ChildServer:
             self.proc.wait()
         self._log.close()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown, no flush (the chaos suite's crash)."""
+        self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
     def __enter__(self) -> ChildServer:
         try:
             self.wait_ready()
