@@ -19,5 +19,5 @@ async def test_a_seeded_round_of_chaos_breaks_no_invariant() -> None:
     assert [o.scenario for o in outcomes] == ["disconnects", "fuzz", "load", "db_lock", "crash"], report
     assert all(o.cases > 0 and o.responses > 0 for o in outcomes), report  # every fault was really injected
     fuzz = next(o for o in outcomes if o.scenario == "fuzz")
-    assert sum(fuzz.answers.values()) == fuzz.cases and len(fuzz.answers) >= 3, fuzz.answers  # typed answers, of several kinds
+    assert len(fuzz.answers) >= 5, fuzz.answers  # answered typed (else a violation), in several ways
     assert not [v for o in outcomes for v in o.violations], report
