@@ -134,12 +134,14 @@ async def test_sql_runs_off_the_event_loop_thread(store: ResponseStore) -> None:
     assert len(sql_threads) == 1 and threading.get_ident() not in sql_threads
 
 
-async def test_a_file_store_writes_on_one_thread_and_reads_on_a_pool(tmp_path: Path) -> None:
-    store = ResponseStore(str(tmp_path / "store.sqlite3"), readers=2)
+async def test_a_file_store_writes_each_response_on_one_thread_and_reads_on_a_pool(tmp_path: Path) -> None:
+    store = ResponseStore(str(tmp_path / "store.sqlite3"), readers=2, writers=3)
     name = lambda _db: threading.current_thread().name  # noqa: E731
-    writers = {await store._write("name", name) for _ in range(5)}
+    one = {await store._write("name", name, "resp_1") for _ in range(5)}
+    spread = {await store._write("name", name, f"resp_{n}") for n in range(30)}
     readers = set(await asyncio.gather(*(store._read("name", name) for _ in range(20))))
-    assert len(writers) == 1 and next(iter(writers)).startswith("response-store-writer")
+    assert len(one) == 1 and next(iter(one)).startswith("response-store-writer")  # one response's writes in order
+    assert len(spread) == 3 and all(w.startswith("response-store-writer") for w in spread)
     assert 1 <= len(readers) <= 2 and all(r.startswith("response-store-reader") for r in readers)
     await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
     assert await store.get("resp_1", KEY) is not None  # a reader connection sees the writer's commit

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sqlite3
 import threading
+import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -60,7 +61,7 @@ async def test_a_read_does_not_wait_behind_a_write_stuck_on_a_lock(path: str, lo
     store = ResponseStore(path, busy_timeout=GUARD)  # the stuck write waits until the lock goes
     await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
     stuck = threading.Event()
-    await store._write("trace", lambda db: db.set_trace_callback(lambda sql: stuck.set() if "INSERT" in sql else None))
+    await store._write("trace", lambda db: db.set_trace_callback(lambda sql: stuck.set() if "INSERT" in sql else None), "resp_2")
     holder = lock()
     put = asyncio.create_task(store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m"))
     assert await asyncio.to_thread(stuck.wait, GUARD)  # the writer is inside SQLite, waiting on the lock
@@ -103,3 +104,21 @@ def test_a_database_that_cannot_be_opened_is_typed_at_construction(tmp_path: Pat
     with pytest.raises(StoreUnavailable) as failed:
         ResponseStore(str(tmp_path / "no-such-dir" / "store.sqlite3"))
     assert failed.value.operation == "open"
+
+
+async def test_writes_of_two_responses_wait_for_a_lock_side_by_side_not_one_after_the_other(path: str, lock: Callable[[], sqlite3.Connection]) -> None:
+    store = ResponseStore(path, busy_timeout=GUARD, writers=2)  # both writes wait until the lock goes
+    first, second = "resp_a", next(f"resp_{n}" for n in range(100) if zlib.crc32(f"resp_{n}".encode()) % 2 != zlib.crc32(b"resp_a") % 2)
+    inside = {first: threading.Event(), second: threading.Event()}
+    for response_id, event in inside.items():
+        await store._write("trace", lambda db, e=event: db.set_trace_callback(lambda sql: e.set() if "INSERT" in sql else None), response_id)
+    holder = lock()
+    puts = [asyncio.create_task(store.put(r, KEY, *payload(r), None, "m")) for r in (first, second)]
+    # Both are inside SQLite at once, waiting for the lock: behind one writer thread, the second would not
+    # start before the first had given up (10 s by default, for every terminal event on the server).
+    assert await asyncio.to_thread(inside[first].wait, GUARD) and await asyncio.to_thread(inside[second].wait, GUARD)
+    assert not any(p.done() for p in puts)
+    holder.execute("COMMIT")
+    await asyncio.wait_for(asyncio.gather(*puts), GUARD)
+    assert store.writes == 2
+    await store.aclose()

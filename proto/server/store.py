@@ -1,12 +1,15 @@
 """The response store: stored Responses and their input items in SQLite, isolated per API key.
 
 The event loop never waits on the disk: every call runs on the store's own threads, and reads do not
-queue behind writes. A file database gets one writer thread with its connection (``put``, ``delete``: one
-writer, as SQLite wants; they run in the order they were called) and a pool of ``readers`` threads, each
-with its own connection (``get``, ``input_items``, ``chain``). In WAL mode a reader never waits on a
-writer's lock, ours or another process's (the ledger may share the file), so a write stuck on a lock
-holds up only the writes behind it. A memory database (``":memory:"``) exists in one connection only: it
-keeps one thread for everything (nothing else can lock it, so nothing waits long there).
+queue behind writes. A file database gets ``writers`` writer threads, each with its connection (``put``,
+``delete``), a response id always on the same one (``crc32(id) % writers``: the writes of one response run
+in the order they were called), and a pool of ``readers`` threads, each with its own connection (``get``,
+``input_items``, ``chain``). In WAL mode a reader never waits on a writer's lock, ours or another
+process's (the ledger may share the file). SQLite still commits one writer at a time, but a write stuck on
+another process's lock holds up only the writes of its own thread: the others wait for that lock side by
+side, each up to its own ``busy_timeout``, instead of one after another (issue 13: behind one writer
+thread, every terminal event on the server waited up to 19.75 s). A memory database (``":memory:"``)
+exists in one connection only: it keeps one thread for everything (nothing else can lock it).
 
 Storage faults are typed: any SQLite error (a lock held longer than ``busy_timeout`` seconds, a disk
 error, a missing table…) raises ``StoreUnavailable`` with a message, never a raw ``sqlite3`` error, so the
@@ -29,6 +32,7 @@ import contextlib
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,9 +83,9 @@ class StoreUnavailable(Exception):
 
 
 class ResponseStore:
-    def __init__(self, path: str, *, busy_timeout: float = 10.0, readers: int = 4) -> None:
-        if readers < 1:
-            raise ValueError("readers must be >= 1")
+    def __init__(self, path: str, *, busy_timeout: float = 10.0, readers: int = 4, writers: int = 4) -> None:
+        if readers < 1 or writers < 1:
+            raise ValueError("readers and writers must be >= 1")
         self.path = path
         self.busy_timeout = busy_timeout
         self.reads = 0  # rows read
@@ -95,14 +99,18 @@ class ResponseStore:
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
         self._closed = False
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store-writer")
+        self._writers = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"response-store-writer-{n}")
+            for n in range(1 if self._memory else writers)
+        ]
         self._readers = (
-            self._writer
+            self._writers[0]
             if self._memory
             else ThreadPoolExecutor(max_workers=readers, thread_name_prefix="response-store-reader")
         )
         try:
-            self._writer.submit(self._open_writer).result()  # fail here, not on the first request
+            for writer in self._writers:
+                writer.submit(self._open_writer).result()  # fail here, not on the first request
         except sqlite3.Error as exc:
             self._shutdown()
             raise StoreUnavailable("open", str(exc)) from exc
@@ -129,7 +137,7 @@ class ResponseStore:
             db.execute("PRAGMA query_only=1")
         return db
 
-    async def _call(self, operation: str, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+    async def _call(self, operation: str, fn: Callable[[sqlite3.Connection], T], executor: ThreadPoolExecutor) -> T:
         def job() -> T:
             try:
                 return fn(self._db())
@@ -137,16 +145,17 @@ class ResponseStore:
                 raise StoreUnavailable(operation, str(exc)) from exc
 
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._writer if write else self._readers, job)
+            future = asyncio.get_running_loop().run_in_executor(executor, job)
         except RuntimeError as exc:  # the executor refuses new work once shut down
             raise StoreError("response store is closed") from exc
         return await future
 
-    async def _write(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._call(operation, fn, write=True)
+    async def _write(self, operation: str, fn: Callable[[sqlite3.Connection], T], key: str = "") -> T:
+        """On the writer thread of ``key`` (a response id): one response's writes stay in order."""
+        return await self._call(operation, fn, self._writers[zlib.crc32(key.encode()) % len(self._writers)])
 
     async def _read(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._call(operation, fn, write=False)
+        return await self._call(operation, fn, self._readers)
 
     # -- API -------------------------------------------------------------------------------------------
 
@@ -188,7 +197,7 @@ class ResponseStore:
                 self.writes += 1
                 self.bytes_written += len(response_json) + len(input_items_json)
 
-        await self._write("put", write)
+        await self._write("put", write, response_id)
 
     async def get(self, response_id: str, api_key_id: str) -> StoredResponse | None:
         return await self._read("get", lambda db: self._get(db, response_id, api_key_id))
@@ -217,7 +226,7 @@ class ResponseStore:
                 self.deletes += cursor.rowcount
             return cursor.rowcount > 0
 
-        return await self._write("delete", remove)
+        return await self._write("delete", remove, response_id)
 
     async def chain(self, response_id: str, api_key_id: str) -> list[StoredResponse] | None:
         """The conversation ending at ``response_id``, oldest first, read from one snapshot.
@@ -261,7 +270,8 @@ class ResponseStore:
 
     def _shutdown(self) -> None:
         self._readers.shutdown(wait=True)
-        self._writer.shutdown(wait=True)
+        for writer in self._writers:
+            writer.shutdown(wait=True)
         with self._connections_lock:
             connections, self._connections = self._connections, []
         for db in connections:
