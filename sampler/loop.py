@@ -30,7 +30,7 @@ from proto.items import HOSTED_TOOL_NAMES, FunctionCall, Item, WebSearchCall, fu
 from proto.response import TurnReport
 from sampler.gpu import GpuSequence
 from sampler.policy import Policy, TurnPlan
-from sampler.tokens import Conversation, TextStream, web_results_text
+from sampler.tokens import Conversation, TextStream, Tokenizer, web_results_text
 from sampler.tools import WebSearch, query_of
 
 # Tokens per Emit at most. A wake-up that releases more (a late wake-up, a sub-µs ITL, the whole output of a
@@ -177,6 +177,21 @@ def _capped(n: int | None, room: int) -> int | None:
     return None if n is None else min(n, room + 1)
 
 
+def _head(tok: Tokenizer, text: str, room: int) -> str:
+    """The start of ``text`` that holds its first ``room`` + 1 tokens (all of it when shorter). The echo
+    policy says the user's message back: a 4 MB message would otherwise be tokenized on the loop (0.3 s)
+    to sample 16 k tokens of it. Cut at a space, where the tokens before are those of the whole text;
+    the prefix doubles until it holds enough (at most ~2x the tokens needed are tokenized)."""
+    size = (room + 1) * 4
+    while size < len(text):
+        cut = text.rfind(" ", 0, size)
+        head = text[: cut if cut > 0 else size]
+        if tok.count(head) > room:
+            return head
+        size *= 2
+    return text
+
+
 def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[_Output]:
     """The token ids the mock model samples this turn, item by item; a script-driven size (``!tokens N``)
     is built only up to ``room`` (+1, so that ``_sample`` sees the cut)."""
@@ -188,11 +203,12 @@ def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[_Output]:
             query = query_of(call.arguments)
             outputs.append(_Output("web_search", tok.model_tokens(json.dumps({"query": query})), query=query))
         else:
-            outputs.append(_Output("call", tok.model_tokens(call.arguments), call.name, "call_" + secrets.token_hex(12)))
+            arguments = _head(tok, call.arguments, room)
+            outputs.append(_Output("call", tok.model_tokens(arguments), call.name, "call_" + secrets.token_hex(12)))
     # Hosted calls go last in a turn: their result closes the segment in every transport's rendering.
     outputs.sort(key=lambda out: out.kind == "web_search")
     if not plan.calls:
-        outputs.append(_Output("message", tok.model_tokens(plan.text, _capped(plan.output_tokens, room))))
+        outputs.append(_Output("message", tok.model_tokens(_head(tok, plan.text, room), _capped(plan.output_tokens, room))))
     elif plan.output_tokens is not None:
         # `!tokens N` on a call line: the model says a preamble before its calls, as real models do.
         spent = sum(len(o.ids) for o in outputs)

@@ -216,7 +216,7 @@ class ResponseDriver:
                             self._progress()
                     case Boundary():
                         self._progress()  # a turn boundary: the turn before it is booked
-                        reply = self._ingest(self.transport.queued())
+                        reply = await self._ingest(self.transport.queued())
                     case Suspend(calls):
                         self._progress()
                         if not self.transport.suspends:
@@ -224,7 +224,7 @@ class ResponseDriver:
                         self._resume = asyncio.get_running_loop().create_future()  # before done can be answered
                         try:
                             await self.transport.send([rollout.builder.suspend(list(calls))])
-                            reply = self._ingest(await self._wait_resume())
+                            reply = await self._ingest(await self._wait_resume())
                         finally:
                             self._resume = None
 
@@ -238,9 +238,9 @@ class ResponseDriver:
         except TimeoutError:
             raise ResponseEnded("tool_timeout") from None
 
-    def _ingest(self, items: list[Item]) -> list[Item]:
+    async def _ingest(self, items: list[Item]) -> list[Item]:
         if items:
-            self.pipeline.ingest(self.prepared.rollout, items)
+            await self.pipeline.ingest(self.prepared.rollout, items)
         return items
 
     async def _persist(self, terminal: ServerEvent) -> ServerEvent:
