@@ -564,6 +564,7 @@ async def load(target: Target, book: Book, rng: random.Random, rollouts: int, co
                 return
             last = ends[-1]
             error = (last.get("response") or {}).get("error") or last.get("error")
+            book.answered(f"{transport} {last['type']} {error.get('code') if isinstance(error, dict) else ''}".strip())
             if last["type"] in ("response.failed", "error") and not (isinstance(error, dict) and error.get("code") == "engine_failure"):
                 book.violate(f"load {transport}: ended {last['type']} {error}")
 

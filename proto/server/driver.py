@@ -93,8 +93,8 @@ class ResponseDriver:
         self.created = time.time() if created is None else created
         self._resume: asyncio.Future[list[Item]] | None = None
         self._billed = False
-        self._reported: tuple[int, int, int, int] | None = None  # the last progress() figures
-        self._progress_due = 0.0  # time.monotonic() after which a streaming turn reports progress again
+        self._reported = (0, 0, 0, 0)  # the last progress() figures (the open row starts at zeros)
+        self._progress_due = 0.0  # time.monotonic() after which a streaming turn reports again: its first token does
 
     @property
     def response_id(self) -> str:
@@ -190,10 +190,10 @@ class ResponseDriver:
         """What the response delivered so far, into its crash trace (cumulative; the ledger coalesces
         updates still pending). Best effort: the usage row at the end is what bills."""
         figures = delivered(self.prepared.rollout)
-        self._progress_due = time.monotonic() + self.pipeline.settings.progress_interval_s
         if figures == self._reported:
             return
         self._reported = figures
+        self._progress_due = time.monotonic() + self.pipeline.settings.progress_interval_s
         try:
             self.pipeline.ledger.progress(self.response_id, *figures)
         except LedgerError as exc:
