@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench serve lint typecheck clean
+.PHONY: demo test bench serve lint typecheck clean postgres
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,7 +15,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/responses-lab demo
 
-test: $(STAMP)
+# The suite starts its own throwaway PostgreSQL (tests/databases.py) from Debian's package; a machine
+# without it gets it here (as root; elsewhere the PostgreSQL tests fail and say what to install).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; } || \
+	  echo "postgresql-15 is not installed and could not be: the PostgreSQL tests will fail (apt-get install postgresql-15)"
+
+test: $(STAMP) postgres
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/mypy
 	$(BIN)/pytest

@@ -91,7 +91,7 @@ def decode_items(raw_items: str | list[msgspec.Raw], path: str = "$.input", code
     """Items one by one, so an error names its index; a bare string is one user message.
 
     ``code`` is what a malformed item is called: ``invalid_request`` for an HTTP body, ``invalid_event``
-    for an item inside a WebSocket event (SPEC §3)."""
+    for an item inside a WebSocket event (docs/protocol.md §3)."""
     if isinstance(raw_items, str):
         return [Message(role="user", content=raw_items)]
     items: list[Item] = []

@@ -45,7 +45,7 @@ class Policy(Protocol):
     def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan: ...
 
 
-# ---- the directive script (SPEC §5) -------------------------------------------------------------
+# ---- the directive script (docs/protocol.md §6) -------------------------------------------------------------
 #
 # A line is a directive when its first word is exactly `!call`, `!say` or `!tokens`. Any other
 # line — `!important`, prose, code — is ordinary text and is not a turn. A directive line that

@@ -737,3 +737,13 @@ def test_error_frames_carry_no_sequence_number() -> None:
         for action in pipe.send(frame):
             if isinstance(action, Reply):
                 assert b"sequence_number" not in action.data
+
+
+def test_queued_user_messages_are_capped_typed_and_the_refused_append_keeps_nothing() -> None:
+    pipe = Pipe(Limits(max_queued_items=2))
+    pipe.open()
+    assert pipe.append(user_message("one")) == []
+    assert code_of(pipe.append(user_message("two"), user_message("three"))) == "too_many_queued_items"
+    assert pipe.append(user_message("two")) == []  # within the cap again
+    assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="user", content="two")]
+    assert pipe.append(user_message("after the turn boundary")) == []  # taking them makes room

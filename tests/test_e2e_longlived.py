@@ -1,4 +1,4 @@
-"""End-to-end tests of the long-lived protocol (SPEC §3) over a real uvicorn server on loopback.
+"""End-to-end tests of the long-lived protocol (docs/protocol.md §3) over a real uvicorn server on loopback.
 
 Every test talks to the server through the project's own client (``LongLivedClient``), either its
 ``rollout()`` or the low-level ``send`` / ``recv``; server-side facts (tasks, GPU slots, the ledger) are
@@ -29,6 +29,7 @@ from helpers import (
     tools_decl,
     wait_for,
 )
+from virtual import virtual
 from websockets.exceptions import InvalidStatus
 
 from proto.client.longlived import TERMINAL, ClientEvent, LongLivedClient
@@ -406,10 +407,12 @@ async def test_k_local_calls_tokenize_each_input_token_once(server: ThreadedServ
 # ----------------------------------------------------------------------------------------- tool timeout
 
 
-async def test_tool_timeout_ends_the_response_incomplete(make_server: ServerFactory) -> None:
-    with make_server(tool_timeout_s=0.3) as srv:
+async def test_tool_timeout_ends_the_response_incomplete() -> None:
+    async with virtual(tool_timeout_s=0.3) as virtual_server:  # the timeout on virtual time
+        srv = virtual_server.server
         async with LongLivedClient(srv.url) as client:
             done = await open_suspended(client, "!call run_tests {}\n!say never")
+            await virtual_server.advance(0.3)
             events = await recv_until(client, TERMINAL)
             terminal = events[-1].data
             assert [e.type for e in events] == ["response.incomplete"]

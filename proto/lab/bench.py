@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-override", action="append", default=None, metavar="MODEL:KNOB=V,…",
         help="passed to the servers the lab starts, e.g. mock-1000tps:prefill-time-per-token=0.025 (repeatable)",
     )
+    parser.add_argument("--reconnect", type=int, default=None, metavar="K",
+                        help="ws: reconnect to the other server every K turns (two servers share --db; default 0: never)")
+    parser.add_argument("--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
     parser.add_argument("--no-plots", action="store_true")
@@ -50,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "sessions": args.sessions, "rollouts": args.rollouts, "warmup": args.warmup, "turns": args.turns,
         "tool_time_scale": args.tool_time_scale, "pings": args.pings, "api_key": args.api_key,
         "model_overrides": tuple(args.model_override) if args.model_override else None,
+        "reconnect": args.reconnect, "db": args.db,
     }
     for name, value in changes.items():
         if value is not None:
@@ -59,6 +63,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise SystemExit(f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: {', '.join(PROFILES)})")
     if config.url and config.model_overrides:
         raise SystemExit("--model-override applies to the servers the lab starts; with --url, start that server with it")
+    if config.url and config.db:
+        raise SystemExit("--db applies to the servers the lab starts; with --url, start those servers with it")
+    if config.reconnect < 0:
+        raise SystemExit("--reconnect must be >= 0")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
         raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
     return config
@@ -88,5 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plots:
         written += write_plots(results, args.out)
     print_table(results, console)
+    for run in results["runs"]:
+        if run.get("store_vs_cached"):
+            store, cached = run["store_vs_cached"]["store"], run["store_vs_cached"]["cached"]
+            console.print(
+                f"{run['profile']} {run['mode']} --reconnect {config.reconnect}: TTFT p50 after a reconnect (store path)"
+                f" {store['ttft_ms_p50']:.2f} ms over {store['turns']:.0f} turns, cached {cached['ttft_ms_p50']:.2f} ms over"
+                f" {cached['turns']:.0f}; overhead p50 {store['turn_overhead_ms_p50']:.2f} vs {cached['turn_overhead_ms_p50']:.2f} ms"
+            )
     console.print(f"wall {result.wall_s:.1f} s; wrote " + ", ".join(str(p) for p in written))
     return 0

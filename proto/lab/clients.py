@@ -10,6 +10,14 @@ All four do what a real agent client does on that wire, and nothing more:
   ``previous_response_id`` + the new items.
 * ``longlived`` — one ``response.create``, then one ``response.append`` of the outputs per suspension.
 
+``reconnect=K`` (``ws`` only): every K turns the client closes its connection and opens one to the next of
+its servers (two servers sharing a database: ``--db``), as a client whose socket dropped lands elsewhere;
+that turn misses the connection's cache and is served from the store. The reconnect is marked
+(``RECONNECT``) just before the turn's send, outside its TTFT (the handshake is in E2E, as a user sees it):
+``metrics.store_vs_cached`` splits the turns by it. HTTP turns are one request each whatever the server
+(``http-prev`` reads the store every turn), and a long-lived response ends with its connection, so the
+knob is the GA WebSocket mode's.
+
 The client "runs" a turn's tools by sleeping the workload's recorded tool time once (parallel calls
 overlap), then answers with pre-generated outputs of the recorded size. Connections are opened by
 ``open()`` before a rollout starts (a session keeps its connection, as agents do), so E2E holds no
@@ -26,7 +34,7 @@ import httpx
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 
-from proto.lab.metrics import SEND, TERMINAL, Mark, Trace
+from proto.lab.metrics import RECONNECT, SEND, TERMINAL, Mark, Trace
 from proto.lab.plan import RolloutPlan, TurnSend
 from proto.response import MODES
 
@@ -172,6 +180,13 @@ class _WebSocketClient(_Client):
     async def open(self) -> None:
         self._ws = await connect(self._url, additional_headers=self._headers, max_size=2**26, compression=None, ping_interval=None)
 
+    async def reconnect(self, url: str, trace: Trace) -> None:
+        """Drop this connection and open one to ``url`` (marked in the trace, before the next send)."""
+        await self.close()
+        self._url = url
+        await self.open()
+        trace.marks.append(Mark(asyncio.get_running_loop().time(), RECONNECT))
+
     async def close(self) -> None:
         if self._ws is not None:
             await self._ws.close()
@@ -197,11 +212,23 @@ class _WebSocketClient(_Client):
 
 
 class GaWebSocketClient(_WebSocketClient, _ChainedClient):
-    """GA WebSocket mode: one connection, a flat ``response.create`` per turn."""
+    """GA WebSocket mode: one connection, a flat ``response.create`` per turn; with ``reconnect=K`` and
+    several ``urls``, a new connection to the next one every K turns."""
 
     mode = "ws"
 
+    def __init__(self, url: str, api_key: str | None, reconnect: int = 0, others: tuple[str, ...] = ()) -> None:
+        super().__init__(url, api_key)
+        self._urls = (url, *others)
+        self._reconnect = reconnect
+        self._turn = 0  # of the rollout in progress: 0 is its first send
+        self._hops = 0  # reconnects so far: each goes to the next server
+
     async def exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        self._turn = self._turn + 1 if "previous_response_id" in body else 0
+        if self._reconnect and self._turn and self._turn % self._reconnect == 0:
+            self._hops += 1
+            await self.reconnect(self._urls[self._hops % len(self._urls)], trace)
         await self.send({"type": "response.create", **body}, trace)
         while True:
             event = await self.recv(trace)
@@ -239,11 +266,13 @@ class LongLivedLabClient(_WebSocketClient):
                 turn += 1
 
 
-def make_client(mode: str, ws_url: str, http_url: str, api_key: str | None = None) -> Transport:
+def make_client(
+    mode: str, ws_url: str, http_url: str, api_key: str | None = None, reconnect: int = 0, other_ws_urls: tuple[str, ...] = ()
+) -> Transport:
     if mode in ("http", "http-prev"):
         return HttpClient(http_url, chained=mode == "http-prev", api_key=api_key)
     if mode == "ws":
-        return GaWebSocketClient(ws_url, api_key)
+        return GaWebSocketClient(ws_url, api_key, reconnect, other_ws_urls)
     if mode == "longlived":
         return LongLivedLabClient(ws_url, api_key)
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

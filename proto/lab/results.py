@@ -1,4 +1,4 @@
-"""results.json (SPEC §6) and results.csv: what a bench run produced, shaped, written and read back.
+"""results.json (docs/protocol.md §7) and results.csv: what a bench run produced, shaped, written and read back.
 
 The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
 ``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from proto.lab.metrics import percentile, rollout_metrics, summarize
+from proto.lab.metrics import percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.runner import PROFILES, BenchResult, CellResult
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
@@ -29,7 +29,7 @@ BASELINE = "http"  # the mode every ratio ("vs http") is taken against
 
 
 def run_record(cell: CellResult) -> dict[str, Any]:
-    """One ``runs[]`` entry: SPEC §6's fields, then the lab's extras."""
+    """One ``runs[]`` entry: docs/protocol.md §7's fields, then the lab's extras."""
     metrics = [rollout_metrics(t) for t in cell.traces]
     s = summarize(metrics)
     turns = max(s.turns, 1)
@@ -72,6 +72,8 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
         "wall_s": cell.wall_s,
         "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
+        # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
+        "store_vs_cached": store_vs_cached(cell.traces),
     }
 
 

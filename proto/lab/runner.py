@@ -4,6 +4,10 @@ Per cell: each of ``sessions`` concurrent clients opens its connection, runs ``w
 counted), then — after every session has warmed up — ``rollouts`` measured rollouts. The server's CPU time
 is read around the measured part only. Cells run one after another, never overlapping, so modes never
 share the two cores.
+
+``reconnect=K``: two servers per profile share one database (``db``, else a temporary SQLite file), and
+the ``ws`` clients reconnect to the other one every K turns (proto/lab/clients.py); the servers' CPU is
+summed. With ``url``, a second URL after a comma is the other server.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -64,6 +69,8 @@ class BenchConfig:
     # Passed to every server the lab starts (``--model-override``): ask "what if prefill were 10x faster?"
     # or "what if suspended responses lost their KV pins?" (``pin-suspended=false``) on the same workload.
     model_overrides: tuple[str, ...] = ()
+    reconnect: int = 0  # ws: a reconnect to the other server every K turns (0: never)
+    db: str | None = None  # the lab's servers' --db (default: a memory database; reconnect: a shared file)
 
     @classmethod
     def quick_preset(cls) -> BenchConfig:
@@ -139,9 +146,13 @@ async def run_cell(
     http_url: str,
     cpu: Callable[[], float] | None,
     on_turn: Callable[[], None] | None = None,
+    others: tuple[str, ...] = (),
 ) -> tuple[list[Trace], float | None, float]:
-    """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s)."""
-    clients: list[Transport] = [make_client(mode, ws_url, http_url, config.api_key) for _ in range(config.sessions)]
+    """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s).
+    ``others``: the other servers' WebSocket URLs, for ``config.reconnect``."""
+    clients: list[Transport] = [
+        make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(config.sessions)
+    ]
     for client in clients:
         client.on_send = on_turn
     warm = shorten(workload, config.warmup_turns)
@@ -184,26 +195,41 @@ def total_turns(config: BenchConfig) -> int:
     return per_mode * len(config.modes) * len(config.models) * n_profiles
 
 
+Server = tuple[str, str, str, Callable[[], float] | None, tuple[str, ...]]  # profile, ws, http, cpu, others
+
+
 @contextlib.contextmanager
-def _servers(config: BenchConfig) -> Iterator[list[tuple[str, str, str, Callable[[], float] | None]]]:
-    """(profile, ws_url, http_url, cpu) per profile; the lab's own servers, or the one at ``--url``."""
+def _servers(config: BenchConfig) -> Iterator[list[Server]]:
+    """(profile, ws_url, http_url, cpu, other ws urls) per profile; the lab's own servers, or ``--url``'s."""
     if config.url:
-        ws_url = config.url
+        ws_url, *others = config.url.split(",")
         http_url = ws_url.replace("wss://", "https://").replace("ws://", "http://").split("/v1/")[0]
         pid = external_server_pid(http_url)
         cpu = None if pid is None else functools.partial(cpu_seconds, psutil.Process(pid))
-        yield [("external", ws_url, http_url, cpu)]
+        yield [("external", ws_url, http_url, cpu, tuple(others))]
         return
-    started: list[ChildServer] = []
-    try:
-        for name in config.profiles:  # all started before any is waited for: they boot side by side
-            started.append(ChildServer(server_flags(PROFILES[name], config), api_key=config.api_key))
-        for server in started:
-            server.wait_ready()
-        yield [(name, s.ws_url, s.http_url, s.cpu_s) for name, s in zip(config.profiles, started, strict=True)]
-    finally:
-        for server in started:
-            server.stop()
+    pairs = 2 if config.reconnect else 1
+    started: list[list[ChildServer]] = []
+    with tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as scratch:
+        try:
+            for name in config.profiles:  # all started before any is waited for: they boot side by side
+                db = config.db or (f"{scratch}/{name}.sqlite3" if pairs > 1 else ":memory:")
+                started.append([ChildServer(server_flags(PROFILES[name], config), api_key=config.api_key, db=db) for _ in range(pairs)])
+            for group in started:
+                for server in group:
+                    server.wait_ready()
+            yield [
+                (name, group[0].ws_url, group[0].http_url, functools.partial(_cpu_sum, group), tuple(s.ws_url for s in group[1:]))
+                for name, group in zip(config.profiles, started, strict=True)
+            ]
+        finally:
+            for group in started:
+                for server in group:
+                    server.stop()
+
+
+def _cpu_sum(servers: list[ChildServer]) -> float:
+    return sum(server.cpu_s() for server in servers)
 
 
 def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
@@ -221,7 +247,7 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
     t0 = time.perf_counter()
     workloads = workloads_of(config)
     with _servers(config) as servers:
-        for profile, ws_url, http_url, cpu in servers:
+        for profile, ws_url, http_url, cpu, others in servers:
             if on_cell:
                 on_cell(f"{profile}: WebSocket ping floor")
             result.pings_ms[profile] = await ping_rtts_ms(ws_url, config.pings, config.api_key)
@@ -230,7 +256,7 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                     for mode in config.modes:
                         if on_cell:
                             on_cell(f"{profile} · {w.name} · {model} · {mode}")
-                        traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn)
+                        traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn, others)
                         result.cells.append(CellResult(profile, w.name, model, mode, config.sessions, traces, cpu_s, wall))
     result.wall_s = time.perf_counter() - t0
     return result

@@ -17,9 +17,11 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: list[str] = field(default_factory=list)  # none: the server runs open (loopback only)
-    db: str = "responses-lab.db"  # usage ledger + response store (SQLite); ":memory:" for throwaway runs
+    # Usage ledger + response store: a SQLite file (embedded), ":memory:" for throwaway runs, or a
+    # postgresql://… URL shared by every worker and host (proto/server/database.py).
+    db: str = "responses-lab.db"
     # How long one SQLite statement waits for another writer's lock before it fails: a store write then
-    # ends its response `store_unavailable`; the ledger retries with backoff (NOTES.md, issue 13).
+    # ends its response `store_unavailable`; the ledger retries with backoff (notes/issue13.md).
     db_busy_timeout_s: float = 10.0
     progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1

@@ -169,11 +169,16 @@ class HttpResponses:
             try:
                 await self._run(ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver")
             except asyncio.CancelledError:
-                if not self.stopping:
-                    raise  # the client went away: nobody to tell
+                me = asyncio.current_task()
+                if not self.stopping or (me is not None and me.cancelling()):
+                    raise  # the client went away: nobody waits for the end marker (a full queue would hang here)
+                # Shutdown cut the response (its driver's task), the client still reads: it hears why.
                 await queue.put(b"event: error\ndata: " + error_reply(_shutting_down()).data + b"\n\n")
-            finally:
-                await queue.put(None)
+            except BaseException:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+                raise
+            await queue.put(None)
 
         async def frames() -> AsyncIterator[bytes]:
             task = asyncio.create_task(produce(), name=f"sse-{prepared.rollout.builder.response.id}")

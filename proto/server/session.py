@@ -31,7 +31,10 @@ from typing import TypeVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from proto.actions import error_reply
+from proto.errors import ClientError
 from proto.server.config import Settings
+from proto.server.pipeline import Pipeline
 from proto.server.timers import deadline
 from sampler.clock import Clock
 
@@ -184,3 +187,35 @@ class StoppableReader:
         if self.stopping is not None and task is not None and task.cancelling():
             task.uncancel()  # our cancel lost the race with the message (wait_for swallowed it)
         return result
+
+
+class WebSocketSession(StoppableReader):
+    """What every WebSocket session holds: its socket, the pipeline, the caller's key, the limit clock,
+    its outbox (whose slow-reader deadline stops this session)."""
+
+    def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        self.ws = ws
+        self.pipeline = pipeline
+        self.api_key_id = api_key_id
+        self.clock = pipeline.clock
+        self.out = Outbox(ws, pipeline.settings, self.clock, lambda: self.stop(SLOW_READER))
+        self.task: asyncio.Task[None] | None = None  # the response in flight, owned by this session
+
+    async def _stop_task(self) -> None:
+        """Cancel the response's task (if any) and wait for it: its driver bills it, and frames its
+        terminal event only where the client asked for the end (``Transport.cut``)."""
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _teardown(self, was_open: bool, close_core: Callable[[], None], close: Stop | None) -> None:
+        """The end of every session: the response in flight is stopped (and billed); on shutdown it hears
+        why before the close; the core closes; the outbox writes what is queued, then the close frame."""
+        await self._stop_task()
+        stop = self.stopping
+        if stop is not None and stop.error is not None and was_open:
+            await self.out.put(error_reply(ClientError(stop.error, stop.reason)).data)
+        close_core()
+        await self.out.finish(close, self.pipeline.settings.shutdown_grace_s)

@@ -12,7 +12,6 @@ and mutated), so a failed continuation leaves that id evicted; a completed respo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ from proto.longlived import Cancel
 from proto.server.chain import load_history
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
-from proto.server.session import SLOW_READER, Outbox, Stop, StoppableReader, Stopped
+from proto.server.session import Stop, Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from sampler.gpu import MockGPU
 from sampler.tokens import Conversation
@@ -50,23 +49,18 @@ class Cached:
     tools: list[Tool]
 
 
-class GaSession(StoppableReader):
+class GaSession(WebSocketSession):
     """One connection; the ``Transport`` of its response in flight (which ends at its first local call)."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        super().__init__(ws, pipeline, api_key_id)
         settings = pipeline.settings
-        self.ws = ws
-        self.pipeline = pipeline
-        self.api_key_id = api_key_id
-        self.clock = pipeline.clock
         self.core = GaCore(
             pipeline.engines.names(),
             CreateLimits(settings.max_input_items, settings.max_tools),
             self.clock.now(),
             settings.connection_max_age_s,
         )
-        self.out = Outbox(ws, settings, self.clock, lambda: self.stop(SLOW_READER))
-        self.task: asyncio.Task[None] | None = None
         self.cached: Cached | None = None
         self._close: tuple[int, str] | None = None
         opened = self.core.deadline - settings.connection_max_age_s
@@ -106,17 +100,8 @@ class GaSession(StoppableReader):
         except (WebSocketDisconnect, Stopped):
             pass
         finally:
-            task, self.task = self.task, None
-            if task is not None and not task.done():
-                task.cancel()  # the driver bills what was done
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            stop = self.stopping  # shutdown: a response in flight hears why before the close
-            if stop is not None and stop.error is not None and task is not None:
-                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data)
-            self.core.close()
-            close = stop or (Stop(*self._close) if self._close else None)
-            await self.out.finish(close, self.pipeline.settings.shutdown_grace_s)
+            close = self.stopping or (Stop(*self._close) if self._close else None)
+            await self._teardown(self.task is not None, self.core.close, close)
 
     async def _act_all(self, actions: list[Reply | Start | Close]) -> bool:
         """Carry out the core's actions; True when the connection must close."""

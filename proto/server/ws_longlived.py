@@ -29,27 +29,22 @@ from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
 from proto.server.chain import load_history
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, typed_faults
-from proto.server.session import SLOW_READER, Outbox, StoppableReader, Stopped
+from proto.server.session import Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 
 log = structlog.get_logger("proto.server.longlived")
 
 
-class LongLivedSession(StoppableReader):
+class LongLivedSession(WebSocketSession):
     """One connection; the ``Transport`` of its open response."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        super().__init__(ws, pipeline, api_key_id)
         settings = pipeline.settings
-        self.ws = ws
-        self.pipeline = pipeline
-        self.api_key_id = api_key_id
-        self.clock = pipeline.clock
         self.core = LongLivedCore(
             pipeline.engines.names(),
             Limits(settings.max_input_items, settings.max_tools, settings.max_pending_calls, settings.max_queued_items),
         )
-        self.out = Outbox(ws, settings, self.clock, lambda: self.stop(SLOW_READER))
-        self.task: asyncio.Task[None] | None = None
         self.driver: ResponseDriver | None = None
         self.timers = ConnectionTimers(self.clock.now(), settings.connection_max_age_s, settings.idle_timeout_s)
 
@@ -75,13 +70,7 @@ class LongLivedSession(StoppableReader):
         except (WebSocketDisconnect, Stopped):
             pass
         finally:
-            was_open = self.core.busy
-            await self._stop_task()
-            stop = self.stopping  # shutdown: the open response hears why before the close
-            if stop is not None and stop.error is not None and was_open:
-                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data)
-            self.core.close()
-            await self.out.finish(stop, self.pipeline.settings.shutdown_grace_s)
+            await self._teardown(self.core.busy, self.core.close, self.stopping)
 
     async def _receive(self) -> Message | None:
         """The next message, or ``None`` when the idle or age limit must be checked first."""
@@ -129,15 +118,6 @@ class LongLivedSession(StoppableReader):
             await asyncio.wait_for(writer, 5.0)  # a client that reads nothing does not hold the close
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
             await self.ws.close(code, reason)
-
-    async def _stop_task(self) -> None:
-        """Cancel the response's task (if any) and wait for it: the driver frames what the core asked
-        for (a cancel, the age limit) or, when nobody will hear it, only bills."""
-        task, self.task = self.task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     # --------------------------------------------------------------------------------- the response
     async def _respond(self, start: Start) -> None:
