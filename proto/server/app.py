@@ -96,8 +96,9 @@ class ServerCollector(Collector):
 def create_app(settings: Settings | None = None, clock: Clock | None = None, reconcile: bool = True) -> Starlette:
     """``clock`` drives the server's limits (idle, age, tool, send and shutdown timeouts): tests pass a
     ``FakeClock`` to run them on virtual time. ``reconcile``: bill, before serving, the responses a dead
-    process left open in the ledger (one process per database does it: ``--workers N`` reconciles in the
-    parent, before the workers start, never in a worker — it would bill its live siblings' responses)."""
+    process left open in the ledger (on SQLite one process per database does it: ``--workers N``
+    reconciles in the parent, before the workers start, never in a worker — it would bill its live
+    siblings' responses; on PostgreSQL every worker does, as it knows who is alive)."""
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
     server = Server(settings, clock)

@@ -25,6 +25,7 @@ from proto.actions import error_reply
 from proto.errors import ClientError
 from proto.server.app import create_app
 from proto.server.config import Settings, check_bind, resolve_http, resolve_loop
+from proto.server.database import is_postgres
 from proto.server.logs import configure
 from proto.server.session import FRAMES_EXTENSION
 from sampler.clock import Clock
@@ -144,7 +145,8 @@ def serve(settings: Settings) -> None:
         # Several processes need an import string: hand them the settings through the environment.
         for name, value in asdict(settings).items():
             os.environ["RESPONSES_LAB_" + name.upper()] = ",".join(value) if isinstance(value, list) else str(value)
-        reconcile_ledger(settings.db)  # once, here: a worker that reconciled would bill its siblings' responses
+        if not is_postgres(settings.db):
+            reconcile_ledger(settings.db)  # once, here: a SQLite worker that reconciled would bill its siblings' responses
         config = uvicorn_config(settings, app="proto.server.run:app_from_env", factory=True, workers=settings.workers)
         # Each worker runs uvicorn's own Server, whose shutdown closes WebSockets 1012 without our drain;
         # workers that share one engine and drain on SIGTERM are the engine issue's (NOTES.md).
@@ -171,7 +173,9 @@ def app_from_env() -> object:
 
     settings = from_args(argparse.Namespace())
     configure(settings.log_level)
-    return create_app(settings, reconcile=False)  # the parent reconciled (serve)
+    # SQLite: the parent reconciled (serve); a worker would take its live siblings' open rows for a dead
+    # process's. PostgreSQL knows who is alive (database.py): every worker reconciles, a restarted one too.
+    return create_app(settings, reconcile=is_postgres(settings.db))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
