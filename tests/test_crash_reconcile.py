@@ -25,6 +25,7 @@ from helpers import GUARD, SLOW_MODEL, clean_env, cli_command, wait_healthy
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from proto.server.ledger import UsageLedger
 from proto.server.run import free_port
 from sampler.tokens import Tokenizer
 
@@ -154,3 +155,44 @@ async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_start
         assert output_tokens == proven[response_id]  # billed what the durable trace proves
         if response_id in received:  # ... which is never more than the client received
             assert output_tokens <= received[response_id], (response_id, output_tokens, received[response_id])
+
+
+async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_siblings_response(tmp_path: Path) -> None:
+    db = tmp_path / "lab.db"
+    dead = UsageLedger(str(db))  # a process that died with a response open: its open row stays behind
+    dead.start()
+    dead.started("resp_dead", "anonymous", SLOW_MODEL, "longlived", 1e9)
+    dead.progress("resp_dead", 40, 0, 7, 1)
+    dead.close()
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        *cli_command(), "serve", "--port", str(port), "--db", str(db), "--workers", "2", "--progress-interval-s", "0.02", "--shutdown-grace-s", "1",
+        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http:
+            await wait_healthy(http)
+        url = f"ws://127.0.0.1:{port}/v1/responses?protocol=longlived"
+        sockets = [await connect(url) for _ in range(4)]  # spread over both workers, one started maybe later
+        try:
+            ids = []
+            for ws in sockets:
+                await ws.send(json.dumps({"type": "response.create", **body(LONG)}))
+                events: list[dict[str, Any]] = []
+                await read_until(ws, events, deltas=5)
+                ids.append(events[0]["response"]["id"])
+            for _ in range(300):  # both workers have started (each answers /healthz once it serves)
+                traced = dict(query(db, "SELECT response_id, output_tokens FROM open_responses"))
+                if all(traced.get(i, 0) > 0 for i in ids):
+                    break
+                await asyncio.sleep(0.01)
+            assert query(db, "SELECT response_id, status, reason, output_tokens FROM usage") == [("resp_dead", "incomplete", "server_crashed", 7)]
+            assert set(ids) <= set(dict(query(db, "SELECT response_id, owner FROM open_responses")))  # live ones left alone
+        finally:
+            for ws in sockets:
+                ws.transport.abort()  # (a close handshake under --workers waits out websockets' 10 s close timeout)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(server.wait(), 30)
+    billed = dict(query(db, "SELECT response_id, status FROM usage"))
+    assert billed == {"resp_dead": "incomplete", **dict.fromkeys(ids, "cancelled")}  # each once
