@@ -245,8 +245,7 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
         session = next(iter(server.sessions))
         await wait_for(lambda: session.out.qsize() >= 32, "the send queue filled: the sampler waits")
         assert session.stopping is None  # held back, not yet given up on
-        await virtual_server.advance(1.0)
-        await wait_for(lambda: session.stopping is not None, "the slow reader was given up on")
+        await virtual_server.advance_until(1.0, lambda: session.stopping is not None, "the slow reader was given up on")
         code, frames = await asyncio.to_thread(client.read_to_close)  # the client reads again: the close comes through
         client.sock.close()
         assert code == 1008
