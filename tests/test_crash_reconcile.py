@@ -15,24 +15,22 @@ import asyncio
 import contextlib
 import json
 import signal
-import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
-from helpers import GUARD, SLOW_MODEL, clean_env, cli_command, wait_healthy
+from helpers import GUARD, SLOW_MODEL, query, serve_process, sse_read
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from proto.server.ledger import UsageLedger
-from proto.server.run import free_port
 from sampler.tokens import Tokenizer
 
 LONG = "Write at length.\n!tokens 5000 !say never"
 TWO_TURNS = "Look first.\n!call grep {}\n!tokens 5000 !say never"
 TOOLS = [{"type": "function", "name": "grep"}]
 DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+TRACE = ("--progress-interval-s", "0.02")  # the crash trace a streaming turn leaves, every 20 ms
 _tokenizer = Tokenizer()
 
 
@@ -42,25 +40,6 @@ def body(script: str, **fields: Any) -> dict[str, Any]:
 
 def tokens_of(events: list[dict[str, Any]]) -> int:
     return sum(_tokenizer.count(e["delta"]) for e in events if e["type"] in DELTAS)
-
-
-async def serve(db: Path) -> tuple[asyncio.subprocess.Process, int]:
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        *cli_command(), "serve", "--port", str(port), "--db", str(db), "--progress-interval-s", "0.02",
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http:
-        await wait_healthy(http)
-    return process, port
-
-
-def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    """Read the server's file from outside (WAL: a reader never waits on the server's writer)."""
-    with sqlite3.connect(db) as connection:
-        rows = connection.execute(sql).fetchall()
-    connection.close()
-    return rows
 
 
 async def read_until(ws: ClientConnection, events: list[dict[str, Any]], stop: str | None = None, deltas: int = 0) -> None:
@@ -80,12 +59,11 @@ async def drain(ws: ClientConnection, events: list[dict[str, Any]]) -> None:
 
 async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_started(tmp_path: Path) -> None:
     db = tmp_path / "lab.db"
-    first, port = await serve(db)
-    url = f"ws://127.0.0.1:{port}/v1/responses"
     streams: dict[str, list[dict[str, Any]]] = {}
-    try:
+    async with serve_process(db, *TRACE) as first:
+        url = first.ws_url
         async with (
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http,
+            httpx.AsyncClient(base_url=first.http_url, timeout=GUARD) as http,
             connect(url + "?protocol=longlived") as second_turn,
             connect(url + "?protocol=longlived") as suspended,
             connect(url) as ga,
@@ -103,45 +81,33 @@ async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_start
             await read_until(second_turn, streams["second_turn"], deltas=20 + tokens_of(streams["second_turn"]))
             streams["sse"] = []
             lines = sse.aiter_lines()
-            async for line in lines:
-                if line.startswith("data: "):
-                    streams["sse"].append(json.loads(line[len("data: ") :]))
-                    if sum(e["type"] in DELTAS for e in streams["sse"]) >= 20:
-                        break
+            await sse_read(lines, streams["sse"], deltas=20)
             # Every in-flight response's trace is durable, each with some progress (the suspended one: its turn).
             for _ in range(500):
                 traced = query(db, "SELECT response_id, output_tokens FROM open_responses")
                 if len(traced) == 5 and all(output > 0 for _, output in traced):
                     break
                 await asyncio.sleep(0.01)
-            first.send_signal(signal.SIGKILL)
-            assert await asyncio.wait_for(first.wait(), GUARD) == -signal.SIGKILL
+            first.process.send_signal(signal.SIGKILL)
+            assert await asyncio.wait_for(first.process.wait(), GUARD) == -signal.SIGKILL
             proven = dict(query(db, "SELECT response_id, output_tokens FROM open_responses"))  # the last durable figures
             assert len(proven) == 5, proven
             for name, ws in (("second_turn", second_turn), ("suspended", suspended), ("ga", ga)):
                 await drain(ws, streams[name])
             with contextlib.suppress(httpx.HTTPError):
-                async for line in lines:
-                    if line.startswith("data: "):
-                        streams["sse"].append(json.loads(line[len("data: ") :]))
+                await sse_read(lines, streams["sse"])
             json_lost = await asyncio.gather(json_request, return_exceptions=True)
             assert isinstance(json_lost[0], httpx.HTTPError)  # the server died under it
-    finally:
-        if first.returncode is None:
-            first.kill()
-            await first.wait()
     received = {events[0]["response"]["id"]: tokens_of(events) for events in streams.values()}
 
-    second, port = await serve(db)  # the same file: reconciled before it serves
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http:
+    async with serve_process(db, *TRACE) as second:  # the same file: reconciled before it serves
+        async with httpx.AsyncClient(base_url=second.http_url, timeout=GUARD) as http:
             scraped = (await http.get("/metrics")).text
             assert "responses_lab_ledger_reconciled 5.0" in scraped
             assert (await http.post("/v1/responses", json=body("!say after", store=False))).json()["status"] == "completed"
             assert (await http.get(f"/v1/responses/{ended['id']}")).status_code == 200  # the ended one was stored
-    finally:
-        second.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(second.wait(), 30)
+        second.process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(second.process.wait(), 30)
     rows = {r[0]: r[1:] for r in query(db, "SELECT response_id, status, reason, output_tokens, input_tokens FROM usage")}
     assert query(db, "SELECT count(*) FROM open_responses") == [(0,)]
     assert rows.pop(ended["id"])[:2] == ("completed", "")
@@ -164,15 +130,8 @@ async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_si
     dead.started("resp_dead", "anonymous", SLOW_MODEL, "longlived", 1e9)
     dead.progress("resp_dead", 40, 0, 7, 1)
     dead.close()
-    port = free_port()
-    server = await asyncio.create_subprocess_exec(
-        *cli_command(), "serve", "--port", str(port), "--db", str(db), "--workers", "2", "--progress-interval-s", "0.02", "--shutdown-grace-s", "1",
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http:
-            await wait_healthy(http)
-        url = f"ws://127.0.0.1:{port}/v1/responses?protocol=longlived"
+    async with serve_process(db, "--workers", "2", "--shutdown-grace-s", "1", *TRACE) as server:
+        url = server.ws_url + "?protocol=longlived"
         sockets = [await connect(url) for _ in range(4)]  # spread over both workers, one started maybe later
         try:
             ids = []
@@ -191,8 +150,7 @@ async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_si
         finally:
             for ws in sockets:
                 ws.transport.abort()  # (a close handshake under --workers waits out websockets' 10 s close timeout)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(server.wait(), 30)
+        server.process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(server.process.wait(), 30)
     billed = dict(query(db, "SELECT response_id, status FROM usage"))
     assert billed == {"resp_dead": "incomplete", **dict.fromkeys(ids, "cancelled")}  # each once

@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +33,13 @@ from helpers import (
     GUARD,
     MODEL,
     SLOW_MODEL,
-    clean_env,
-    cli_command,
+    query,
     running,
+    serve_process,
     server_tasks,
+    sse_read,
     state,
     wait_for,
-    wait_healthy,
 )
 from test_faults import RawClient
 from virtual import virtual
@@ -49,7 +47,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from proto.server.ledger import LedgerRow
-from proto.server.run import ThreadedServer, free_port
+from proto.server.run import ThreadedServer
 from sampler.loop import EMIT_CHUNK
 from sampler.tokens import Tokenizer
 
@@ -161,11 +159,7 @@ async def _stream_then_leave(srv: ThreadedServer, transport: str) -> tuple[str |
         if transport == "sse":
             async with http.stream("POST", "/v1/responses", json=body(stream=True)) as reply:
                 events = []
-                async for line in reply.aiter_lines():
-                    if line.startswith("data: "):
-                        events.append(json.loads(line[len("data: ") :]))
-                        if sum(e["type"] in DELTAS for e in events) >= ONE_SECOND:
-                            break
+                await sse_read(reply.aiter_lines(), events, deltas=ONE_SECOND)
             return events[0]["response"]["id"], tokens_of(events)
         request = asyncio.create_task(http.post("/v1/responses", json=body()))
         ledger = state(srv).pipeline.ledger
@@ -248,28 +242,13 @@ def read_texts(client: RawClient) -> list[str]:
 # ----------------------------------------------------------------------------------------- shutdown
 
 
-def _open_output(db: Path) -> list[int]:
-    """Output tokens of the server's durable crash trace (another process's file; WAL: readers never wait)."""
-    with sqlite3.connect(db) as sql:
-        found = [r[0] for r in sql.execute("SELECT output_tokens FROM open_responses")]
-    sql.close()
-    return found
-
-
 async def test_sigterm_bills_every_cut_response_for_what_it_delivered(tmp_path: Path) -> None:
     db = tmp_path / "lab.db"
-    port = free_port()
-    server = await asyncio.create_subprocess_exec(
-        *cli_command(), "serve", "--port", str(port), "--db", str(db), "--shutdown-grace-s", "1",
-        "--progress-interval-s", "0.02",
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"ws://127.0.0.1:{port}/v1/responses"
     received: dict[str, int] = {}
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http:
-            await wait_healthy(http)
+    async with serve_process(db, "--shutdown-grace-s", "1", "--progress-interval-s", "0.02") as served:
+        async with httpx.AsyncClient(base_url=served.http_url, timeout=GUARD) as http:
             json_reply = asyncio.create_task(http.post("/v1/responses", json=body()))
+            url = served.ws_url
             async with connect(url + "?protocol=longlived") as longlived, connect(url) as ga, http.stream("POST", "/v1/responses", json=body(stream=True)) as sse:
                 sockets: dict[str, ClientConnection] = {"longlived": longlived, "ga": ga}
                 streams: dict[str, list[dict[str, Any]]] = {name: [] for name in ("longlived", "ga", "sse")}
@@ -277,39 +256,26 @@ async def test_sigterm_bills_every_cut_response_for_what_it_delivered(tmp_path: 
                     await ws.send(json.dumps({"type": "response.create", **body()}))
                     await read(ws, streams[name], deltas=10)
                 lines = sse.aiter_lines()
-                async for line in lines:
-                    if line.startswith("data: "):
-                        streams["sse"].append(json.loads(line[len("data: ") :]))
-                        if sum(e["type"] in DELTAS for e in streams["sse"]) >= 10:
-                            break
+                await sse_read(lines, streams["sse"], deltas=10)
                 for _ in range(500):  # the JSON response generated too (its trace says so): bounded poll
-                    if len([n for n in _open_output(db) if n >= 10]) == 4:
+                    if len([n for (n,) in query(db, "SELECT output_tokens FROM open_responses") if n >= 10]) == 4:
                         break
                     await asyncio.sleep(0.01)
-                server.send_signal(signal.SIGTERM)
+                served.process.send_signal(signal.SIGTERM)
                 for name, ws in sockets.items():
                     await read(ws, streams[name], until=frozenset({"error"}))
                     assert streams[name][-1]["error"]["code"] == "server_shutting_down"
                     with pytest.raises(ConnectionClosed):
                         await asyncio.wait_for(ws.recv(), GUARD)
-                async for line in lines:  # the stream is cut too, and says why before it ends
-                    if line.startswith("data: "):
-                        streams["sse"].append(json.loads(line[len("data: ") :]))
+                await sse_read(lines, streams["sse"])  # the stream is cut too, and says why before it ends
                 assert streams["sse"][-1]["type"] == "error" and streams["sse"][-1]["error"]["code"] == "server_shutting_down"
                 for events in streams.values():
                     received[events[0]["response"]["id"]] = tokens_of(events)
             reply = await json_reply  # the JSON reply had sent nothing: the typed error body
             assert reply.status_code == 503 and reply.json()["error"]["code"] == "server_shutting_down", reply.text
-        assert await asyncio.wait_for(server.wait(), 30) in (0, -signal.SIGTERM)
-    finally:
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
-    with sqlite3.connect(db) as sql:
-        rows = {r[0]: r[1:] for r in sql.execute("SELECT response_id, mode, status, reason, output_tokens, input_tokens FROM usage")}
-        open_rows = sql.execute("SELECT count(*) FROM open_responses").fetchone()[0]
-    sql.close()
-    assert open_rows == 0 and len(rows) == 4 and set(received) <= set(rows)
+        assert await asyncio.wait_for(served.process.wait(), 30) in (0, -signal.SIGTERM)
+    rows = {r[0]: r[1:] for r in query(db, "SELECT response_id, mode, status, reason, output_tokens, input_tokens FROM usage")}
+    assert query(db, "SELECT count(*) FROM open_responses") == [(0,)] and len(rows) == 4 and set(received) <= set(rows)
     for response_id, (mode, status, reason, output_tokens, input_tokens) in rows.items():
         assert (status, reason) == ("cancelled", "cancelled") and input_tokens > 0, rows[response_id]
         if response_id in received:  # every stream writes all it framed before it says why it ends: exact

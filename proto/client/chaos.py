@@ -676,11 +676,11 @@ class Outcome:
 class Sizes:
     """How much of each scenario one round runs."""
 
-    disconnect_rounds: int = 2
-    fuzz_frames: int = 60
-    load_rollouts: int = 80
-    lock_rollouts: int = 12
-    fail_rate: float = 0.3
+    disconnect_rounds: int = 2  # every (transport, state) pair, shuffled, per round
+    fuzz_frames: int = 60  # per transport
+    load_rollouts: int = 80  # multi-turn rollouts, 30 at a time
+    lock_rollouts: int = 12  # stored rollouts while the database is locked
+    fail_rate: float = 0.3  # FLAKY's injected engine failures per turn
 
     @classmethod
     def long(cls) -> Sizes:
