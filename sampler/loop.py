@@ -28,7 +28,8 @@ from proto.builder import CallStream, MessageStream, ResponseBuilder
 from proto.events import ServerEvent
 from proto.items import HOSTED_TOOL_NAMES, FunctionCall, Item, WebSearchCall, function_tool_names
 from proto.response import TurnReport
-from sampler.gpu import GpuSequence
+from sampler.engine import EngineSequence
+from sampler.models import check_prompt
 from sampler.policy import Policy, TurnPlan
 from sampler.tokens import Conversation, TextStream, Tokenizer, web_results_text
 from sampler.tools import WebSearch, query_of
@@ -65,7 +66,7 @@ Step = Emit | Boundary | Suspend
 class Rollout:
     builder: ResponseBuilder
     conversation: Conversation
-    sequence: GpuSequence
+    sequence: EngineSequence
     policy: Policy
     web_search: WebSearch
     script: str  # the first user message with directive lines: the directive script's source
@@ -126,8 +127,8 @@ def _last_user_text(conversation: Conversation) -> str:
 def _room(rollout: Rollout, prompt_tokens: int) -> int:
     """How many tokens this turn may generate: the model's max output per call, what is left of its
     context window after the prompt, and what is left of the response's ``max_output_tokens``."""
-    spec = rollout.sequence.spec
-    room = min(spec.max_output_tokens, spec.context_window - prompt_tokens)
+    limits = rollout.sequence.limits
+    room = min(limits.max_output_tokens, limits.context_window - prompt_tokens)
     if rollout.max_output_tokens is not None:
         room = min(room, rollout.max_output_tokens - rollout.builder.usage.output_tokens)
     return max(0, room)
@@ -236,6 +237,7 @@ async def _sample(
     text = TextStream(conversation.tokenizer)
     due = 0
     span_index = 0
+    check_prompt(rollout.sequence.limits, len(prompt))  # before the engine sees it, whichever engine it is
     rollout.streamed = 0
     async with aclosing(rollout.sequence.run_turn(prompt, ids)) as ticks:
         async for count in ticks:
@@ -272,6 +274,10 @@ async def _sample(
     report = rollout.sequence.last_report
     assert report is not None
     rollout.streamed = None
+    phases = dict(rollout.pending_phases)
+    for name, ms in report.phases_ms.items():  # the API → engine hop, when the engine is elsewhere
+        phases[name] = phases.get(name, 0.0) + ms
+        builder.lab.phases_ms[name] = builder.lab.phases_ms.get(name, 0.0) + ms
     builder.record_turn(
         TurnReport(
             turn=rollout.turn,
@@ -281,7 +287,7 @@ async def _sample(
             queue_wait_ms=report.queue_wait_ms,
             decode_ms=report.decode_ms,
             output_tokens=report.output_tokens,
-            phases_ms=dict(rollout.pending_phases),
+            phases_ms=phases,
         )
     )
     rollout.pending_phases.clear()

@@ -36,6 +36,28 @@ MAX_JITTER_STD = 0.3  # llm-d's bound: a std-dev above 30 % of the mean is rejec
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one model call may hold, as the sampling loop bounds it: the longest prompt + output, and the
+    most tokens one call may generate. ``ModelSpec.limits`` for an engine in this process; an engine in
+    another process reports its own (``proto.engine.client``)."""
+
+    context_window: int = 131_072
+    max_output_tokens: int = 16_384
+    bound_by: str = "max-model-len"  # what sets the window, for the refusal's message
+
+
+class ContextLengthExceeded(Exception):
+    """The prompt cannot run on this model: longer than its context window (the model's, or the whole KV
+    cache when that is smaller). Raised before the turn reaches the engine (vLLM refuses such a prompt at
+    admission, "longer than the maximum model length")."""
+
+
+def check_prompt(limits: Limits, prompt_tokens: int) -> None:
+    if prompt_tokens > limits.context_window:
+        raise ContextLengthExceeded(f"{prompt_tokens} prompt tokens; the context window is {limits.context_window} tokens ({limits.bound_by})")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     time_to_first_token_ms: float  # used only when prefill is constant (both prefill knobs 0)
@@ -55,10 +77,10 @@ class ModelSpec:
     # The context window (vLLM's and llm-d-inference-sim's `max-model-len`): prompt + output tokens of one
     # model call. Llama-3.1-8B, the class these models stand for, has a 128 k window (its model card), served
     # whole (Scaleway's generative-APIs table: llama-3.1-8b-instruct, 128k context, 16 384 max output).
-    max_model_len: int = 131_072
+    max_model_len: int = Limits.context_window
     # The most tokens one model call may generate (OpenAI's "max output tokens" of a model; same table).
     # It bounds every script-driven size (`!tokens N`) too: the directive script is user input.
-    max_output_tokens: int = 16_384
+    max_output_tokens: int = Limits.max_output_tokens
 
     def __post_init__(self) -> None:
         problems = []
@@ -95,6 +117,11 @@ class ModelSpec:
         """The longest sequence (prompt + output) this engine can run: the model's window, or less when the
         KV cache is smaller (vLLM refuses to start in that case; the mock lets a study shrink the cache)."""
         return min(self.max_model_len, self.kv_tokens)
+
+    @property
+    def limits(self) -> Limits:
+        bound_by = "max-model-len" if self.max_model_len <= self.kv_tokens else "the KV cache: kv-cache-size x block-size"
+        return Limits(self.context_window, self.max_output_tokens, bound_by)
 
     @property
     def constant_prefill(self) -> bool:

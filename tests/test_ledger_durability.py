@@ -298,7 +298,7 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
     led.record(row(1))
     with pytest.raises(LedgerFullError):
         led.record(row(2))
-    pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}), totals=WorkCounters(), ledger=led)
+    pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}, remote=None), totals=WorkCounters(), ledger=led)
     server = SimpleNamespace(pipeline=pipeline, sessions=[])
     values = {m.name: m.samples[0].value for m in ServerCollector(server).collect() if m.name.startswith("responses_lab_ledger")}  # type: ignore[arg-type]
     assert values == {

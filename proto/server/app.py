@@ -74,6 +74,10 @@ class ServerCollector(Collector):
                 family = per_engine.setdefault(name, GaugeMetricFamily(f"responses_lab_engine_{name}", f"mock GPU {name}", labels=["model"]))
                 family.add_metric([model], value)
         yield from per_engine.values()
+        remote = pipeline.engines.remote
+        if remote is not None:  # the engine's own gauges are on its /metrics; these are this side's
+            for name, value in remote.metrics().items():
+                yield GaugeMetricFamily(f"responses_lab_engine_client_{name}", f"engine hop: {name.replace('_', ' ')}", value=value)
         work = CounterMetricFamily("responses_lab_work", "pipeline work done, by kind", labels=["kind"])
         for name in pipeline.totals.__struct_fields__:
             work.add_metric([name], float(getattr(pipeline.totals, name)))
@@ -108,7 +112,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None, rec
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if reconcile:
             await server.pipeline.ledger.areconcile()  # before the writer starts and before any response
-        server.pipeline.start()
+        await server.pipeline.start()
         try:
             yield
         finally:
@@ -137,11 +141,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None, rec
             server.sessions.discard(session)
 
     async def models(request: Request, key_id: str) -> Response:
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public()}
-            for name, spec in sorted(server.pipeline.engines.specs.items())
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": server.pipeline.engines.cards()})
 
     async def healthz(request: Request, key_id: str) -> Response:
         return JSONResponse({"status": "ok"})

@@ -20,6 +20,7 @@ from typing import TypeVar
 import structlog
 
 from proto.builder import ResponseBuilder
+from proto.engine.client import RemoteEngine
 from proto.errors import ClientError
 from proto.events import CreateBody
 from proto.items import FunctionCall, Item, Message, WebSearchCall
@@ -30,10 +31,12 @@ from proto.server.metrics import PipelineMetrics
 from proto.server.safety import SafetyScanner
 from proto.server.store import ResponseStore, StoreUnavailable
 from proto.work import WorkCounters
+from sampler.catalogue import model_specs
 from sampler.clock import Clock, RealClock
+from sampler.engine import Engine
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
-from sampler.models import MODELS, ModelSpec
+from sampler.models import ModelSpec
 from sampler.policy import select_policy
 from sampler.tokens import Conversation, Tokenizer, render_parts
 from sampler.tools import WebSearch
@@ -85,58 +88,59 @@ def typed_faults() -> Iterator[None]:
 
 
 class Engines:
-    """The routing table: model name → the mock GPU that serves it (one per model, shared by all)."""
+    """The routing table: model name → the engine that serves it. In process (the default): one mock GPU
+    per model, shared by everything this process serves. With ``--engine URL``: the models that engine
+    lists, all behind one ``RemoteEngine`` (read at start-up, ``start``)."""
 
-    def __init__(self, overrides: list[str] | None = None) -> None:
-        specs = dict(MODELS)
-        for text in overrides or []:
-            name, _, knobs = text.partition(":")
-            if name not in specs:
-                raise ValueError(f"--model-override names an unknown model {name!r}")
-            specs[name] = apply_knobs(specs[name], knobs)
-        self.specs: dict[str, ModelSpec] = specs
-        self.gpus = {name: MockGPU(spec) for name, spec in specs.items()}
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self.remote: RemoteEngine | None = None
+        self.gpus: dict[str, MockGPU] = {}  # the in-process ones (none with --engine)
+        self.by_name: dict[str, Engine] = {}
+        self.specs: dict[str, ModelSpec] = {}
+        if settings.engine:
+            self.remote = RemoteEngine(
+                settings.engine, clock, timeout_s=settings.engine_timeout_s,
+                # A suspended response waits at most --tool-timeout-s, then it is closed (and unpinned);
+                # the TTL only matters if this process dies first.
+                pin_ttl_s=settings.tool_timeout_s + 60.0, connections=settings.engine_connections,
+                api_key=settings.engine_api_key or None,
+            )
+            return
+        self.specs = model_specs(settings.model_override)
+        self.gpus = {name: MockGPU(spec) for name, spec in self.specs.items()}
+        self.by_name = dict(self.gpus)
+
+    async def start(self) -> None:
+        if self.remote is not None:
+            await self.remote.start()
+            self.by_name = dict(self.remote.models)
+
+    async def aclose(self) -> None:
+        if self.remote is not None:
+            await self.remote.aclose()
 
     def names(self) -> frozenset[str]:
-        return frozenset(self.gpus)
+        return frozenset(self.by_name)
 
-    def resolve(self, name: str, work: WorkCounters) -> MockGPU:
+    def cards(self) -> list[dict[str, object]]:
+        """``GET /v1/models``' entries: the catalogue's, or the engine's own (its address is not shown)."""
+        if self.remote is not None:
+            return [dict(card) for card in self.remote.cards]
+        return [{"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public()}
+                for name, spec in sorted(self.specs.items())]
+
+    def resolve(self, name: str, work: WorkCounters) -> Engine:
         work.model_resolutions += 1
-        gpu = self.gpus.get(name)
-        if gpu is None:
+        engine = self.by_name.get(name)
+        if engine is None:
             raise ClientError("model_not_found", f"the model {name!r} does not exist", "model")
-        return gpu
-
-
-def apply_knobs(spec: ModelSpec, knobs: str) -> ModelSpec:
-    """``inter-token-latency=0.5,max-num-seqs=8`` (llm-d knob names) over a model's settings."""
-    public = spec.public()
-    changes: dict[str, object] = {}
-    for pair in filter(None, knobs.split(",")):
-        key, _, value = pair.partition("=")
-        if key not in public:
-            raise ValueError(f"unknown model knob {key!r}; known: {', '.join(sorted(public))}")
-        changes[key] = _knob_value(public[key], value)
-    return spec.override(**changes)
-
-
-def _knob_value(current: object, text: str) -> object:
-    """A knob's text, converted to the type of the value it replaces (the flag is a string)."""
-    if isinstance(current, bool):
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"not a boolean: {text!r}")
-    if isinstance(current, int):
-        return int(text)
-    return float(text)
+        return engine
 
 
 @dataclass
 class Prepared:
     rollout: Rollout
-    gpu: MockGPU
+    gpu: Engine
 
 
 class Pipeline:
@@ -147,7 +151,7 @@ class Pipeline:
         self.clock: Clock = clock or RealClock()
         self.tokenizer = Tokenizer()
         self.scanner = SafetyScanner(settings.safety)  # type: ignore[arg-type]
-        self.engines = Engines(settings.model_override)
+        self.engines = Engines(settings, self.clock)
         self.web_search = WebSearch()
         self.ledger = UsageLedger(settings.db, busy_timeout=settings.db_busy_timeout_s)
         self.store = ResponseStore(settings.db, busy_timeout=settings.db_busy_timeout_s)
@@ -155,10 +159,12 @@ class Pipeline:
         self.totals = WorkCounters()
         self.metrics = PipelineMetrics()
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self.ledger.start()
+        await self.engines.start()
 
     async def aclose(self) -> None:
+        await self.engines.aclose()
         await self.ledger.aclose()
         await self.store.aclose()
 
@@ -175,7 +181,7 @@ class Pipeline:
                 await asyncio.sleep(self.settings.safety_hop_ms / 1e3)  # documented latency knob
         return list(result.rules)
 
-    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float]) -> MockGPU:
+    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float]) -> Engine:
         with timed(phases, "resolve_model"):
             gpu = self.engines.resolve(model, work)
         if self.settings.resolve_hop_ms > 0:
@@ -194,7 +200,7 @@ class Pipeline:
         scan_history: bool,
         phases: dict[str, float] | None = None,
         conversation: Conversation | None = None,
-        gpu: MockGPU | None = None,
+        gpu: Engine | None = None,
     ) -> Prepared:
         """Pre-inference work for one response. ``history`` is context the response continues from
         (a stored chain, or HTTP's re-sent items); only what the transport says is new is scanned unless
@@ -224,7 +230,8 @@ class Pipeline:
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
-            sequence=gpu.open(),
+            # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
+            sequence=gpu.open(keep_warm=mode == "longlived"),
             policy=select_policy(script, self.settings.default_policy),
             web_search=self.web_search,
             script=script,

@@ -6,17 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WebsocketBuffer, WSProtocol
-from uvicorn.supervisors import Multiprocess
 from wsproto import events
 from wsproto.connection import ConnectionState
 from wsproto.frame_protocol import Opcode
@@ -25,18 +23,17 @@ from proto.actions import error_reply
 from proto.errors import ClientError
 from proto.server.app import create_app
 from proto.server.config import Settings, check_bind, resolve_http, resolve_loop
-from proto.server.database import is_postgres
 from proto.server.logs import configure
 from proto.server.session import FRAMES_EXTENSION
 from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, clock: Clock | None = None, app: str | None = None, **extra: object) -> uvicorn.Config:
-    """The one configuration every way of serving uses (the CLI with one or N workers, the threaded test
-    server): the same protocol class, limits, pings and shutdown timing. ``app`` defaults to a fresh app
-    for ``settings``; N workers pass an import string instead (each process builds its own)."""
+def uvicorn_config(settings: Settings, clock: Clock | None = None, reconcile: bool = True, **extra: object) -> uvicorn.Config:
+    """The one configuration every way of serving uses (the CLI, each of N workers, the threaded test
+    server): a fresh app for ``settings``, the same protocol class, limits, pings and shutdown timing.
+    ``reconcile``: ``create_app``'s (a SQLite worker does not)."""
     return uvicorn.Config(
-        app if app is not None else create_app(settings, clock),
+        create_app(settings, clock, reconcile),
         host=settings.host,
         port=settings.port,
         ws=LabWSProtocol,
@@ -142,40 +139,11 @@ def serve(settings: Settings) -> None:
     check_bind(settings)
     configure(settings.log_level)
     if settings.workers > 1:
-        # Several processes need an import string: hand them the settings through the environment.
-        for name, value in asdict(settings).items():
-            os.environ["RESPONSES_LAB_" + name.upper()] = ",".join(value) if isinstance(value, list) else str(value)
-        if not is_postgres(settings.db):
-            reconcile_ledger(settings.db)  # once, here: a SQLite worker that reconciled would bill its siblings' responses
-        config = uvicorn_config(settings, app="proto.server.run:app_from_env", factory=True, workers=settings.workers)
-        # Each worker runs uvicorn's own Server, whose shutdown closes WebSockets 1012 without our drain;
-        # workers that share one engine and drain on SIGTERM are the engine issue's (NOTES.md).
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        from proto.server.workers import serve_workers
+
+        serve_workers(settings)
         return
     LabServer(uvicorn_config(settings)).run()
-
-
-def reconcile_ledger(db: str) -> int:
-    """Bill the responses a dead server left open in ``db``'s ledger (``UsageLedger.reconcile``)."""
-    from proto.server.ledger import UsageLedger
-
-    ledger = UsageLedger(db)
-    try:
-        return ledger.reconcile()
-    finally:
-        ledger.close()
-
-
-def app_from_env() -> object:
-    import argparse
-
-    from proto.server.config import from_args
-
-    settings = from_args(argparse.Namespace())
-    configure(settings.log_level)
-    # SQLite: the parent reconciled (serve); a worker would take its live siblings' open rows for a dead
-    # process's. PostgreSQL knows who is alive (database.py): every worker reconciles, a restarted one too.
-    return create_app(settings, reconcile=is_postgres(settings.db))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -31,7 +31,7 @@ from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.session import Stop, Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
-from sampler.gpu import MockGPU
+from sampler.engine import Engine
 from sampler.tokens import Conversation
 
 log = structlog.get_logger("proto.server.ga")
@@ -43,7 +43,7 @@ class Cached:
 
     response_id: str
     conversation: Conversation  # every item so far, rendered and tokenized
-    gpu: MockGPU  # the resolved engine
+    gpu: Engine  # the resolved engine
     model: str
     instructions: str | None
     tools: list[Tool]
