@@ -149,7 +149,7 @@ async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_si
             assert set(ids) <= set(dict(query(db, "SELECT response_id, owner FROM open_responses")))  # live ones left alone
         finally:
             for ws in sockets:
-                ws.transport.abort()  # (a close handshake under --workers waits out websockets' 10 s close timeout)
+                ws.transport.abort()  # the clients just go: their responses are cut and billed
         server.process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(server.process.wait(), 30)
     billed = dict(query(db, "SELECT response_id, status FROM usage"))
