@@ -35,16 +35,27 @@ class CreateLimits:
 
 
 def validate_create(
-    body: CreateBody, known_models: Container[str], limits: CreateLimits, root: str = "", item_code: str = "invalid_request"
+    body: CreateBody,
+    known_models: Container[str],
+    limits: CreateLimits,
+    root: str = "",
+    item_code: str = "invalid_request",
+    refuse_background: bool = True,
 ) -> tuple[list[Item], WorkCounters]:
     """The body's input items, decoded one by one, and the work counted doing it; ``ClientError`` with
     the failing path as ``param`` otherwise (``root`` prefixes it: ``"$."`` for an event's JSONPath).
+
+    ``background: true`` is refused (HTTP, GA WebSocket: no background responses here, and a client that
+    asked for one must not believe it got one); the long-lived ``response.create`` ignores the field, as
+    SPEC §3 has it (``refuse_background=False``).
 
     Without ``previous_response_id`` every ``function_call_output`` must answer a call in the same input
     (OpenAI checks this too); a continuation's outputs, and an input with ``item_reference`` items, are
     checked once the history is loaded and the references resolved (``check_outputs``), because only then
     are their calls known.
     """
+    if refuse_background and body.background:
+        raise ClientError("invalid_request", "background responses are not supported", f"{root}background")
     if body.model not in known_models:
         raise ClientError("model_not_found", f"the model {body.model!r} does not exist", f"{root}model")
     if len(body.tools) > limits.max_tools:

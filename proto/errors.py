@@ -35,6 +35,8 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "too_many_lanes": (400, "invalid_request_error"),
     "binary_frame_not_supported": (400, "invalid_request_error"),
     "content_policy": (400, "invalid_request_error"),
+    "context_length_exceeded": (400, "invalid_request_error"),  # OpenAI's code: prompt past the model's window
+    "empty_array": (400, "invalid_request_error"),  # OpenAI's code for an empty list where items are required
     "unauthorized": (401, "authentication_error"),
     "websocket_connection_limit_reached": (400, "invalid_request_error"),
     "server_overloaded": (503, "server_error"),

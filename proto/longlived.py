@@ -187,7 +187,7 @@ class LongLivedCore:
         self._check(Event.CREATE)
         if self.state is State.SUSPENDED:
             return self._supersede(event)
-        items, work = validate_create(event, self._models, self._limits.create, root="$.")
+        items, work = validate_create(event, self._models, self._limits.create, root="$.", refuse_background=False)
         return self._start(event, items, work)
 
     def _start(self, event: ResponseCreate, items: list[Item], work: WorkCounters) -> list[Action]:
@@ -205,7 +205,7 @@ class LongLivedCore:
         assert open_ is not None
         if self._next is not None or open_.cancel is not None or self._expiring:
             raise ClientError("response_in_progress", "the open response is already ending; wait for its terminal event")
-        items, work = validate_create(event, self._models, self._limits.create, root="$.")
+        items, work = validate_create(event, self._models, self._limits.create, root="$.", refuse_background=False)
         self._transition(Event.CREATE)
         self._next = (event, items, work)
         return [*self._cut(Cancel(open_.id, "superseded")), OpenNext()]
@@ -228,6 +228,8 @@ class LongLivedCore:
         if self._open is None:
             self._check(Event.APPEND)
         assert self._open is not None
+        if not raw:  # nothing to hand over: answered, never silently dropped (OpenAI's code for an empty array)
+            raise ClientError("empty_array", "Invalid 'input': empty array. Expected at least one item.", "$.input")
         if len(raw) > self._limits.max_input_items:
             raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
         items = codec.decode_items(raw)

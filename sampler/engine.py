@@ -13,12 +13,21 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from sampler.gpu import EngineFailure, EngineOverloaded, EngineReport
+from sampler.models import Limits
 
 __all__ = ["Engine", "EngineFailure", "EngineOverloaded", "EngineReport", "EngineSequence"]
 
 
 class EngineSequence(Protocol):
     last_report: EngineReport | None  # set when a turn completes
+    # The turn in progress once the engine started it (prompt; cached tokens where the engine says), None
+    # before: what a turn cut short bills (``sampler.loop.cut_turn``). Reset when the next turn starts.
+    live: EngineReport | None
+
+    @property
+    def limits(self) -> Limits:
+        """The model's context window and max output per call: the loop bounds every turn by them."""
+        ...
 
     def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> AsyncGenerator[int, None]:
         """Yield how many of ``output_ids`` are due at each wake-up (each ≥ 1, summing to their count);

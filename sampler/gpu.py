@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from sampler.batch import BatchSlots, EngineOverloaded
 from sampler.clock import Clock, RealClock
 from sampler.kvcache import BlockKey, PrefixCache, block_keys
-from sampler.models import ModelSpec
+from sampler.models import ContextLengthExceeded, Limits, ModelSpec, check_prompt
 from sampler.timing import Timing
 
-__all__ = ["EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU"]
+__all__ = ["ContextLengthExceeded", "EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU", "check_prompt"]
 
 
 class EngineFailure(Exception):
@@ -73,6 +73,9 @@ class GpuSequence:
     def __init__(self, gpu: MockGPU) -> None:
         self._gpu = gpu
         self.last_report: EngineReport | None = None
+        # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
+        # output so far): what a turn cut short still bills. Reset when the next turn starts.
+        self.live: EngineReport | None = None
         self._held: list[BlockKey] = []  # blocks pinned between turns
         self._turn_pins: list[BlockKey] = []  # cached blocks pinned while a turn computes on them
         self._has_slot = False
@@ -87,12 +90,14 @@ class GpuSequence:
         ``len(output_ids)``); ``last_report`` is set when the turn completes. Iterate it under
         ``contextlib.aclosing`` so an abandoned turn gives its slot back at once.
 
-        Raises EngineOverloaded (queue full) before anything is yielded, EngineFailure
-        (injected fault) at any point.
+        Raises ContextLengthExceeded (the prompt can never fit) and EngineOverloaded (queue full) before
+        anything is yielded, EngineFailure (injected fault) at any point.
         """
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         gpu, clock, spec = self._gpu, self._gpu.clock, self._gpu.spec
+        self.live = None
+        check_prompt(spec.limits, len(prompt_ids))  # the loop checked already: this is the engine's own admission
         self._busy = True
         try:
             t_arrive = clock.now()
@@ -105,6 +110,7 @@ class GpuSequence:
             cached = n_cached * spec.block_size
             prefill_ms = gpu.timing.prefill_ms(len(prompt_ids) - cached, gpu.slots.running)
             t_first = t_start + prefill_ms / 1000.0
+            live = self.live = EngineReport(len(prompt_ids), cached, prefill_ms, (t_start - t_arrive) * 1000.0, 0.0, 0)
 
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
@@ -128,6 +134,7 @@ class GpuSequence:
                         due += gpu.timing.itl_s(gpu.slots.running)
                 if k:
                     sent += k
+                    live.output_tokens, live.decode_ms = sent, (last_due - t_first) * 1000.0
                     yield k
                     if self._closed:
                         return  # closed under our feet: the caller wants nothing more
@@ -143,6 +150,11 @@ class GpuSequence:
             )
         finally:
             self._end_turn()
+
+    @property
+    def limits(self) -> Limits:
+        """The model's context window (KV cache included) and max output per call."""
+        return self._gpu.spec.limits
 
     def suspend(self) -> None:
         """Between turns, waiting for a tool. With ``pin-suspended`` off the blocks stay stored

@@ -60,6 +60,7 @@ _TOKENS = re.compile(r"!tokens\s+(\d+)(?:\s+|$)")
 _REASON = re.compile(r"!reason\s+(\d+)(?:\s+|$)")
 _CALL = re.compile(r"\s*!call\s+([A-Za-z_][A-Za-z0-9_.\-]*)\s*")
 _JSON = json.JSONDecoder()
+_MAX_DIGITS = 9  # `!tokens N` is capped by the model's max output tokens when it runs (sampler/loop.py)
 
 
 class ScriptError(ValueError):
@@ -97,6 +98,8 @@ def parse_directive(line: str) -> TurnPlan:
         if m is None or word in prefixes:
             example = "`!tokens 200 !say done`" if word == "!tokens" else "`!reason 50 !call grep {}`"
             raise ScriptError(f"{word} needs a whole number, once, before a !call or !say, e.g. {example}")
+        if len(m[1]) > _MAX_DIGITS:  # the script is user input: int() of 10 MB of digits is a CPU sink
+            raise ScriptError(f"{word} N: N has more than {_MAX_DIGITS} digits (the model's limits bound it anyway)")
         prefixes[word], line = int(m[1]), line[m.end() :]
         if not line:
             raise ScriptError(f"{word} N must prefix a !call or !say on the same line")

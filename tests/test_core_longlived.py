@@ -585,7 +585,19 @@ def test_user_messages_while_streaming_wait_for_the_next_turn() -> None:
     assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="developer", content="two")]
     assert pipe.core.take_queued() == []  # each is handed over once
     assert pipe.core.state is State.STREAMING
-    assert pipe.append() == []  # an empty append is harmless
+    empty = pipe.append()  # answered typed (issue 13), nothing changes
+    assert (code_of(empty), error_of(empty).param) == ("empty_array", "$.input")
+    assert pipe.core.state is State.STREAMING
+
+
+def test_an_empty_append_while_suspended_is_answered_typed_and_changes_nothing() -> None:
+    pipe = pipe_in(State.SUSPENDED)
+    pending = pipe.core.outstanding_calls
+    empty = pipe.append()
+    assert (code_of(empty), status_of(empty), error_of(empty).param) == ("empty_array", 400, "$.input")
+    assert pipe.core.state is State.SUSPENDED and pipe.core.outstanding_calls == pending
+    inject = pipe.client(type="response.inject", response_id=pipe.core.response_id, input=[])
+    assert [codec.decode_server_event(a.data).code for a in inject if isinstance(a, Reply)] == ["empty_array"]
 
 
 def test_a_suspension_with_user_messages_only_resumes_when_no_call_is_pending() -> None:

@@ -206,12 +206,32 @@ async def test_an_api_side_cancel_frees_the_engines_slot_and_pins(topology: Topo
     await assert_all_released(topology)
 
 
+async def test_a_cancel_through_the_engine_bills_what_was_delivered_and_limits_come_from_its_cards(topology: Topology) -> None:
+    """Issue 13 over the engine hop: the cut turn bills its prompt and the tokens the client received; the
+    context window the API tier enforces before the hop is the engine's card's (``max-model-len``)."""
+    async with connect(ws_url(topology.a) + "?protocol=longlived") as ws:
+        await ws.send(create(STREAM_FOREVER, SLOW))
+        events = await recv_until(ws, {"response.output_text.delta"})
+        while sum(e["type"] == "response.output_text.delta" for e in events) < 20:
+            events.append(json.loads(await asyncio.wait_for(ws.recv(), GUARD)))
+        await ws.send(json.dumps({"type": "response.cancel"}))
+        events += await recv_until(ws, TERMINAL)
+        usage = events[-1]["response"]["usage"]
+        assert usage["output_tokens"] == sum(e["type"] == "response.output_text.delta" for e in events) >= 20
+        assert usage["input_tokens"] > 0  # the cut turn's prompt, from the sequence's live report
+        await ws.send(create("word " * 140_000, FAST))  # past the engine's 131 072-token window
+        failed = (await recv_until(ws, TERMINAL))[-1]
+        assert failed["response"]["error"]["code"] == "context_length_exceeded", failed
+    await assert_all_released(topology)
+
+
 async def test_an_engine_that_refuses_for_load_gives_server_overloaded(topology: Topology) -> None:
     ws = await streaming(ws_url(topology.a), ONE_SLOT)  # the one slot; no waiting room
     try:
         async with httpx.AsyncClient(timeout=GUARD) as http:
-            reply = (await http.post(topology.b.http_url + "/v1/responses", json={"model": ONE_SLOT, "input": "hi", "store": False})).json()
-        assert reply["status"] == "failed" and reply["error"]["code"] == "server_overloaded", reply
+            refused = await http.post(topology.b.http_url + "/v1/responses", json={"model": ONE_SLOT, "input": "hi", "store": False})
+        # A failed JSON response had sent nothing: the OpenAI error body, with server_overloaded's 503.
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_overloaded", refused.text
         await ws.send(json.dumps({"type": "response.cancel"}))
         await recv_until(ws, TERMINAL)
     finally:

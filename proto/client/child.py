@@ -104,6 +104,13 @@ class ChildProcess:
         if self._log is not None:
             self._log.close()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown, no flush (the chaos suite's crash)."""
+        self.proc.kill()
+        self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+
     def __enter__(self) -> ChildProcess:
         try:
             self.wait_ready()

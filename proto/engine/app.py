@@ -55,7 +55,7 @@ from proto.engine.wire import (
 )
 from sampler.batch import EngineOverloaded
 from sampler.clock import Clock
-from sampler.gpu import EngineFailure, EngineReport, GpuSequence, MockGPU
+from sampler.gpu import ContextLengthExceeded, EngineFailure, EngineReport, GpuSequence, MockGPU
 from sampler.models import ModelSpec
 from sampler.tokens import TextStream, Tokenizer
 
@@ -194,6 +194,8 @@ class MockEngine:
                     async for count in ticks:
                         yield b"".join(head.token(output_ids[i], text, i == last) for i in range(sent, sent + count))
                         sent += count
+            except ContextLengthExceeded as exc:  # the API tier checks first; this is the engine's own admission
+                yield sse(_encode(error_body(400, str(exc))))
             except EngineOverloaded as exc:
                 yield sse(_encode(error_body(503, str(exc))))
             except EngineFailure as exc:

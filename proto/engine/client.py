@@ -39,6 +39,7 @@ import structlog
 from proto.engine.wire import DONE, CompletionRequest, EventStream, LabRequest, StreamChunk, StreamOptions
 from sampler.clock import Clock
 from sampler.gpu import EngineFailure, EngineOverloaded, EngineReport
+from sampler.models import Limits
 
 log = structlog.get_logger("proto.engine.client")
 _encode = msgspec.json.Encoder().encode
@@ -96,7 +97,7 @@ class RemoteEngine:
                     raise RuntimeError(f"the engine at {self.url} did not answer /v1/models within {wait_s} s: {exc}") from exc
                 await asyncio.sleep(0.1)  # polling a process that is still starting
         self.cards = [dict(card) for card in cards]
-        self.models = {card["id"]: RemoteModel(self, card["id"]) for card in self.cards}
+        self.models = {card["id"]: RemoteModel(self, card["id"], card_limits(card)) for card in self.cards}
         self.lab_extension = bool(self.cards) and all(card.get("owned_by") == "responses-lab" for card in self.cards)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._watch(), name="engine-watchdog"), loop.create_task(self._release(), name="engine-releaser")]
@@ -159,26 +160,45 @@ class RemoteEngine:
                     sequence.stall(f"the engine sent nothing for {self.timeout_s:g} s")
 
 
+def card_limits(card: dict[str, Any]) -> Limits:
+    """A model's limits from its ``/v1/models`` card: the mock engine's ``settings`` (its knobs), vLLM's
+    ``max_model_len``, else the catalogue's defaults — never unbounded: the loop sizes every turn by them."""
+    settings = card.get("settings") or {}
+    window = int(settings.get("max-model-len") or card.get("max_model_len") or Limits.context_window)
+    bound_by = "max-model-len"
+    if settings.get("kv-cache-size") is not None and settings.get("block-size") is not None:
+        kv_tokens = int(settings["kv-cache-size"]) * int(settings["block-size"])
+        if kv_tokens < window:
+            window, bound_by = kv_tokens, "the KV cache: kv-cache-size x block-size"
+    output = int(settings.get("max-output-tokens") or min(Limits.max_output_tokens, window))
+    return Limits(window, output, bound_by)
+
+
 class RemoteModel:
     """One model the engine serves: ``sampler.engine.Engine``."""
 
-    def __init__(self, engine: RemoteEngine, name: str) -> None:
+    def __init__(self, engine: RemoteEngine, name: str, limits: Limits | None = None) -> None:
         self.engine = engine
         self.name = name
+        self.limits = limits or Limits()
 
     def open(self, keep_warm: bool = True) -> RemoteSequence:
-        return RemoteSequence(self.engine, self.name, pin=keep_warm and self.engine.lab_extension)
+        return RemoteSequence(self.engine, self.name, pin=keep_warm and self.engine.lab_extension, limits=self.limits)
 
 
 class RemoteSequence:
     """One response's turns on the engine: ``sampler.engine.EngineSequence``."""
 
-    def __init__(self, engine: RemoteEngine, model: str, pin: bool) -> None:
+    def __init__(self, engine: RemoteEngine, model: str, pin: bool, limits: Limits | None = None) -> None:
         self.engine = engine
         self.model = model
         self.pin = pin
+        self.limits = limits or Limits()
         self.sequence_id = "seq_" + secrets.token_hex(12)
         self.last_report: EngineReport | None = None
+        # Once the first tokens arrived (the prefill is done): the prompt, what a cut turn bills. The engine
+        # says its cached tokens only in the last chunk, so a cut turn reports none.
+        self.live: EngineReport | None = None
         self.progress = 0.0  # the server clock's time of the last sign of life from the engine
         self._busy = False
         self._closed = False
@@ -190,7 +210,7 @@ class RemoteSequence:
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         engine, n = self.engine, len(output_ids)
-        self._busy, self._stalled, self.last_report = True, None, None
+        self._busy, self._stalled, self.last_report, self.live = True, None, None, None
         self.progress = engine.clock.now()
         engine.in_flight.add(self)
         finished = False
@@ -220,6 +240,7 @@ class RemoteSequence:
                             due = chunk.usage.completion_tokens - sent  # chunks that carried several tokens
                 if due and not first_at:
                     first_at = time.perf_counter()
+                    self.live = EngineReport(len(prompt_ids), 0, (first_at - sent_at) * 1e3, 0.0, 0.0, 0)
                 due = min(due, n - sent)  # N = 0 asks the engine for one token, which is not said
                 if due:
                     sent += due

@@ -42,11 +42,14 @@ class Server:
         self.auth = Auth(settings.api_key)
         self.pipeline = Pipeline(settings, clock)
         self.sessions: set[LongLivedSession | GaSession] = set()
+        self.http = HttpResponses(self.auth, self.pipeline)
 
     async def drain(self, grace_s: float) -> int:
         """Shutdown, before uvicorn's own (which would drop every WebSocket with 1012): tell each session
         to end — its open response gets ``server_shutting_down`` and is billed, the connection closes 1001 —
-        and wait up to ``grace_s`` for them. Returns how many were still open when the grace ran out."""
+        and wait up to ``grace_s`` for them; every HTTP response in flight is cut alike (``HttpResponses.stop``).
+        Returns how many sessions were still open when the grace ran out."""
+        self.http.stop()
         for session in list(self.sessions):
             session.stop(SHUTDOWN)
         # Real time, whatever the limits' clock: a SIGTERM's grace is the operator's, not a protocol limit.
@@ -92,6 +95,7 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
         yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
         yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
+        yield GaugeMetricFamily("responses_lab_ledger_reconciled", "responses a dead process left open, billed at start-up (server_crashed)", value=ledger.reconciled)
 
 
 # Codex's WebSocket transports name themselves in the handshake (codex-rs/codex-api, responses_websocket):
@@ -106,9 +110,12 @@ def protocol_of_beta(header: str | None) -> str:
     return "longlived" if LONGLIVED_BETA in values else "ga"
 
 
-def create_app(settings: Settings | None = None, clock: Clock | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, clock: Clock | None = None, reconcile: bool = True) -> Starlette:
     """``clock`` drives the server's limits (idle, age, tool, send and shutdown timeouts): tests pass a
-    ``FakeClock`` to run them on virtual time."""
+    ``FakeClock`` to run them on virtual time. ``reconcile``: bill, before serving, the responses a dead
+    process left open in the ledger (on SQLite one process per database does it: ``--workers N``
+    reconciles in the parent, before the workers start, never in a worker — it would bill its live
+    siblings' responses; on PostgreSQL every worker does, as it knows who is alive)."""
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
     server = Server(settings, clock)
@@ -116,6 +123,8 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if reconcile:
+            await server.pipeline.ledger.areconcile()  # before the writer starts and before any response
         await server.pipeline.start()
         try:
             yield
@@ -156,7 +165,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", responses_ws),
-            *HttpResponses(server.auth, server.pipeline).routes(),
+            *server.http.routes(),
             Route("/v1/models", server.auth.guard(models)),
             Route("/healthz", server.auth.guard(healthz)),
             Route("/metrics", server.auth.guard(metrics)),

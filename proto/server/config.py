@@ -20,6 +20,10 @@ class Settings:
     # Usage ledger + response store: a SQLite file (embedded), ":memory:" for throwaway runs, or a
     # postgresql://… URL shared by every worker and host (proto/server/database.py).
     db: str = "responses-lab.db"
+    # How long one SQLite statement waits for another writer's lock before it fails: a store write then
+    # ends its response `store_unavailable`; the ledger retries with backoff (notes/issue13.md).
+    db_busy_timeout_s: float = 10.0
+    progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1
     loop: str = "auto"  # auto | uvloop | asyncio — auto: uvloop when installed (NOTES.md, "event loop")
     http: str = "auto"  # auto | httptools | h11 — auto: httptools when installed

@@ -28,11 +28,12 @@ from proto.server.session import FRAMES_EXTENSION
 from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, clock: Clock | None = None, **extra: object) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, clock: Clock | None = None, reconcile: bool = True, **extra: object) -> uvicorn.Config:
     """The one configuration every way of serving uses (the CLI, each of N workers, the threaded test
-    server): a fresh app for ``settings``, the same protocol class, limits, pings and shutdown timing."""
+    server): a fresh app for ``settings``, the same protocol class, limits, pings and shutdown timing.
+    ``reconcile``: ``create_app``'s (a SQLite worker does not)."""
     return uvicorn.Config(
-        create_app(settings, clock),
+        create_app(settings, clock, reconcile),
         host=settings.host,
         port=settings.port,
         ws=LabWSProtocol,

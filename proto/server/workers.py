@@ -34,6 +34,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from proto.client.child import ChildEngine
 from proto.server.config import Settings
+from proto.server.database import is_postgres
 from proto.server.logs import configure
 
 log = structlog.get_logger("proto.server.workers")
@@ -57,6 +58,10 @@ def serve_workers(settings: Settings) -> None:
             raise
         settings = replace(settings, engine=engine.http_url)
         log.warning("engine.started", url=engine.http_url, pid=engine.proc.pid)
+    if not is_postgres(settings.db):
+        # Once, here, before any worker serves: a SQLite worker that reconciled would take its live
+        # siblings' open rows for a dead process's. On PostgreSQL each worker does (it knows who is alive).
+        reconcile_ledger(settings.db)
     try:
         # Bound once, here: every worker accepts on this socket. The app string is never loaded.
         sock = uvicorn.Config("proto.server.app:create_app", host=settings.host, port=settings.port).bind_socket()
@@ -64,6 +69,17 @@ def serve_workers(settings: Settings) -> None:
     finally:
         if engine is not None:
             engine.stop()
+
+
+def reconcile_ledger(db: str) -> int:
+    """Bill the responses a dead server left open in ``db``'s ledger (``UsageLedger.reconcile``)."""
+    from proto.server.ledger import UsageLedger
+
+    ledger = UsageLedger(db)
+    try:
+        return ledger.reconcile()
+    finally:
+        ledger.close()
 
 
 class Supervisor:
@@ -120,7 +136,7 @@ def run_worker(settings: Settings, sock: socket.socket) -> None:
     from proto.server.run import LabServer, uvicorn_config
 
     configure(settings.log_level)
-    server = LabServer(uvicorn_config(settings))
+    server = LabServer(uvicorn_config(settings, reconcile=is_postgres(settings.db)))
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILURE)

@@ -36,7 +36,7 @@ from proto.items import CALL_ITEMS, Item, Tool, item_type
 from proto.longlived import Cancel
 from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, timed
+from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.session import Stop, Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from proto.work import WorkCounters
@@ -182,7 +182,8 @@ class GaSession(WebSocketSession):
         outcome = Outcome("refused")
         try:
             try:
-                prepared = await self._prepare(start)
+                with typed_faults():
+                    prepared = await self._prepare(start)
             except ClientError as exc:
                 await self.out.put(self.core.error(exc, start.stream_id).data)
                 return

@@ -29,7 +29,7 @@ from proto.items import Item
 from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, OpenNext, Resume
 from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared
+from proto.server.pipeline import Pipeline, Prepared, typed_faults
 from proto.server.session import Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 
@@ -127,7 +127,8 @@ class LongLivedSession(WebSocketSession):
     async def _respond(self, start: Start) -> None:
         try:
             try:
-                prepared = await self._prepare(start)
+                with typed_faults():
+                    prepared = await self._prepare(start)
             except ClientError as exc:
                 await self.out.put(self.core.abort(exc))
                 return
