@@ -19,6 +19,7 @@ class WorkCounters(msgspec.Struct, kw_only=True):
     model_resolutions: int = 0
     store_reads: int = 0
     store_writes: int = 0
+    references_resolved: int = 0  # item_reference inputs replaced by the stored item they name
     ledger_rows: int = 0
 
     def merge(self, other: WorkCounters) -> None:

@@ -17,15 +17,15 @@ import random
 import time
 from array import array
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sampler.batch import BatchSlots, EngineOverloaded
 from sampler.clock import Clock, RealClock
 from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, tokens_from
-from sampler.models import ModelSpec
+from sampler.models import ContextLengthExceeded, Limits, ModelSpec, check_prompt
 from sampler.timing import Timing
 
-__all__ = ["EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU"]
+__all__ = ["ContextLengthExceeded", "EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU", "check_prompt"]
 
 
 class EngineFailure(Exception):
@@ -40,13 +40,18 @@ class EngineReport:
     queue_wait_ms: float  # waiting for a batch slot
     decode_ms: float  # modelled: first token's deadline to the last one's
     output_tokens: int
+    # Spans the API side measured around the engine call (``engine_hop`` for an engine in another
+    # process); empty in process. They join the turn's phase breakdown.
+    phases_ms: dict[str, float] = field(default_factory=dict)
     # Measured, not modelled: the engine's own CPU time before the prefill (prefix hashing, lookup, pins),
     # and how late its clock woke it for the first token (the simulator's share of TTFT past the model's).
-    lookup_ms: float = 0.0
-    first_late_ms: float = 0.0
+    # None where not measured (an engine in another process).
+    lookup_ms: float | None = None
+    first_late_ms: float | None = None
 
     def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        """The engine's own figures (the API side's spans are not the engine's to report)."""
+        return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
 
 
 class MockGPU:
@@ -59,7 +64,9 @@ class MockGPU:
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
 
-    def open(self) -> GpuSequence:
+    def open(self, keep_warm: bool = True) -> GpuSequence:
+        """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
+        holds its blocks between turns anyway, as ``pin-suspended`` says."""
         return GpuSequence(self)
 
     def metrics(self) -> dict[str, float]:
@@ -80,6 +87,9 @@ class GpuSequence:
     def __init__(self, gpu: MockGPU) -> None:
         self._gpu = gpu
         self.last_report: EngineReport | None = None
+        # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
+        # output so far): what a turn cut short still bills. Reset when the next turn starts.
+        self.live: EngineReport | None = None
         # The chain: the token sequence this sequence last computed on (its prompt during a turn, prompt +
         # output after it), as the keys of its full blocks (8 bytes each, one per block_size tokens) and,
         # when it came from a TokenLog, that log's first `_anchor_length` ids followed by `_tail`.
@@ -95,7 +105,7 @@ class GpuSequence:
         self._busy = False
         self._closed = False
 
-    async def run_turn(self, prompt_ids: Sequence[int] | Prompt, output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
+    async def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
         """Yield how many output tokens became due at each wake-up (each ≥ 1, summing to
         ``len(output_ids)``); ``last_report`` is set when the turn completes. Iterate it under
         ``contextlib.aclosing`` so an abandoned turn gives its slot back at once.
@@ -105,12 +115,14 @@ class GpuSequence:
         ``every_s`` later, so the tokens that fall due meanwhile are released together (the server's
         ``--coalesce-ms``); the first token is not delayed and the deadlines themselves do not move.
 
-        Raises EngineOverloaded (queue full) before anything is yielded, EngineFailure
-        (injected fault) at any point.
+        Raises ContextLengthExceeded (the prompt can never fit) and EngineOverloaded (queue full) before
+        anything is yielded, EngineFailure (injected fault) at any point.
         """
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         gpu, clock, spec = self._gpu, self._gpu.clock, self._gpu.spec
+        self.live = None
+        check_prompt(spec.limits, len(prompt_ids))  # the loop checked already: this is the engine's own admission
         self._busy = True
         try:
             t_arrive = clock.now()
@@ -126,6 +138,7 @@ class GpuSequence:
             cached = n_cached * spec.block_size
             prefill_ms = gpu.timing.prefill_ms(len(prompt_ids) - cached, gpu.slots.running)
             t_first = t_start + prefill_ms / 1000.0
+            live = self.live = EngineReport(len(prompt_ids), cached, prefill_ms, (t_start - t_arrive) * 1000.0, 0.0, 0)
 
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
@@ -154,6 +167,7 @@ class GpuSequence:
                         first_late_ms = (now - t_first) * 1e3
                     sent += k
                     floor = now + every_s
+                    live.output_tokens, live.decode_ms = sent, (last_due - t_first) * 1000.0
                     yield k
                     if self._closed:
                         return  # closed under our feet: the caller wants nothing more
@@ -172,6 +186,11 @@ class GpuSequence:
         finally:
             self._end_turn()
 
+    @property
+    def limits(self) -> Limits:
+        """The model's context window (KV cache included) and max output per call."""
+        return self._gpu.spec.limits
+
     def suspend(self) -> None:
         """Between turns, waiting for a tool. With ``pin-suspended`` off the blocks stay stored
         but become evictable: pressure from other sequences may take them before the resume."""
@@ -184,7 +203,7 @@ class GpuSequence:
         self._end_turn()
         self._release_held()
 
-    def _keys_for(self, prompt: Sequence[int] | Prompt) -> array[int]:
+    def _keys_for(self, prompt: Sequence[int]) -> array[int]:
         """The prompt's block keys (the chain's keys from now on), reusing the chain's for the blocks the
         prompt still starts with. Keys the chain loses that this sequence holds become ``_stale``."""
         bs = self._gpu.spec.block_size
@@ -208,7 +227,7 @@ class GpuSequence:
             self._anchor, self._anchor_length, self._tail = None, 0, array("I")
         return keys
 
-    def _store(self, prompt_ids: Sequence[int] | Prompt, output_ids: Sequence[int]) -> None:
+    def _store(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """The chain becomes prompt + output; this sequence holds all of it (as far as the cache has room),
         pinning only the blocks it did not hold yet, and lets go of what the chain lost."""
         bs, cache, keys = self._gpu.spec.block_size, self._gpu.cache, self._keys

@@ -8,10 +8,11 @@ block pinned) still runs, it just leaves nothing behind — we do not model pree
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, MutableSequence, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, MutableSequence, Sequence
+from typing import overload
 
 BlockKey = int
 
@@ -66,16 +67,16 @@ class TokenLog:
         self.rewrites += 1
 
 
-@dataclass(frozen=True, slots=True)
-class Prompt:
+class Prompt(Sequence[int]):
     """A turn's prompt without a copy of the context: the first ``length`` ids of ``log`` as they were at
-    ``rewrites``, then ``suffix`` (the tokens that open the model's turn). A ``Sequence[int]`` for ``len``;
-    ``tokens_from`` copies only the part asked for."""
+    ``rewrites``, then ``suffix`` (the tokens that open the model's turn). A ``Sequence[int]`` (an engine in
+    another process sends it whole: ``list(prompt)`` copies at C speed); ``tokens_from`` copies only the
+    part asked for."""
 
-    log: TokenLog
-    length: int
-    rewrites: int
-    suffix: tuple[int, ...]
+    __slots__ = ("length", "log", "rewrites", "suffix")
+
+    def __init__(self, log: TokenLog, length: int, rewrites: int, suffix: tuple[int, ...]) -> None:
+        self.log, self.length, self.rewrites, self.suffix = log, length, rewrites, suffix
 
     @classmethod
     def of(cls, log: TokenLog, suffix: Iterable[int] = ()) -> Prompt:
@@ -83,6 +84,29 @@ class Prompt:
 
     def __len__(self) -> int:
         return self.length + len(self.suffix)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                part = self.tokens_from(start)
+                del part[stop - start :]
+                return part
+            return list(self)[index]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("prompt index out of range")
+        return self.log.ids[index] if index < self.length else self.suffix[index - self.length]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(self.log.ids[: self.length], self.suffix)
 
     @property
     def current(self) -> bool:
@@ -95,7 +119,7 @@ class Prompt:
         return out
 
 
-def tokens_from(tokens: Sequence[int] | Prompt, start: int) -> MutableSequence[int]:
+def tokens_from(tokens: Sequence[int], start: int) -> MutableSequence[int]:
     """A copy of ``tokens[start:]``, for a plain sequence or a ``Prompt``."""
     if isinstance(tokens, Prompt):
         return tokens.tokens_from(start)

@@ -28,9 +28,33 @@ _PUBLIC_NAMES: dict[str, str] = {
     "max-waiting": "max_waiting",
     "pin-suspended": "pin_suspended",
     "fail-rate": "fail_rate",
+    "max-model-len": "max_model_len",
+    "max-output-tokens": "max_output_tokens",
 }
 
 MAX_JITTER_STD = 0.3  # llm-d's bound: a std-dev above 30 % of the mean is rejected
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one model call may hold, as the sampling loop bounds it: the longest prompt + output, and the
+    most tokens one call may generate. ``ModelSpec.limits`` for an engine in this process; an engine in
+    another process reports its own (``proto.engine.client``)."""
+
+    context_window: int = 131_072
+    max_output_tokens: int = 16_384
+    bound_by: str = "max-model-len"  # what sets the window, for the refusal's message
+
+
+class ContextLengthExceeded(Exception):
+    """The prompt cannot run on this model: longer than its context window (the model's, or the whole KV
+    cache when that is smaller). Raised before the turn reaches the engine (vLLM refuses such a prompt at
+    admission, "longer than the maximum model length")."""
+
+
+def check_prompt(limits: Limits, prompt_tokens: int) -> None:
+    if prompt_tokens > limits.context_window:
+        raise ContextLengthExceeded(f"{prompt_tokens} prompt tokens; the context window is {limits.context_window} tokens ({limits.bound_by})")
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,13 @@ class ModelSpec:
     max_waiting: int = 1024
     pin_suspended: bool = True
     fail_rate: float = 0.0
+    # The context window (vLLM's and llm-d-inference-sim's `max-model-len`): prompt + output tokens of one
+    # model call. Llama-3.1-8B, the class these models stand for, has a 128 k window (its model card), served
+    # whole (Scaleway's generative-APIs table: llama-3.1-8b-instruct, 128k context, 16 384 max output).
+    max_model_len: int = Limits.context_window
+    # The most tokens one model call may generate (OpenAI's "max output tokens" of a model; same table).
+    # It bounds every script-driven size (`!tokens N`) too: the directive script is user input.
+    max_output_tokens: int = Limits.max_output_tokens
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,12 +98,30 @@ class ModelSpec:
             problems.append(f"jitter std-dev must be within [0, {MAX_JITTER_STD}]")
         if not 0 <= self.fail_rate <= 1:
             problems.append("fail-rate must be within [0, 1]")
+        if self.max_model_len < 1 or self.max_output_tokens < 1:
+            problems.append("max-model-len and max-output-tokens must be >= 1")
         if problems:
             raise ValueError(f"model {self.name!r}: " + "; ".join(problems))
 
     @property
     def tokens_per_s(self) -> float:
         return 1000.0 / self.inter_token_latency_ms
+
+    @property
+    def kv_tokens(self) -> int:
+        """How many tokens the whole KV cache holds: a prompt longer than this can never be prefilled."""
+        return self.kv_cache_size * self.block_size
+
+    @property
+    def context_window(self) -> int:
+        """The longest sequence (prompt + output) this engine can run: the model's window, or less when the
+        KV cache is smaller (vLLM refuses to start in that case; the mock lets a study shrink the cache)."""
+        return min(self.max_model_len, self.kv_tokens)
+
+    @property
+    def limits(self) -> Limits:
+        bound_by = "max-model-len" if self.max_model_len <= self.kv_tokens else "the KV cache: kv-cache-size x block-size"
+        return Limits(self.context_window, self.max_output_tokens, bound_by)
 
     @property
     def constant_prefill(self) -> bool:

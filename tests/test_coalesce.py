@@ -70,6 +70,12 @@ async def rollout(url: str) -> list[dict[str, Any]]:
                 return events
 
 
+def total_usage(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole rollout's usage (a long-lived terminal event's ``usage`` is its last segment's)."""
+    usage: dict[str, Any] = events[-1]["response"]["lab"]["usage_total"]
+    return usage
+
+
 def deltas(events: list[dict[str, Any]], kind: str) -> list[str]:
     return [e["delta"] for e in events if e["type"] == kind]
 
@@ -87,7 +93,7 @@ def test_off_is_one_delta_per_token(both: dict[float, list[dict[str, Any]]]) -> 
     events = both[0.0]
     assert len(deltas(events, "response.output_text.delta")) == TOKENS
     arguments = deltas(events, "response.function_call_arguments.delta")
-    assert events[-1]["response"]["usage"]["output_tokens"] == TOKENS + len(arguments)  # ASCII: a delta a token
+    assert total_usage(events)["output_tokens"] == TOKENS + len(arguments)  # ASCII: a delta a token
 
 
 def test_coalesced_deltas_are_fewer_and_say_the_same(both: dict[float, list[dict[str, Any]]]) -> None:
@@ -98,7 +104,7 @@ def test_coalesced_deltas_are_fewer_and_say_the_same(both: dict[float, list[dict
     # 100 ms of text in windows of 5 ms: about 21 deltas, not 400 (generous bounds: the box may be busy).
     assert 2 <= len(deltas(merged, "response.output_text.delta")) <= TOKENS // 4
     assert len(deltas(merged, "response.function_call_arguments.delta")) < len(deltas(plain, "response.function_call_arguments.delta"))
-    assert merged[-1]["response"]["usage"] == plain[-1]["response"]["usage"]
+    assert total_usage(merged) == total_usage(plain)
     text = merged[-1]["response"]["output"][-1]["content"][0]["text"]
     assert "".join(deltas(merged, "response.output_text.delta")) == text
 

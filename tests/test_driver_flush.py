@@ -53,7 +53,7 @@ class QueuedTransport:
 
 async def test_every_emitted_event_is_written_before_the_response_is_stored(monkeypatch: pytest.MonkeyPatch) -> None:
     pipeline = Pipeline(Settings(db=":memory:", model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"]))
-    pipeline.start()
+    await pipeline.start()
     transport = QueuedTransport()
     seen_at_store: list[list[str]] = []
     persist = proto.server.driver.persist_response

@@ -92,10 +92,13 @@ class CountingCache:
 @pytest.mark.parametrize("pin_suspended", [True, False])
 async def test_same_keys_and_cache_state_as_hashing_each_prompt_whole(pin_suspended: bool) -> None:
     rng = random.Random(7)
-    fast_gpu, fast_clock = make(pin_suspended=pin_suspended, kv_cache_size=120)
-    whole_gpu, whole_clock = make(pin_suspended=pin_suspended, kv_cache_size=120)
+    # 400 blocks (the context window too: 6 400 tokens); the rollout grows to ~4 000 tokens, and the other
+    # sequence's 4 000–6 000 tokens do not fit beside it: blocks are evicted.
+    fast_gpu, fast_clock = make(pin_suspended=pin_suspended, kv_cache_size=400)
+    whole_gpu, whole_clock = make(pin_suspended=pin_suspended, kv_cache_size=400)
     fast, whole = fast_gpu.open(), whole_gpu.open()
     rollout = Rollout(rng, 700)
+    full = 0
     for k in range(30):
         prompt = Prompt.of(rollout.log, HEADER)
         flat = [*rollout.log.ids, *HEADER]
@@ -109,16 +112,18 @@ async def test_same_keys_and_cache_state_as_hashing_each_prompt_whole(pin_suspen
         fast.suspend()
         whole.suspend()
         if k % 5 == 4:  # another sequence puts the small cache under pressure: evictions in LRU order
-            other = [rng.randrange(100_000) for _ in range(rng.randrange(100, 600))]
+            other = [rng.randrange(100_000) for _ in range(rng.randrange(4_000, 6_000))]
             others = fast_gpu.open(), whole_gpu.open()
             await turn(fast_clock, others[0], other, [1, 2, 3])
             await turn(whole_clock, others[1], list(other), [1, 2, 3])
             assert cache_state(fast_gpu) == cache_state(whole_gpu)
+            full += fast_gpu.cache.blocks_stored == 400  # full: storing the other sequence evicted blocks
             for done in others:
                 done.close()
         rollout.grow(output, call=rng.random() < 0.5)
     fast.close()
     whole.close()
+    assert full >= 3  # the comparison ran through evictions
     assert cache_state(fast_gpu) == cache_state(whole_gpu)
     assert fast_gpu.cache.blocks_used == 0
 

@@ -12,6 +12,7 @@ from databases import Backend
 from structlog.testing import capture_logs
 
 from proto.server.ledger import (
+    MIGRATIONS,
     LedgerError,
     LedgerRow,
     UsageLedger,
@@ -101,7 +102,7 @@ def test_close_writes_everything_queued_and_survives_reopen(path: str, backend: 
     second.close()
     assert second.duplicates == 1 and second.rows_written == 1
     assert backend.query("SELECT count(*) FROM usage") == [(1001,)]
-    assert backend.query("SELECT component, version FROM schema_version") == [("ledger", 1)]
+    assert backend.query("SELECT component, version FROM schema_version") == [("ledger", len(MIGRATIONS))]
     if backend.name == "sqlite":
         assert backend.query("PRAGMA journal_mode") == [("wal",)]
 

@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -22,7 +23,16 @@ from databases import Backend
 from helpers import GUARD
 from structlog.testing import capture_logs
 
-from proto.server.ledger import INCOMPLETE, LedgerError, LedgerFullError, LedgerRow, UsageLedger
+from proto.server.database import open_database
+from proto.server.ledger import (
+    CRASHED,
+    INCOMPLETE,
+    MIGRATIONS,
+    LedgerError,
+    LedgerFullError,
+    LedgerRow,
+    UsageLedger,
+)
 from proto.work import WorkCounters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,8 +216,8 @@ def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress
         assert restarted.reconcile() == 2
     assert restarted.reconciled == 2 and restarted.rows_written == 2
     a, c = restarted.get("resp_a"), restarted.get("resp_c")
-    assert a == LedgerRow("resp_a", "key_a", "mock-65tps", "longlived", INCOMPLETE, 100, 20, 7, 2, 1e9, cast(float, progress_at))
-    assert c == LedgerRow("resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2)
+    assert a == LedgerRow("resp_a", "key_a", "mock-65tps", "longlived", INCOMPLETE, 100, 20, 7, 2, 1e9, cast(float, progress_at), CRASHED)
+    assert c == LedgerRow("resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2, CRASHED)
     b = restarted.get("resp_b")
     assert b is not None and b.status == "completed"
     assert [o.response_id for o in restarted.open_responses()] == ["resp_mine"]
@@ -288,7 +298,7 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
     led.record(row(1))
     with pytest.raises(LedgerFullError):
         led.record(row(2))
-    pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}), totals=WorkCounters(), ledger=led)
+    pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}, remote=None), totals=WorkCounters(), ledger=led)
     server = SimpleNamespace(pipeline=pipeline, sessions=[])
     values = {m.name: m.samples[0].value for m in ServerCollector(server).collect() if m.name.startswith("responses_lab_ledger")}  # type: ignore[arg-type]
     assert values == {
@@ -298,5 +308,21 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
         "responses_lab_ledger_failed": 0,
         "responses_lab_ledger_overflow": 1,
         "responses_lab_ledger_duplicates": 0,
+        "responses_lab_ledger_reconciled": 0,
     }
+    led.close()
+
+
+def test_a_database_from_before_the_reason_column_is_migrated_and_keeps_its_rows(path: str, backend: Backend) -> None:
+    old = open_database(path, "ledger", busy_timeout=1.0)
+    old.migrate("ledger", MIGRATIONS[:1])  # the schema as it was (version 1), with a row in it
+    old.close()
+    backend.query("INSERT INTO usage VALUES ('resp_old', 'key_a', 'm', 'ws', 'completed', 1, 0, 2, 1, 1000000000.0, 1000000000.0)")
+    led = fast(path)  # version 2: the reason column
+    led.start()
+    led.record(replace(row(1, status="incomplete"), reason="max_output_tokens"))
+    led.flush()
+    assert led.get("resp_old") == LedgerRow("resp_old", "key_a", "m", "ws", "completed", 1, 0, 2, 1, 1e9, 1e9, "")
+    found = led.get("resp_000001")
+    assert found is not None and found.reason == "max_output_tokens"
     led.close()

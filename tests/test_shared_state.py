@@ -145,7 +145,7 @@ async def test_a_dropped_long_lived_response_ends_as_ever_and_its_chain_continue
         assert resumed["status"] == "completed" and resumed["previous_response_id"] == stored["id"]
         assert resumed["lab"]["work"]["store_reads"] == 1 and resumed["lab"]["turns"][0]["turn"] == 2
         assert resumed["output"][-1]["content"][0]["text"].startswith("long")  # turn 2 of the script
-        assert resumed["usage"]["output_tokens"] >= 400
+        assert resumed["lab"]["usage_total"]["output_tokens"] >= 400
 
 
 async def _billed_row(ledger: UsageLedger, response_id: str) -> LedgerRow | None:
@@ -253,12 +253,14 @@ async def test_200_rollouts_over_two_servers_bill_each_response_exactly_once(pg:
     assert len(ended) == 150 * 3 + 50
     ids = {r["id"] for r in ended}
     assert len(ids) == len(ended)
-    # In SQL: one row per response, no more, no fewer, each with the usage its terminal event reported.
+    # In SQL: one row per response, no more, no fewer, each with the usage its terminal event reported
+    # (its whole usage: lab.usage_total; a long-lived terminal event's usage is its last segment's).
     assert sql_rows(url, "SELECT count(*), count(DISTINCT response_id) FROM usage") == [(len(ids), len(ids))]
     rows = billed(url)
     assert set(rows) == ids
     for r in ended:
-        assert rows[r["id"]] == (r["status"], r["usage"]["output_tokens"], r["usage"]["input_tokens"]), r["id"]
+        total = r["lab"]["usage_total"]
+        assert rows[r["id"]] == (r["status"], total["output_tokens"], total["input_tokens"]), r["id"]
     # Both servers billed (the load was spread) and neither saw a duplicate or lost a row.
     assert all(led.rows_written > 0 for led in ledgers) and sum(led.rows_written for led in ledgers) == len(ids)
     assert [(led.duplicates, led.failed, led.pending) for led in ledgers] == [(0, 0, 0), (0, 0, 0)]
@@ -312,7 +314,7 @@ async def test_killing_one_server_mid_load_leaves_the_other_serving_and_loses_no
     assert len(ids) == len(ended) and ids <= set(rows), sorted(ids - set(rows))
     assert sql_rows(url, "SELECT count(*) = count(DISTINCT response_id) FROM usage") == [(True,)]
     for r in ended:
-        assert rows[r["id"]][:2] == (r["status"], r["usage"]["output_tokens"]), r["id"]
+        assert rows[r["id"]][:2] == (r["status"], r["lab"]["usage_total"]["output_tokens"]), r["id"]
     assert set(rows) - ids == set()
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from databases import Backend
 
+from proto.server.ledger import MIGRATIONS as LEDGER_MIGRATIONS
 from proto.server.ledger import LedgerRow, UsageLedger
 from proto.server.store import ResponseStore, StoreError
 
@@ -189,7 +190,8 @@ async def test_store_and_ledger_can_share_one_database(path: str, backend: Backe
     await reopened.aclose()
     assert ledger.rows_written == 50
     # One version table, one row per component: the same migrations on both databases.
-    assert sorted(backend.query("SELECT component, version FROM schema_version")) == [("ledger", 1), ("store", 1)]
+    # (the store's 2: the items table an item_reference reads, issue 12)
+    assert sorted(backend.query("SELECT component, version FROM schema_version")) == [("ledger", len(LEDGER_MIGRATIONS)), ("store", 2)]
 
 
 async def test_two_stores_on_one_database_share_chains_and_isolation(path: str) -> None:

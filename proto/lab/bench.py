@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-override", action="append", default=None, metavar="MODEL:KNOB=V,…",
         help="passed to the servers the lab starts, e.g. mock-1000tps:prefill-time-per-token=0.025 (repeatable)",
     )
+    parser.add_argument("--engine", default=None, metavar="URL|spawn",
+                        help="the servers the lab starts drive this engine (vLLM's completions API), or one the lab starts (spawn)")
+    parser.add_argument("--workers", type=int, default=None, help="API processes per server the lab starts (serve --workers N)")
     parser.add_argument("--reconnect", type=int, default=None, metavar="K",
                         help="ws: reconnect to the other server every K turns (two servers share --db; default 0: never)")
     parser.add_argument("--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)")
@@ -53,7 +56,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "sessions": args.sessions, "rollouts": args.rollouts, "warmup": args.warmup, "turns": args.turns,
         "tool_time_scale": args.tool_time_scale, "pings": args.pings, "api_key": args.api_key,
         "model_overrides": tuple(args.model_override) if args.model_override else None,
-        "reconnect": args.reconnect, "db": args.db,
+        "engine": args.engine, "workers": args.workers, "reconnect": args.reconnect, "db": args.db,
     }
     for name, value in changes.items():
         if value is not None:
@@ -61,10 +64,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     bad = [m for m in config.modes if m not in MODES] + [p for p in config.profiles if p not in PROFILES]
     if bad:
         raise SystemExit(f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: {', '.join(PROFILES)})")
-    if config.url and config.model_overrides:
-        raise SystemExit("--model-override applies to the servers the lab starts; with --url, start that server with it")
+    if config.url and (config.model_overrides or config.engine or config.workers > 1):
+        raise SystemExit("--model-override, --engine and --workers apply to the servers the lab starts; with --url, start that server with them")
     if config.url and config.db:
         raise SystemExit("--db applies to the servers the lab starts; with --url, start those servers with it")
+    if config.workers < 1:
+        raise SystemExit("--workers must be >= 1")
     if config.reconnect < 0:
         raise SystemExit("--reconnect must be >= 0")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:

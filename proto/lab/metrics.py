@@ -57,8 +57,9 @@ class Trace:
     tool_wait_s: float = 0.0  # the client's tool waits, as planned (slept between a turn's end and its answer)
 
     def add_response(self, response: dict[str, Any]) -> None:
-        """Fold one terminal response's usage, phases and turn reports into the trace."""
-        usage = response.get("usage") or {}
+        """Fold one terminal response's usage, phases and turn reports into the trace. Its whole usage:
+        ``lab.usage_total`` (a long-lived terminal event's ``usage`` is its last segment's)."""
+        usage = (response.get("lab") or {}).get("usage_total") or response.get("usage") or {}
         self.usage["input_tokens"] += int(usage.get("input_tokens", 0))
         self.usage["cached_tokens"] += int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
         self.usage["output_tokens"] += int(usage.get("output_tokens", 0))

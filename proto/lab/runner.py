@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import psutil
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildServer, cpu_seconds
+from proto.client.child import ChildEngine, ChildServer, cpu_seconds
 from proto.lab.clients import Transport, make_client
 from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan, shorten
@@ -70,7 +70,12 @@ class BenchConfig:
     # or "what if suspended responses lost their KV pins?" (``pin-suspended=false``) on the same workload.
     model_overrides: tuple[str, ...] = ()
     reconnect: int = 0  # ws: a reconnect to the other server every K turns (0: never)
-    db: str | None = None  # the lab's servers' --db (default: a memory database; reconnect: a shared file)
+    db: str | None = None  # the lab's servers' --db (default: a memory database; reconnect, workers: a shared file)
+    # The topology of the servers the lab starts: the engine (None: in process; a URL: that engine;
+    # "spawn": a `responses-lab engine` the lab starts and every profile's server shares) and the API
+    # processes in front of it (`serve --workers N`; N > 1 without an engine starts one of its own).
+    engine: str | None = None
+    workers: int = 1
 
     @classmethod
     def quick_preset(cls) -> BenchConfig:
@@ -210,34 +215,51 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
         return
     pairs = 2 if config.reconnect else 1
     started: list[list[ChildServer]] = []
+    engine: ChildEngine | None = None
     with tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as scratch:
         try:
+            engine_url = config.engine
+            if config.engine == "spawn":
+                engine = ChildEngine([f for o in config.model_overrides for f in ("--model-override", o)])
+                engine.wait_ready()
+                engine_url = engine.http_url
             for name in config.profiles:  # all started before any is waited for: they boot side by side
-                db = config.db or (f"{scratch}/{name}.sqlite3" if pairs > 1 else ":memory:")
-                started.append([ChildServer(server_flags(PROFILES[name], config), api_key=config.api_key, db=db) for _ in range(pairs)])
+                # Processes that share a store (a reconnect's pair, N workers) need a file: a memory database is one process's.
+                shared = pairs > 1 or config.workers > 1
+                db = config.db or (f"{scratch}/{name}.sqlite3" if shared else ":memory:")
+                flags = server_flags(PROFILES[name], config, engine_url)
+                started.append([ChildServer(flags, api_key=config.api_key, db=db) for _ in range(pairs)])
             for group in started:
                 for server in group:
                     server.wait_ready()
             yield [
-                (name, group[0].ws_url, group[0].http_url, functools.partial(_cpu_sum, group), tuple(s.ws_url for s in group[1:]))
+                (name, group[0].ws_url, group[0].http_url, functools.partial(_cpu_sum, group, engine), tuple(s.ws_url for s in group[1:]))
                 for name, group in zip(config.profiles, started, strict=True)
             ]
         finally:
             for group in started:
                 for server in group:
                     server.stop()
+            if engine is not None:
+                engine.stop()
 
 
-def _cpu_sum(servers: list[ChildServer]) -> float:
-    return sum(server.cpu_s() for server in servers)
+def _cpu_sum(servers: list[ChildServer], engine: ChildEngine | None = None) -> float:
+    """The servers' CPU seconds (their workers and their own engine included), plus the lab's engine's."""
+    return sum(server.cpu_s() for server in servers) + (engine.cpu_s() if engine is not None else 0.0)
 
 
-def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
-    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides."""
+def server_flags(profile: Profile, config: BenchConfig, engine_url: str | None = None) -> list[str]:
+    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides
+    (which an engine elsewhere ignores: they are that engine's flags), its engine and workers."""
     flags = ["--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
              "--log-level", "warning"]
     for override in config.model_overrides:
         flags += ["--model-override", override]
+    if engine_url:
+        flags += ["--engine", engine_url]
+    if config.workers > 1:
+        flags += ["--workers", str(config.workers)]
     return flags
 
 

@@ -20,12 +20,23 @@ class Settings:
     # Usage ledger + response store: a SQLite file (embedded), ":memory:" for throwaway runs, or a
     # postgresql://… URL shared by every worker and host (proto/server/database.py).
     db: str = "responses-lab.db"
+    # How long one SQLite statement waits for another writer's lock before it fails: a store write then
+    # ends its response `store_unavailable`; the ledger retries with backoff (notes/issue13.md).
+    db_busy_timeout_s: float = 10.0
+    progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1
     loop: str = "auto"  # auto | uvloop | asyncio — auto: uvloop when installed (NOTES.md, "event loop")
     http: str = "auto"  # auto | httptools | h11 — auto: httptools when installed
     default_policy: str = "echo"  # without directives: echo | random[:seed] | trace:NAME
     safety: str = "annotate"  # annotate | block | off
     model_override: list[str] = field(default_factory=list)  # "mock-1000tps:inter-token-latency=0.5"
+    # The engine: "" = the mock GPU in process (one per worker); a URL = any engine speaking vLLM's
+    # completions API (`responses-lab engine`, `vllm serve`), shared by every worker (docs/protocol.md §9).
+    # `--workers N` without one starts a `responses-lab engine` for the workers to share.
+    engine: str = ""
+    engine_api_key: str = ""  # `Authorization: Bearer` for the engine (`vllm serve --api-key`)
+    engine_timeout_s: float = 300.0  # a stream with no byte from the engine this long (queued too): engine_failure
+    engine_connections: int = 1024  # the keep-alive pool: one connection per stream in flight
     resolve_hop_ms: float = 0.0  # modelled remote routing service (the hop the seed removed)
     safety_hop_ms: float = 0.0  # modelled remote safety classifier
     max_frame_bytes: int = 16 * 2**20  # past it: close 1009
@@ -112,9 +123,13 @@ def _installed(module: str) -> bool:
 
 def check_bind(settings: Settings) -> None:
     """An open server (no API keys) may only listen on loopback."""
-    if settings.api_key:
+    check_host(settings.host, bool(settings.api_key))
+
+
+def check_host(host: str, keyed: bool) -> None:
+    """``check_bind`` for any server of ours (the API, the engine): without a key, loopback only."""
+    if keyed:
         return
-    host = settings.host
     if host == "localhost":
         return
     try:

@@ -14,7 +14,9 @@ Two tables, three facts per response:
 - ``record()`` writes the final usage row (table ``usage``) and deletes the open row, in the same
   transaction.
 At start-up, before serving, ``reconcile()`` turns every open row left by a dead process into a usage row
-with status ``incomplete`` and the open row's last progress figures. Who is dead: on SQLite (one server
+with status ``incomplete``, reason ``server_crashed`` (the ``reason`` column, which for every other row holds
+the terminal event's ``incomplete_details.reason`` or error code) and the open row's last progress
+figures. Who is dead: on SQLite (one server
 process per database file) every other ledger object; on PostgreSQL (many servers, many hosts) a ledger
 whose database session has ended (each holds an advisory lock for as long as it lives: see
 ``proto.server.database``), so a server that starts never bills the responses another one is serving.
@@ -86,6 +88,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_DB_PATH: Final = "responses-lab.sqlite3"
 _MODES_SQL: Final = ", ".join(f"'{mode}'" for mode in MODES)
 INCOMPLETE: Final = "incomplete"  # the status reconcile() bills a response that never ended
+CRASHED: Final = "server_crashed"  # ... and its reason (the usage row's ``reason`` column)
 
 # The schema, in order; spelled per dialect by proto.server.database (``{int}``, ``{real}``, ``{seq}``).
 MIGRATIONS: Migrations = (
@@ -118,6 +121,9 @@ MIGRATIONS: Migrations = (
     owner         TEXT NOT NULL{{seq}}
 )""",
     ),
+    # 2 (issue 13): why a row ended other than completed — ``incomplete_details.reason`` or ``error.code``
+    # of its terminal event, ``server_crashed`` for the rows reconcile() bills; "" when completed.
+    ("ALTER TABLE usage ADD COLUMN reason TEXT NOT NULL DEFAULT ''",),
 )
 
 
@@ -170,11 +176,14 @@ class LedgerRow:
     turns: int
     created_at: float  # unix seconds
     completed_at: float
+    # Why it ended other than completed: the terminal event's incomplete_details.reason or error code
+    # ("cancelled", "max_output_tokens", "engine_failure", …); "server_crashed" from reconcile(); "" if none.
+    reason: str = ""
 
     def __post_init__(self) -> None:
         # Refused at record() time, on the caller's stack, rather than later in the writer thread.
         _check_mode(self.mode)
-        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status)
+        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status, reason=self.reason)
         _check_counts(
             input_tokens=self.input_tokens,
             cached_tokens=self.cached_tokens,
@@ -538,8 +547,8 @@ class UsageLedger:
     # -- start-up --------------------------------------------------------------------------------------
 
     def reconcile(self, timeout: float = 30.0) -> int:
-        """Bill every open row left by a dead process: one usage row, status ``incomplete``, with the open
-        row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
+        """Bill every open row left by a dead process: one usage row, status ``incomplete`` and reason
+        ``server_crashed``, with the open row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
         Open rows that already have a usage row are deleted. Returns how many rows it billed.
 
         Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``). Dead: on SQLite,
@@ -646,6 +655,7 @@ def _incomplete(o: OpenResponse) -> LedgerRow:
         turns=o.turns,
         created_at=o.created_at,
         completed_at=o.created_at if o.progress_at is None else o.progress_at,
+        reason=CRASHED,
     )
 
 

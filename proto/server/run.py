@@ -7,18 +7,16 @@ import asyncio
 import contextlib
 import gc
 import math
-import os
 import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WebsocketBuffer, WSProtocol
-from uvicorn.supervisors import Multiprocess
 from wsproto import events
 from wsproto.connection import Connection, ConnectionState
 from wsproto.frame_protocol import Opcode
@@ -32,12 +30,12 @@ from proto.server.session import FRAMES_EXTENSION
 from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, clock: Clock | None = None, app: str | None = None, **extra: object) -> uvicorn.Config:
-    """The one configuration every way of serving uses (the CLI with one or N workers, the threaded test
-    server): the same protocol class, limits, pings and shutdown timing. ``app`` defaults to a fresh app
-    for ``settings``; N workers pass an import string instead (each process builds its own)."""
+def uvicorn_config(settings: Settings, clock: Clock | None = None, reconcile: bool = True, **extra: object) -> uvicorn.Config:
+    """The one configuration every way of serving uses (the CLI, each of N workers, the threaded test
+    server): a fresh app for ``settings``, the same protocol class, limits, pings and shutdown timing.
+    ``reconcile``: ``create_app``'s (a SQLite worker does not)."""
     return uvicorn.Config(
-        app if app is not None else create_app(settings, clock),
+        create_app(settings, clock, reconcile),
         host=settings.host,
         port=settings.port,
         ws=LabWSProtocol,
@@ -190,13 +188,9 @@ def serve(settings: Settings) -> None:
     check_bind(settings)
     configure(settings.log_level)
     if settings.workers > 1:
-        # Several processes need an import string: hand them the settings through the environment.
-        for name, value in asdict(settings).items():
-            os.environ["RESPONSES_LAB_" + name.upper()] = ",".join(value) if isinstance(value, list) else str(value)
-        config = uvicorn_config(settings, app="proto.server.run:app_from_env", factory=True, workers=settings.workers)
-        # Each worker runs uvicorn's own Server, whose shutdown closes WebSockets 1012 without our drain;
-        # workers that share one engine and drain on SIGTERM are the engine issue's (NOTES.md).
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        from proto.server.workers import serve_workers
+
+        serve_workers(settings)
         return
     server = LabServer(uvicorn_config(settings))
     freeze_startup_objects()
@@ -211,18 +205,6 @@ def freeze_startup_objects() -> None:
     it after start-up; servers that fork workers use it the same way (Instagram's Django, gunicorn apps)."""
     gc.collect()  # garbage from start-up is freed, not frozen for ever
     gc.freeze()
-
-
-def app_from_env() -> object:
-    import argparse
-
-    from proto.server.config import from_args
-
-    settings = from_args(argparse.Namespace())
-    configure(settings.log_level)
-    app = create_app(settings)
-    freeze_startup_objects()
-    return app
 
 
 def free_port(host: str = "127.0.0.1") -> int:

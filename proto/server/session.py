@@ -3,11 +3,12 @@
 **The outbox.** Text frames (each encoded to bytes once, where it was framed) leave in the order they were
 framed, a batch at a time: one ``transport.write``. When nothing is queued or being written and the
 transport takes data now, the frames are written at once by whoever framed them (the protocol's
-``write_now``, see ``run.LabWSProtocol``): a GPU wake-up's tokens go out before its task does anything else — before the driver
-stores, bills and encodes the terminal event after the final answer's last tokens — with no hop to another
-task and no deadline (a write that cannot wait cannot time out). Otherwise they are queued, and one writer
-task drains the queue: each of its wake-ups takes *every* frame queued so far and writes them in one go
-(one ASGI message), under one deadline. Policy for a *slow reader* (a client that stops reading while the model streams):
+``write_now``, see ``run.LabWSProtocol``): a GPU wake-up's tokens go out before its task does anything
+else — before the driver stores, bills and encodes the terminal event after the final answer's last tokens
+— with no hop to another task and no deadline (a write that cannot wait cannot time out). Otherwise they
+are queued, and one writer task drains the queue: each of its wake-ups takes *every* frame queued so far
+and writes them in one go (one ASGI message), under one deadline. Policy for a *slow reader* (a client
+that stops reading while the model streams):
 
 * back-pressure first: the writer awaits the transport (uvicorn pauses writing past asyncio's high-water
   mark), the queue fills up to ``--send-queue`` frames, then whoever frames an event — the sampler — waits.

@@ -37,7 +37,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from proto.server.database import Connection, Database, DatabaseClosed, Migrations, open_database, redact
+from proto.server.database import (
+    Connection,
+    Database,
+    DatabaseClosed,
+    Migrations,
+    open_database,
+    redact,
+    transaction,
+)
 
 T = TypeVar("T")
 
@@ -54,6 +62,22 @@ MIGRATIONS: Migrations = (
     input_items_json     {blob} NOT NULL
 )""",
     ),
+    # 2: every item of a stored response (its inputs and its output), by id: what an ``item_reference``
+    # names (issue 12). Items stored before it have no rows: a reference to one is ``item_not_found``.
+    (
+        """CREATE TABLE IF NOT EXISTS items (
+    api_key_id  TEXT NOT NULL,
+    item_id     TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    item_json   {blob} NOT NULL,
+    PRIMARY KEY (api_key_id, item_id)
+)""",
+        "CREATE INDEX IF NOT EXISTS items_by_response ON items (response_id)",
+    ),
+)
+_PUT_ITEM = (
+    "INSERT INTO items (api_key_id, item_id, response_id, item_json) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (api_key_id, item_id) DO UPDATE SET response_id = excluded.response_id, item_json = excluded.item_json"
 )
 _FIELDS = "response_id, api_key_id, response_json, input_items_json, previous_response_id, created_at, model"
 _PUT = (
@@ -176,7 +200,10 @@ class ResponseStore:
         model: str,
         *,
         created_at: float | None = None,
+        items: list[tuple[str, bytes]] | None = None,
     ) -> None:
+        """``items``: (item id, item JSON) of every item the response holds, for ``find_items``; written
+        in the same transaction as the response."""
         if not input_items_json.lstrip().startswith(b"["):
             raise ValueError("input_items_json must be a JSON array")
         row = (
@@ -189,9 +216,17 @@ class ResponseStore:
             bytes(input_items_json),
         )
 
-        def write(db: Connection) -> None:
+        def put_row(db: Connection) -> None:
             if db.execute(_PUT, row).rowcount == 0:
                 raise StoreError(f"response id {response_id!r} belongs to another API key")
+
+        def write(db: Connection) -> None:
+            if items:  # the response and its items in one transaction
+                with transaction(db, write=True):
+                    put_row(db)
+                    db.executemany(_PUT_ITEM, [(api_key_id, item_id, response_id, bytes(item)) for item_id, item in items])
+            else:
+                put_row(db)
             with self._counts:
                 self.writes += 1
                 self.bytes_written += len(response_json) + len(input_items_json)
@@ -222,7 +257,9 @@ class ResponseStore:
 
     async def delete(self, response_id: str, api_key_id: str) -> bool:
         def remove(db: Connection) -> bool:
-            rowcount = db.execute("DELETE FROM responses WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id)).rowcount
+            with transaction(db, write=True):
+                rowcount = db.execute("DELETE FROM responses WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id)).rowcount
+                db.execute("DELETE FROM items WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id))
             with self._counts:
                 self.deletes += rowcount
             return rowcount > 0
@@ -251,6 +288,22 @@ class ResponseStore:
             return links
 
         return await self._read("chain", walk)
+
+    async def find_items(self, item_ids: list[str], api_key_id: str) -> dict[str, bytes]:
+        """The stored items with these ids (this key's only), by id; a missing id is simply absent."""
+
+        def read(db: Connection) -> dict[str, bytes]:
+            found: dict[str, bytes] = {}
+            for item_id in dict.fromkeys(item_ids):
+                row = db.execute("SELECT item_json FROM items WHERE api_key_id = ? AND item_id = ?", (api_key_id, item_id)).one()
+                if row is not None:
+                    found[item_id] = bytes(row[0])
+            with self._counts:
+                self.reads += len(found)
+                self.bytes_read += sum(map(len, found.values()))
+            return found
+
+        return await self._read("find_items", read)
 
     def close(self) -> None:
         """Finish queued calls, close the database, stop the threads. Idempotent; blocks (from the loop,

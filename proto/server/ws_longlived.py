@@ -22,13 +22,14 @@ from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto.actions import Reply, Start
+from proto.create import check_outputs
 from proto.errors import ClientError
 from proto.events import ServerEvent
 from proto.items import Item
-from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
-from proto.server.chain import load_history
+from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, OpenNext, Resume
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared
+from proto.server.pipeline import Pipeline, Prepared, typed_faults
 from proto.server.session import Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 
@@ -110,6 +111,9 @@ class LongLivedSession(WebSocketSession):
                     self.driver.resume(items)
                 case Cancel():
                     await self._stop_task()
+                case OpenNext():
+                    if await self._act_all(self.core.open_next(), writer):
+                        return True
                 case Close(code, reason):
                     await self._close(writer, code, reason)
                     return True
@@ -126,7 +130,8 @@ class LongLivedSession(WebSocketSession):
     async def _respond(self, start: Start) -> None:
         try:
             try:
-                prepared = await self._prepare(start)
+                with typed_faults():
+                    prepared = await self._prepare(start)
             except ClientError as exc:
                 await self.out.put(self.core.abort(exc))
                 return
@@ -141,10 +146,12 @@ class LongLivedSession(WebSocketSession):
 
     async def _prepare(self, start: Start) -> Prepared:
         history: list[Item] = []
+        items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
         if start.request.previous_response_id is not None:
             # Continuing a stored response: its chain is context, loaded and rendered once.
             history = await load_history(self.pipeline, start.request.previous_response_id, self.api_key_id, start.work)
-        return await self.pipeline.prepare(start.response_id, start.request, history, start.items, start.work, "longlived", scan_history=False)
+        check_outputs(history, items, root="$.")
+        return await self.pipeline.prepare(start.response_id, start.request, history, items, start.work, "longlived", scan_history=False)
 
     # --------------------------------------------------------------------------------- Transport
     def opened(self) -> bool:
@@ -161,3 +168,6 @@ class LongLivedSession(WebSocketSession):
 
     def cut(self) -> Cancel | None:
         return self.core.cancelling
+
+    def end_at_boundary(self) -> str | None:
+        return None  # appended user messages join at the boundary instead (queued)
