@@ -1,6 +1,6 @@
 """The long chaos run: every scenario of ``proto/client/chaos.py``, round after round with a new seed each,
 until ``--minutes`` have passed, each round on a fresh ``responses-lab serve``; prints the table of faults
-and violations (the figures of notes/issue13.md) and exits 1 if any invariant broke.
+and violations (the figures of NOTES.md, "Issue 13") and exits 1 if any invariant broke.
 
     .venv/bin/python scripts/chaos.py --minutes 10 [--seed 1] [--short] [--json OUT]
 

@@ -1,4 +1,4 @@
-"""The figures behind notes/issue15.md's fleet section: N API servers sharing one PostgreSQL, driven by
+"""The figures behind NOTES.md, "Issue 15"'s fleet section: N API servers sharing one PostgreSQL, driven by
 Locust in its distributed mode (a local master and W workers), for a bounded time, on this machine.
 
     PYTHONPATH=. .venv/bin/python scripts/fleet_figures.py --servers 2 --workers 2 --users 24 --seconds 60

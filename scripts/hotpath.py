@@ -1,4 +1,4 @@
-"""The hot path at the stack's floor: the measurements behind notes/issue10.md, as commands anyone can rerun.
+"""The hot path at the stack's floor: the measurements behind NOTES.md, "Issue 10", as commands anyone can rerun.
 
     .venv/bin/python scripts/hotpath.py turn      [--contexts 1000,100000] [--turns 50] [--append 1000]
     .venv/bin/python scripts/hotpath.py cpu       [--context 100000] [--turns 20]

@@ -1,7 +1,7 @@
 """The short chaos run (issue 13, item 4): every scenario of ``proto/client/chaos.py`` once, seeded, bounded,
 against a real ``responses-lab serve`` on loopback, each checked against the invariants — no leak (tasks,
 GPU slots, KV pins), one ledger row per response with the delivered usage, one terminal event per response.
-The long run is ``scripts/chaos.py --minutes N``; figures in notes/issue13.md.
+The long run is ``scripts/chaos.py --minutes N``; figures in NOTES.md, "Issue 13".
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ async def test_codex_websocket_runs_shell_apply_patch_and_view_image(tmp_path: P
 
 async def test_codex_without_the_catalog_still_runs_its_shell_and_view_image(tmp_path: Path) -> None:
     """The bare provider config (no catalog): Codex runs the model on fallback metadata and offers no
-    apply_patch (notes/issue12.md), but its shell and view_image work and the answer is the script's."""
+    apply_patch (NOTES.md, "Issue 12"), but its shell and view_image work and the answer is the script's."""
     environ_has_node()
     binary = codex_bin("codex")
     async with lab_server(tmp_path) as server:

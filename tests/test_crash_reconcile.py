@@ -6,7 +6,7 @@ delivered at every turn end and every ``--progress-interval-s`` while a turn str
 one suspended on a call, a GA stream, an SSE stream, a JSON request — and a new one started on the same
 file: before it serves, every response that had started is billed ``incomplete`` with reason
 ``server_crashed``, for at least the last progress its trace recorded and never more than the client
-received; the responses that had ended keep their own rows. The guarantee is written out in notes/issue13.md.
+received; the responses that had ended keep their own rows. The guarantee is written out in NOTES.md, "Issue 13".
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ class Settings:
     # postgresql://… URL shared by every worker and host (proto/server/database.py).
     db: str = "responses-lab.db"
     # How long one SQLite statement waits for another writer's lock before it fails: a store write then
-    # ends its response `store_unavailable`; the ledger retries with backoff (notes/issue13.md).
+    # ends its response `store_unavailable`; the ledger retries with backoff (NOTES.md, "Issue 13").
     db_busy_timeout_s: float = 10.0
     progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1
@@ -48,12 +48,12 @@ class Settings:
     idle_timeout_s: float = 3600.0
     connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached
     # Merge a stream's deltas within this window into one event (the GPU wakes at most this often; its
-    # token deadlines do not move). 0: one delta per token, as OpenAI streams (notes/issue10.md).
+    # token deadlines do not move). 0: one delta per token, as OpenAI streams (NOTES.md, "Issue 10").
     coalesce_ms: float = 0.0
     # Accept permessage-deflate when a client offers it (the websockets client and Codex do by default).
     # Off by measurement: negotiated, it took 3.5× the server CPU per streamed token (4.3–4.8 vs 1.1–1.4 µs
     # flat out) to shrink a delta frame from 189 to 10 bytes, a saving a loopback or LAN does not need
-    # (notes/issue10.md).
+    # (NOTES.md, "Issue 10").
     ws_per_message_deflate: bool = False
     send_queue: int = 4096  # frames buffered per connection before the sampler waits for the client
     send_timeout_s: float = 30.0  # slow reader: one frame not written for this long closes the connection 1008
