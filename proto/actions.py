@@ -27,6 +27,7 @@ class Start:
     request: ResponseCreate
     items: list[Item]
     work: WorkCounters
+    stream_id: str | None = None  # GA WebSocket mode's lane (None: the default lane)
 
 
 def error_reply(exc: ClientError) -> Reply:

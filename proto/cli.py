@@ -1,4 +1,4 @@
-"""``responses-lab`` (also ``python -m proto``): serve, demo, bench, soak."""
+"""``responses-lab`` (also ``python -m proto``): serve, engine, demo, bench, soak."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--model", default="mock-1000tps")
     # bench's flags live in proto/lab/bench.py; everything after `bench` is handed to it.
     commands.add_parser("bench", help="the latency lab: one workload over the four transports", add_help=False)
+    commands.add_parser("engine", help="the mock GPU as its own process, behind vLLM's completions API (proto/engine)", add_help=False)
     commands.add_parser("soak", help="load and soak: N connections x M turns, RSS, leaks (proto/client/soak.py)", add_help=False)
 
     args, rest = parser.parse_known_args(argv)
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         from proto.lab.bench import main as bench_main
 
         return bench_main(rest)
+    if args.command == "engine":
+        from proto.engine.run import main as engine_main
+
+        return engine_main(rest)
     if args.command == "soak":
         from proto.client.soak import main as soak_main
 

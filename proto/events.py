@@ -11,40 +11,49 @@ from typing import Annotated, Any
 
 import msgspec
 
+from proto import openai_types as oa
 from proto.items import Item, OutputText, Tool
 from proto.response import Response
 
 # ----------------------------------------------------------------------------------------------- client
 
 
-class CreateBody(msgspec.Struct, kw_only=True):
-    """The body of ``POST /v1/responses``; also the flat ``response.create`` event of both WS protocols."""
+class CreateBody(oa.ResponseCreateParamsBase, kw_only=True):
+    """The body of ``POST /v1/responses``; also the flat ``response.create`` event of both WS protocols.
+
+    Every field OpenAI documents, typed as the SDK spells it (``proto.openai_types``); here only what the
+    lab narrows: ``input`` kept raw so each item decodes on its own (its error names its index), the
+    defaults OpenAI applies, the documented ranges, and GA WebSocket mode's ``generate``."""
 
     model: str
     input: str | list[msgspec.Raw] = msgspec.field(default_factory=list)
-    instructions: str | None = None
     tools: list[Tool] = msgspec.field(default_factory=list)
-    tool_choice: Any = "auto"
-    parallel_tool_calls: bool = True
-    previous_response_id: str | None = None
-    store: bool = True
-    stream: bool = False
-    background: bool = False
+    # ``null`` is valid for these (the SDK types them Optional): it means the default.
+    parallel_tool_calls: bool | None = True
+    store: bool | None = True
+    stream: bool | None = False
+    background: bool | None = False
     generate: bool = True
     # Ranges as OpenAI documents them; out of range is the peer's error, not a number we carry along.
     max_output_tokens: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
-    truncation: str | None = None
-    include: list[str] | None = None
+
+    @property
+    def stores(self) -> bool:
+        return self.store is not False
+
+    @property
+    def parallel(self) -> bool:
+        return self.parallel_tool_calls is not False
+
+    def includes(self, what: str) -> bool:
+        return what in (self.include or ())
 
 
 class ResponseCreate(CreateBody, tag="response.create", tag_field="type", kw_only=True):
     event_id: str | None = None
+    stream_id: str | None = None  # GA WebSocket mode's lane (SPEC §4); not part of the HTTP body
 
 
 class ClientEventBase(msgspec.Struct, tag_field="type", kw_only=True):
@@ -65,7 +74,15 @@ class ResponseCancel(ClientEventBase, tag="response.cancel"):
     response_id: str | None = None
 
 
-ClientEvent = ResponseCreate | ResponseAppend | ResponseInject | ResponseCancel
+class ResponseSteer(ClientEventBase, tag="response.steer"):
+    """GA WebSocket mode's beta steering (SDK: ``ResponseSteerEventParam``): user input queued for the
+    response ``previous_response_id``; a string or message items, decoded on their own."""
+
+    previous_response_id: str
+    input: str | list[msgspec.Raw]
+
+
+ClientEvent = ResponseCreate | ResponseAppend | ResponseInject | ResponseCancel | ResponseSteer
 CLIENT_EVENT_TYPES = frozenset(str(kind.__struct_config__.tag) for kind in typing.get_args(ClientEvent))
 
 # ----------------------------------------------------------------------------------------------- server
@@ -143,6 +160,50 @@ class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_argumen
     name: str | None = None
 
 
+class CustomToolCallInputDelta(ServerEvent, tag="response.custom_tool_call_input.delta", frozen=True):
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class CustomToolCallInputDone(ServerEvent, tag="response.custom_tool_call_input.done", frozen=True):
+    item_id: str
+    output_index: int
+    input: str
+
+
+class SummaryPart(msgspec.Struct, tag="summary_text", tag_field="type"):
+    text: str
+
+
+class ReasoningSummaryPartAdded(ServerEvent, tag="response.reasoning_summary_part.added", frozen=True):
+    item_id: str
+    output_index: int
+    summary_index: int
+    part: SummaryPart
+
+
+class ReasoningSummaryTextDelta(ServerEvent, tag="response.reasoning_summary_text.delta", frozen=True):
+    item_id: str
+    output_index: int
+    summary_index: int
+    delta: str
+
+
+class ReasoningSummaryTextDone(ServerEvent, tag="response.reasoning_summary_text.done", frozen=True):
+    item_id: str
+    output_index: int
+    summary_index: int
+    text: str
+
+
+class ReasoningSummaryPartDone(ServerEvent, tag="response.reasoning_summary_part.done", frozen=True):
+    item_id: str
+    output_index: int
+    summary_index: int
+    part: SummaryPart
+
+
 class WebSearchInProgress(ServerEvent, tag="response.web_search_call.in_progress", frozen=True):
     item_id: str
     output_index: int
@@ -195,6 +256,52 @@ class InjectFailed(WireEvent, tag="response.inject.failed", frozen=True):
     event_id: str | None = None
 
 
+class SteerRef(msgspec.Struct, kw_only=True):
+    id: str
+    previous_response_id: str
+
+
+class SteerFailure(msgspec.Struct, kw_only=True, omit_defaults=True):
+    previous_response_id: str
+    input: Any  # the submission as it came, returned so the client can carry it into a response.create
+    id: str | None = None
+
+
+class SteerError(msgspec.Struct, kw_only=True):
+    code: str  # response_not_found, invalid_input, too_many_pending_steers, response_already_completed, response_not_active
+    message: str
+    type: str = "invalid_request_error"
+
+
+class RequiredInput(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """A stub of an output the client owes (SDK: ``ResponseSteerRequiredInput``)."""
+
+    call_id: str
+
+
+class RequiredFunctionOutput(RequiredInput, tag="function_call_output"):
+    name: str
+
+
+class RequiredCustomOutput(RequiredInput, tag="custom_tool_call_output"):
+    pass
+
+
+class SteerAccepted(ServerEvent, tag="response.steer.accepted", frozen=True):
+    steer: SteerRef
+
+
+class SteerPending(ServerEvent, tag="response.steer.pending", frozen=True):
+    steer: SteerRef
+    required_input: list[RequiredFunctionOutput | RequiredCustomOutput]
+    reason: str = "waiting_for_required_input"
+
+
+class SteerFailed(ServerEvent, tag="response.steer.failed", frozen=True):
+    steer: SteerFailure
+    error: SteerError
+
+
 class ErrorDetail(msgspec.Struct, kw_only=True):
     type: str
     code: str | None
@@ -208,6 +315,7 @@ class ErrorEvent(WireEvent, tag="error", frozen=True):
 
 
 TERMINAL_EVENTS = (ResponseCompleted, ResponseIncomplete, ResponseFailed)
+TerminalEvent = ResponseCompleted | ResponseIncomplete | ResponseFailed
 
 AnyServerEvent = (
     ResponseCreated
@@ -220,6 +328,12 @@ AnyServerEvent = (
     | OutputTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
+    | CustomToolCallInputDelta
+    | CustomToolCallInputDone
+    | ReasoningSummaryPartAdded
+    | ReasoningSummaryTextDelta
+    | ReasoningSummaryTextDone
+    | ReasoningSummaryPartDone
     | WebSearchInProgress
     | WebSearchSearching
     | WebSearchCompleted
@@ -229,5 +343,8 @@ AnyServerEvent = (
     | ResponseFailed
     | InjectCreated
     | InjectFailed
+    | SteerAccepted
+    | SteerPending
+    | SteerFailed
     | ErrorEvent
 )

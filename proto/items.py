@@ -1,101 +1,127 @@
-"""Conversation items and tools in the Responses API's shape (msgspec structs, tagged on ``type``)."""
+"""Conversation items and tools in the Responses API's shape: the structs of ``proto.openai_types``
+(generated from the ``openai`` SDK's request types, so every documented item and tool type decodes and
+validates), under the short names the lab's code uses, plus what the lab reads off them.
+
+Every item type is accepted, stored and rendered into the model's context (``sampler.tokens``); the mock
+model produces messages, reasoning, function calls, custom tool calls and web searches.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Protocol, cast
 
-import msgspec
+from proto import openai_types as oa
 
+Item = oa.InputItem
+Tool = oa.Tool
 
-class InputText(msgspec.Struct, tag="input_text", tag_field="type"):
-    text: str
+# Items the lab reads or makes.
+Message = oa.Message
+FunctionCall = oa.ResponseFunctionToolCall
+FunctionCallOutput = oa.FunctionCallOutput
+CustomToolCall = oa.ResponseCustomToolCall
+CustomToolCallOutput = oa.ResponseCustomToolCallOutput
+Reasoning = oa.ResponseReasoningItem
+ReasoningSummary = oa.Summary
+ReasoningText = oa.Content
+WebSearchCall = oa.ResponseFunctionWebSearch
+WebSearchAction = oa.ActionSearch
+WebSearchSource = oa.ActionSearchSource
+WebOpenPage = oa.ActionOpenPage
+WebFindInPage = oa.ActionFind
+ItemReference = oa.ItemReference
+Compaction = oa.ResponseCompactionItem
 
+# Content parts.
+InputText = oa.ResponseInputText
+InputImage = oa.ResponseInputImage
+InputFile = oa.ResponseInputFile
+OutputText = oa.ResponseOutputText
+Refusal = oa.ResponseOutputRefusal
+# (A message's parts and a tool output's list are the same structs: the generator merges the SDK's twins.)
+TEXT_PARTS = (oa.ResponseInputText, oa.ResponseOutputText)
+IMAGE_PARTS = (oa.ResponseInputImage,)
+FILE_PARTS = (oa.ResponseInputFile,)
+ImagePart = oa.ResponseInputImage
+FilePart = oa.ResponseInputFile
 
-class OutputText(msgspec.Struct, tag="output_text", tag_field="type"):
-    text: str
-    annotations: list[Any] = msgspec.field(default_factory=list)
-    logprobs: list[Any] = msgspec.field(default_factory=list)
-
-
-ContentPart = InputText | OutputText
-
-Role = Literal["user", "assistant", "system", "developer"]
-
-
-class Message(msgspec.Struct, tag="message", tag_field="type", kw_only=True):
-    role: Role
-    content: str | list[ContentPart]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class EasyMessage(msgspec.Struct, kw_only=True):
-    """OpenAI accepts ``{"role": ..., "content": ...}`` without ``type``; normalised to ``Message``."""
-
-    role: Role
-    content: str | list[ContentPart]
-
-
-class FunctionCall(msgspec.Struct, tag="function_call", tag_field="type", kw_only=True):
-    call_id: str
-    name: str
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallOutput(msgspec.Struct, tag="function_call_output", tag_field="type", kw_only=True):
-    call_id: str
-    output: str | list[InputText]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
-
-
-class WebSearchAction(msgspec.Struct, tag="search", tag_field="type", kw_only=True):
-    query: str
-    sources: list[dict[str, str]] | None = None
-
-
-class WebSearchCall(msgspec.Struct, tag="web_search_call", tag_field="type", kw_only=True):
-    id: str
-    status: str
-    action: WebSearchAction | None = None
-
-
-Item = Message | FunctionCall | FunctionCallOutput | WebSearchCall
-
-
-class FunctionTool(msgspec.Struct, tag="function", tag_field="type", kw_only=True):
-    name: str
-    parameters: dict[str, Any] | None = None
-    description: str | None = None
-    strict: bool | None = None
-
-
-class WebSearchTool(msgspec.Struct, tag="web_search", tag_field="type", kw_only=True):
-    search_context_size: str | None = None
-
-
-class WebSearchPreviewTool(msgspec.Struct, tag="web_search_preview", tag_field="type", kw_only=True):
-    search_context_size: str | None = None
-
-
-Tool = FunctionTool | WebSearchTool | WebSearchPreviewTool
+# Tools the mock model calls.
+FunctionTool = oa.FunctionTool
+NamespaceFunction = oa.ToolFunction
+CustomTool = oa.CustomTool
+NamespaceTool = oa.NamespaceTool
+WebSearchTools = (oa.WebSearchTool, oa.WebSearchPreviewTool)
 
 HOSTED_TOOL_NAMES = frozenset({"web_search", "web_search_preview"})
+# The model's own calls: the client (or a hosted service) answers each with an output item.
+CALL_ITEMS = (FunctionCall, CustomToolCall)
+OUTPUT_ITEMS = (FunctionCallOutput, CustomToolCallOutput)
+CallItem = FunctionCall | CustomToolCall
+OutputItem = FunctionCallOutput | CustomToolCallOutput
 
 
+def part_text(part: object) -> str:
+    """The text a content part holds ("" for an image or a file: those are counted apart)."""
+    if isinstance(part, TEXT_PARTS):
+        return part.text
+    if isinstance(part, Refusal):
+        return part.refusal
+    return ""
+
+
+def message_text(item: Message) -> str:
+    if isinstance(item.content, str):
+        return item.content
+    return "".join(part_text(part) for part in item.content)
+
+
+def output_text(item: FunctionCallOutput | CustomToolCallOutput) -> str:
+    """A tool output's text parts (``output`` is a string or a list of text, image and file parts)."""
+    if item.output is None:
+        return ""
+    if isinstance(item.output, str):
+        return item.output
+    return "".join(part_text(part) for part in item.output)
+
+
+def media_parts(item: Item) -> list[ImagePart | FilePart]:
+    """The images and files an item carries: in a message's content or a tool output's list."""
+    parts: list[object] = []
+    if isinstance(item, Message) and not isinstance(item.content, str):
+        parts = list(item.content)
+    elif isinstance(item, OUTPUT_ITEMS) and isinstance(item.output, list):
+        parts = list(item.output)
+    return [part for part in parts if isinstance(part, (*IMAGE_PARTS, *FILE_PARTS))]
 
 
 def function_tool_names(tools: list[Tool]) -> frozenset[str]:
-    return frozenset(tool.name for tool in tools if isinstance(tool, FunctionTool))
+    """Names the model may call as functions: function tools, and the functions inside a namespace
+    (called by their own name, SPEC §5)."""
+    return _names(tools, (FunctionTool, NamespaceFunction))
+
+
+def custom_tool_names(tools: list[Tool]) -> frozenset[str]:
+    """Names of ``custom`` (freeform) tools, top-level or inside a namespace."""
+    return _names(tools, (CustomTool,))
+
+
+class _Named(Protocol):
+    name: str
+
+
+def _names(tools: list[Tool], kinds: tuple[type, ...]) -> frozenset[str]:
+    inner = [t for tool in tools if isinstance(tool, NamespaceTool) for t in tool.tools]
+    named = [cast(_Named, tool) for tool in (*tools, *inner) if isinstance(tool, kinds)]
+    return frozenset(tool.name for tool in named)
+
+
+def namespace_of(tools: list[Tool], name: str) -> str | None:
+    """The namespace a called tool lives in (its call item carries it), or None for a top-level tool."""
+    for tool in tools:
+        if isinstance(tool, NamespaceTool) and any(inner.name == name for inner in tool.tools):
+            return tool.name
+    return None
+
+
+def item_type(item: Item) -> str:
+    return str(type(item).__struct_config__.tag)

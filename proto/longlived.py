@@ -41,12 +41,17 @@ from proto.events import (
     ResponseCreate,
     ResponseDone,
     ResponseInject,
+    ResponseSteer,
     ServerEvent,
     WireEvent,
 )
-from proto.items import FunctionCallOutput, Item, Message
+from proto.items import CALL_ITEMS, OUTPUT_ITEMS, CallItem, Item, Message, OutputItem
 from proto.state import ABORT_RETURNS, REFUSALS, TRANSITIONS, Event, State
 from proto.work import WorkCounters
+
+# The events whose framing changes the state (``frame``); every other one just streams.
+_TRANSITION_EVENTS = frozenset({ResponseDone, *TERMINAL_EVENTS})
+_encode = codec.encode
 
 CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection on purpose, the client reconnects
 
@@ -82,7 +87,13 @@ class Close:
     reason: str
 
 
-Action = Reply | Start | Resume | Cancel | Close
+@dataclass(frozen=True)
+class OpenNext:
+    """After the ``Cancel`` before it has been carried out (the superseded response's terminal event is
+    framed): call ``open_next`` and carry out what it returns."""
+
+
+Action = Reply | Start | Resume | Cancel | Close | OpenNext
 
 
 @dataclass
@@ -92,8 +103,9 @@ class _Open:
     id: str
     work: WorkCounters
     pending: dict[str, str] = field(default_factory=dict)  # call_id -> name, in call order
-    received: dict[str, FunctionCallOutput] = field(default_factory=dict)
+    received: dict[str, OutputItem] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)  # every call answered so far in this response
+    calls: dict[str, str] = field(default_factory=dict)  # every call this response made: call_id -> name
     extra: list[Item] = field(default_factory=list)  # user messages appended while suspended
     queued: list[Item] = field(default_factory=list)  # user messages appended while sampling
     cancel: Cancel | None = None  # asked for; the response has not ended yet
@@ -114,6 +126,7 @@ class LongLivedCore:
         self._before_open = State.IDLE
         self._last_id: str | None = None
         self._expiring = False  # the age limit passed: close once no response is open
+        self._next: tuple[ResponseCreate, list[Item], WorkCounters] | None = None  # a create superseding the open response
 
     # ------------------------------------------------------------------------------------ properties
     @property
@@ -164,6 +177,8 @@ class LongLivedCore:
                     return self._inject(event)
                 case ResponseCancel():
                     return self._cancel(event.response_id)
+                case ResponseSteer():
+                    raise ClientError("unknown_event_type", "response.steer is GA WebSocket mode's; here response.append steers", "$.type")
         except ClientError as exc:
             return [self.error(exc)]
         raise LocalProtocolError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
@@ -174,11 +189,40 @@ class LongLivedCore:
 
     def _create(self, event: ResponseCreate) -> list[Action]:
         self._check(Event.CREATE)
-        items, work = validate_create(event, self._models, self._limits.create, root="$.", item_code="invalid_event")
+        if self.state is State.SUSPENDED:
+            return self._supersede(event)
+        items, work = validate_create(event, self._models, self._limits.create, root="$.", refuse_background=False)
+        return self._start(event, items, work)
+
+    def _start(self, event: ResponseCreate, items: list[Item], work: WorkCounters) -> list[Action]:
         self._before_open = self.state
         self._transition(Event.CREATE)
         self._open = _Open(id=self._new_id(), work=work)
         return [Start(self._open.id, event, items, work)]
+
+    def _supersede(self, event: ResponseCreate) -> list[Action]:
+        """A create while the open response waits on its calls: it ends ``incomplete`` (reason
+        ``superseded``, billed once like any cut) and the new one opens after its terminal event. One
+        create at a time: a second, or one after a cancel, is ``response_in_progress``. The create is
+        validated first, so a bad one leaves the suspended response as it was."""
+        open_ = self._open
+        assert open_ is not None
+        if self._next is not None or open_.cancel is not None or self._expiring:
+            raise ClientError("response_in_progress", "the open response is already ending; wait for its terminal event")
+        items, work = validate_create(event, self._models, self._limits.create, root="$.", refuse_background=False)
+        self._transition(Event.CREATE)
+        self._next = (event, items, work)
+        return [*self._cut(Cancel(open_.id, "superseded")), OpenNext()]
+
+    def open_next(self) -> list[Action]:
+        """The superseded response has ended: open the create that superseded it (nothing if the
+        connection closed meanwhile)."""
+        if self._next is not None and self.state not in (State.ENDED, State.CLOSED):
+            raise LocalProtocolError(f"open_next() in state {self.state.name}: the superseded response has not ended")
+        pending, self._next = self._next, None
+        if pending is None or self.state is State.CLOSED:
+            return []
+        return self._start(*pending)
 
 
     def _append(self, raw: list[msgspec.Raw], response_id: str | None) -> list[Action]:
@@ -188,11 +232,13 @@ class LongLivedCore:
         if self._open is None:
             self._check(Event.APPEND)
         assert self._open is not None
+        if not raw:  # nothing to hand over: answered, never silently dropped (OpenAI's code for an empty array)
+            raise ClientError("empty_array", "Invalid 'input': empty array. Expected at least one item.", "$.input")
         if len(raw) > self._limits.max_input_items:
             raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
-        items = codec.decode_items(raw, code="invalid_event")
+        items = codec.decode_items(raw)
         open_ = self._open
-        outputs: dict[str, FunctionCallOutput] = {}
+        outputs: dict[str, OutputItem] = {}
         messages: list[Item] = []
         for index, item in enumerate(items):
             path = f"$.input[{index}]"
@@ -200,15 +246,17 @@ class LongLivedCore:
                 if item.role == "assistant":
                     raise ClientError("invalid_request", "append accepts user, system or developer messages", f"{path}.role")
                 messages.append(item)
-            elif isinstance(item, FunctionCallOutput):
-                call_id = item.call_id
+            elif isinstance(item, OUTPUT_ITEMS):
+                call_id = item.call_id or ""
                 if call_id in open_.received or call_id in open_.answered or call_id in outputs:
                     raise ClientError("duplicate_call_output", f"call {call_id!r} already has an output", f"{path}.call_id")
                 if call_id not in open_.pending:
                     raise ClientError("unknown_call_id", f"the response is not waiting on call {call_id!r}", f"{path}.call_id")
                 outputs[call_id] = item
+            elif isinstance(item, CALL_ITEMS):
+                self._check_echo(item, path)  # already in the context: accepted, not added again
             else:
-                raise ClientError("invalid_request", "append accepts function_call_output and message items", f"{path}.type")
+                raise ClientError("invalid_request", "append accepts function_call_output, custom_tool_call_output, message items and echoes of pending calls", f"{path}.type")
         if self.state is not State.SUSPENDED:
             if len(open_.queued) + len(messages) > self._limits.max_queued_items:
                 limit = self._limits.max_queued_items
@@ -231,6 +279,18 @@ class LongLivedCore:
         open_.received.clear()
         open_.extra = []
         return [resume]
+
+    def _check_echo(self, item: CallItem, path: str) -> None:
+        """A client may send the model's own call back before its output (Codex 0.87's v1 transport does):
+        accepted when it names a call this response made, with the same name; dropped, since the call is
+        already in the context."""
+        open_ = self._open
+        assert open_ is not None
+        name = open_.pending.get(item.call_id) or open_.calls.get(item.call_id)
+        if name is None:
+            raise ClientError("unknown_call_id", f"the response made no call {item.call_id!r}", f"{path}.call_id")
+        if name != item.name:
+            raise ClientError("invalid_request", f"call {item.call_id!r} is {name!r}, not {item.name!r}", f"{path}.name")
 
     def _inject(self, event: ResponseInject) -> list[Action]:
         # The beta spelling of append: acknowledged or refused with its own event types.
@@ -299,6 +359,8 @@ class LongLivedCore:
 
         Raises ``ClientError('too_many_pending_calls')`` for a ``response.done`` with more calls than one
         response may hold open; nothing changes, and the response must end with that failure."""
+        if self.state is State.STREAMING and type(event) not in _TRANSITION_EVENTS:
+            return _encode(event)  # an output event of a sampling response (one per token): no transition
         open_ = self._open
         if open_ is None:
             raise LocalProtocolError(f"frame({type(event).__name__}) with no open response (state {self.state.name})")
@@ -309,6 +371,7 @@ class LongLivedCore:
                 raise ClientError("too_many_pending_calls", f"the model made {count} parallel calls; at most {limit} may be pending (--max-pending-calls)")
             self._transition(Event.SUSPEND)
             open_.pending = {call.call_id: call.name for call in event.pending_calls}
+            open_.calls.update(open_.pending)
         elif isinstance(event, TERMINAL_EVENTS):
             self._transition(Event.TERMINAL)
             self._last_id = open_.id

@@ -6,6 +6,7 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
+from proto import openai_types as oa
 from proto.items import Item, Tool
 from proto.work import WorkCounters
 
@@ -36,6 +37,20 @@ class Usage(msgspec.Struct, kw_only=True):
         self.input_tokens_details.cached_tokens += cached_tokens
         self.output_tokens += output_tokens
         self.total_tokens = self.input_tokens + self.output_tokens
+
+    def copy(self) -> Usage:
+        return self.minus(Usage())
+
+    def minus(self, earlier: Usage) -> Usage:
+        """What was used since ``earlier`` (a copy taken from this same running total)."""
+        spent = Usage(
+            input_tokens=self.input_tokens - earlier.input_tokens,
+            input_tokens_details=InputTokensDetails(self.input_tokens_details.cached_tokens - earlier.input_tokens_details.cached_tokens),
+            output_tokens=self.output_tokens - earlier.output_tokens,
+            output_tokens_details=OutputTokensDetails(self.output_tokens_details.reasoning_tokens - earlier.output_tokens_details.reasoning_tokens),
+        )
+        spent.total_tokens = spent.input_tokens + spent.output_tokens
+        return spent
 
 
 class IncompleteDetails(msgspec.Struct):
@@ -74,6 +89,10 @@ class LabInfo(msgspec.Struct, kw_only=True):
     # for a request/response transport; a long-lived response's appended items interleave with its
     # output, and a stored chain is rebuilt in that order (``respond.load_history``).
     input_positions: list[int] | None = None
+    # The response's whole usage so far. An event's ``response.usage`` is what was used since the previous
+    # ``response.done`` of the same response, so a client that sums every ``response.done`` and the
+    # terminal event (Codex's v1 transport does) gets the total; this is that total, on each of them.
+    usage_total: Usage | None = None
 
 
 class Response(msgspec.Struct, kw_only=True):
@@ -97,8 +116,14 @@ class Response(msgspec.Struct, kw_only=True):
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     usage: Usage | None = None
-    text: dict[str, Any] = msgspec.field(default_factory=lambda: {"format": {"type": "text"}})
+    text: oa.ResponseTextConfig = msgspec.field(default_factory=lambda: oa.ResponseTextConfig(format=oa.Text()))
     truncation: str = "disabled"
-    reasoning: dict[str, Any] | None = None
+    reasoning: oa.ReasoningReasoning | None = None
     user: str | None = None
+    # Carried through from the request as OpenAI echoes them on the Response object.
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
     lab: LabInfo | None = None

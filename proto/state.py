@@ -8,7 +8,7 @@ client caused it (the code is in ``REFUSALS``) and a ``LocalProtocolError`` when
                       └──abort (pre-inference refused it)──▶ back to IDLE / ENDED
       ▲                │  ▲                  │ append (partial: stays)
       │                │  └────resume────────┘ append (last pending output)
-      │           terminal (completed / incomplete / failed / cancelled)
+      │           terminal (completed / incomplete / failed / cancelled / superseded by a create)
       │                ▼
       │              ENDED ──create──▶ OPENING …
     any state ──close──▶ CLOSED
@@ -53,6 +53,10 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.STREAMING, Event.SUSPEND): State.SUSPENDED,
     (State.STREAMING, Event.TERMINAL): State.ENDED,
     (State.SUSPENDED, Event.APPEND): State.SUSPENDED,
+    # A create on a suspended response supersedes it (Codex's v1 transport sends one when its next input
+    # is not an extension): the suspended response is cut (incomplete, reason "superseded"), and once its
+    # terminal event is framed the new one opens (``LongLivedCore.open_next``: ENDED --create--> OPENING).
+    (State.SUSPENDED, Event.CREATE): State.SUSPENDED,
     (State.SUSPENDED, Event.RESUME): State.STREAMING,
     (State.SUSPENDED, Event.CANCEL): State.SUSPENDED,
     (State.SUSPENDED, Event.TERMINAL): State.ENDED,  # cancel, tool timeout
@@ -70,7 +74,6 @@ REFUSALS: dict[tuple[State, Event], str] = {
     (State.ENDED, Event.RESUME): "response_already_completed",
     (State.ENDED, Event.CANCEL): "response_already_completed",
     (State.STREAMING, Event.CREATE): "response_in_progress",
-    (State.SUSPENDED, Event.CREATE): "response_in_progress",
     (State.OPENING, Event.CREATE): "response_in_progress",
     (State.OPENING, Event.RESUME): "unknown_call_id",
     (State.STREAMING, Event.RESUME): "unknown_call_id",

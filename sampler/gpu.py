@@ -2,21 +2,30 @@
 
 One ``GpuSequence`` per response. A long-lived response keeps its sequence across turns, so its
 KV blocks (pinned while it waits for a tool) make the resumed turn's prefill cheap.
+
+A turn costs the server O(new tokens), not O(context), when its prompt is a ``Prompt`` over the
+conversation's append-only ``TokenLog`` (as the sampling loop passes it): the sequence keeps its chain's
+block keys and the few tokens past the log's part of it, so the next prompt is compared, hashed, looked
+up and pinned from where the history could have changed on — the blocks it already holds are neither
+rehashed nor looked up nor re-counted. A plain token list (or a rewritten log) is hashed from scratch;
+the keys are the same either way (``tests/test_gpu_hashing.py``).
 """
 
 from __future__ import annotations
 
 import random
+import time
+from array import array
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sampler.batch import BatchSlots, EngineOverloaded
 from sampler.clock import Clock, RealClock
-from sampler.kvcache import BlockKey, PrefixCache, block_keys
-from sampler.models import ModelSpec
+from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, tokens_from
+from sampler.models import ContextLengthExceeded, Limits, ModelSpec, check_prompt
 from sampler.timing import Timing
 
-__all__ = ["EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU"]
+__all__ = ["ContextLengthExceeded", "EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU", "check_prompt"]
 
 
 class EngineFailure(Exception):
@@ -31,9 +40,18 @@ class EngineReport:
     queue_wait_ms: float  # waiting for a batch slot
     decode_ms: float  # modelled: first token's deadline to the last one's
     output_tokens: int
+    # Spans the API side measured around the engine call (``engine_hop`` for an engine in another
+    # process); empty in process. They join the turn's phase breakdown.
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    # Measured, not modelled: the engine's own CPU time before the prefill (prefix hashing, lookup, pins),
+    # and how late its clock woke it for the first token (the simulator's share of TTFT past the model's).
+    # None where not measured (an engine in another process).
+    lookup_ms: float | None = None
+    first_late_ms: float | None = None
 
     def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        """The engine's own figures (the API side's spans are not the engine's to report)."""
+        return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
 
 
 class MockGPU:
@@ -46,7 +64,9 @@ class MockGPU:
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
 
-    def open(self) -> GpuSequence:
+    def open(self, keep_warm: bool = True) -> GpuSequence:
+        """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
+        holds its blocks between turns anyway, as ``pin-suspended`` says."""
         return GpuSequence(self)
 
     def metrics(self) -> dict[str, float]:
@@ -67,50 +87,72 @@ class GpuSequence:
     def __init__(self, gpu: MockGPU) -> None:
         self._gpu = gpu
         self.last_report: EngineReport | None = None
-        self._held: list[BlockKey] = []  # blocks pinned between turns
+        # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
+        # output so far): what a turn cut short still bills. Reset when the next turn starts.
+        self.live: EngineReport | None = None
+        # The chain: the token sequence this sequence last computed on (its prompt during a turn, prompt +
+        # output after it), as the keys of its full blocks (8 bytes each, one per block_size tokens) and,
+        # when it came from a TokenLog, that log's first `_anchor_length` ids followed by `_tail`.
+        self._keys: array[int] = array("q")
+        self._anchor: TokenLog | None = None
+        self._anchor_length = 0
+        self._anchor_rewrites = 0
+        self._tail: array[int] = array("I")
+        self._held = 0  # the first `_held` chain keys are pinned by this sequence between turns
+        self._stale: list[BlockKey] = []  # pinned keys the chain no longer starts with: released at the next store
         self._turn_pins: list[BlockKey] = []  # cached blocks pinned while a turn computes on them
         self._has_slot = False
         self._busy = False
         self._closed = False
-        # The last hashed token chain: the next prompt extends it, so only new blocks are hashed.
-        self._chain_tokens: list[int] = []
-        self._chain_keys: list[BlockKey] = []
 
-    async def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> AsyncGenerator[int, None]:
+    async def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
         """Yield how many output tokens became due at each wake-up (each ≥ 1, summing to
         ``len(output_ids)``); ``last_report`` is set when the turn completes. Iterate it under
         ``contextlib.aclosing`` so an abandoned turn gives its slot back at once.
 
-        Raises EngineOverloaded (queue full) before anything is yielded, EngineFailure
-        (injected fault) at any point.
+        ``prompt_ids``: a ``Prompt`` over the conversation's log (the cost is O(new tokens)) or any
+        sequence of ids (hashed whole). ``every_s`` > 0: after a wake-up the next one comes no sooner than
+        ``every_s`` later, so the tokens that fall due meanwhile are released together (the server's
+        ``--coalesce-ms``); the first token is not delayed and the deadlines themselves do not move.
+
+        Raises ContextLengthExceeded (the prompt can never fit) and EngineOverloaded (queue full) before
+        anything is yielded, EngineFailure (injected fault) at any point.
         """
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         gpu, clock, spec = self._gpu, self._gpu.clock, self._gpu.spec
+        self.live = None
+        check_prompt(spec.limits, len(prompt_ids))  # the loop checked already: this is the engine's own admission
         self._busy = True
         try:
             t_arrive = clock.now()
             await gpu.slots.acquire()
             self._has_slot = True
             t_start = clock.now()
+            t_lookup = time.perf_counter()  # real CPU time, whatever clock paces the turn
             keys = self._keys_for(prompt_ids)
-            n_cached = gpu.cache.match(keys, len(prompt_ids))
-            self._turn_pins = gpu.cache.acquire(keys[:n_cached])
+            n_cached = gpu.cache.match(keys, len(prompt_ids), self._held)
+            # The blocks this sequence holds are pinned already: only the cached ones past them are pinned for the turn.
+            self._turn_pins = gpu.cache.acquire(keys[self._held : n_cached])
+            lookup_ms = (time.perf_counter() - t_lookup) * 1e3
             cached = n_cached * spec.block_size
             prefill_ms = gpu.timing.prefill_ms(len(prompt_ids) - cached, gpu.slots.running)
             t_first = t_start + prefill_ms / 1000.0
+            live = self.live = EngineReport(len(prompt_ids), cached, prefill_ms, (t_start - t_arrive) * 1000.0, 0.0, 0)
 
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
-            sent, due, last_due = 0, t_first, t_first
+            sent, due, last_due, first_late_ms = 0, t_first, t_first, 0.0
+            floor = t_first  # the next wake-up comes no sooner (every_s after the last one)
             if n == 0:
                 await clock.sleep_until(t_first)
             while sent < n:
                 if sent == fail_at:
                     raise EngineFailure(f"injected engine failure after {sent} of {n} tokens")
                 now = clock.now()
-                if due > now:
-                    await clock.sleep_until(due)
+                wake = due if due > floor else floor
+                if wake > now:
+                    await clock.sleep_until(wake)
                     continue
                 k = 0
                 # Release every token whose deadline has passed; the next interval is drawn with
@@ -121,7 +163,11 @@ class GpuSequence:
                     if sent + k < n:
                         due += gpu.timing.itl_s(gpu.slots.running)
                 if k:
+                    if not sent:
+                        first_late_ms = (now - t_first) * 1e3
                     sent += k
+                    floor = now + every_s
+                    live.output_tokens, live.decode_ms = sent, (last_due - t_first) * 1000.0
                     yield k
                     if self._closed:
                         return  # closed under our feet: the caller wants nothing more
@@ -134,38 +180,73 @@ class GpuSequence:
                 queue_wait_ms=(t_start - t_arrive) * 1000.0,
                 decode_ms=(last_due - t_first) * 1000.0,
                 output_tokens=n,
+                lookup_ms=lookup_ms,
+                first_late_ms=first_late_ms,
             )
         finally:
             self._end_turn()
+
+    @property
+    def limits(self) -> Limits:
+        """The model's context window (KV cache included) and max output per call."""
+        return self._gpu.spec.limits
 
     def suspend(self) -> None:
         """Between turns, waiting for a tool. With ``pin-suspended`` off the blocks stay stored
         but become evictable: pressure from other sequences may take them before the resume."""
         if not self._gpu.spec.pin_suspended:
-            self._gpu.cache.release(self._held)
-            self._held = []
+            self._release_held()
 
     def close(self) -> None:
         """Give everything back. Idempotent; safe while a turn is suspended at a yield."""
         self._closed = True
         self._end_turn()
-        self._gpu.cache.release(self._held)
-        self._held = []
+        self._release_held()
 
-    def _keys_for(self, tokens: Sequence[int]) -> list[BlockKey]:
+    def _keys_for(self, prompt: Sequence[int]) -> array[int]:
+        """The prompt's block keys (the chain's keys from now on), reusing the chain's for the blocks the
+        prompt still starts with. Keys the chain loses that this sequence holds become ``_stale``."""
         bs = self._gpu.spec.block_size
-        reuse = len(self._chain_keys)
-        if list(tokens[: reuse * bs]) != self._chain_tokens[: reuse * bs]:
-            reuse = 0  # the history was rewritten (truncation, edits): hash from scratch
-        keys = block_keys(tokens, bs, self._chain_keys[:reuse])
-        self._chain_tokens, self._chain_keys = list(tokens), keys
+        reuse = 0
+        if isinstance(prompt, Prompt) and prompt.current and prompt.log is self._anchor and self._anchor_rewrites == prompt.rewrites \
+                and prompt.length >= self._anchor_length:
+            # The log's first `_anchor_length` ids are unchanged (append-only, no rewrite since): compare
+            # only what follows them with the chain's tail (the last turn's opening tokens and output).
+            same = _common_prefix(prompt.tokens_from(self._anchor_length), self._tail)
+            reuse = min(len(self._keys), (self._anchor_length + same) // bs)
+        keys = self._keys
+        if self._held > reuse:
+            self._stale.extend(keys[reuse : self._held])
+            self._held = reuse
+        del keys[reuse:]
+        keys.extend(chain_keys(tokens_from(prompt, reuse * bs), bs, keys[-1] if reuse else 0))
+        if isinstance(prompt, Prompt):
+            self._anchor, self._anchor_length, self._anchor_rewrites = prompt.log, prompt.length, prompt.rewrites
+            self._tail = array("I", prompt.suffix)
+        else:
+            self._anchor, self._anchor_length, self._tail = None, 0, array("I")
         return keys
 
     def _store(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
-        # Hold the new chain before letting go of the old one, so shared blocks never hit ref 0.
-        held = self._gpu.cache.acquire(self._keys_for([*prompt_ids, *output_ids]))
-        self._gpu.cache.release(self._held)
-        self._held = held
+        """The chain becomes prompt + output; this sequence holds all of it (as far as the cache has room),
+        pinning only the blocks it did not hold yet, and lets go of what the chain lost."""
+        bs, cache, keys = self._gpu.spec.block_size, self._gpu.cache, self._keys
+        rest = tokens_from(prompt_ids, len(keys) * bs)  # the prompt's last, partial block
+        rest.extend(output_ids)
+        keys.extend(chain_keys(rest, bs, keys[-1] if keys else 0))
+        if self._anchor is not None:
+            self._tail.extend(output_ids)
+        # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0.
+        self._held += len(cache.acquire(keys[self._held :]))
+        cache.release(self._stale)
+        self._stale = []
+
+    def _release_held(self) -> None:
+        cache = self._gpu.cache
+        cache.release(self._stale)
+        cache.release(self._keys[: self._held])
+        self._stale = []
+        self._held = 0
 
     def _end_turn(self) -> None:
         self._gpu.cache.release(self._turn_pins)
@@ -174,3 +255,15 @@ class GpuSequence:
             self._has_slot = False
             self._gpu.slots.release()
         self._busy = False
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share; O(that many), and one C-level compare when ``b`` is a
+    prefix of ``a`` (a final message: the chain ran on into what the log now holds)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n  # pragma: no cover - the slices differed

@@ -8,8 +8,11 @@ block pinned) still runs, it just leaves nothing behind — we do not model pree
 
 from __future__ import annotations
 
+import itertools
+from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, MutableSequence, Sequence
+from typing import overload
 
 BlockKey = int
 
@@ -18,13 +21,109 @@ def block_keys(tokens: Sequence[int], block_size: int, known: Sequence[BlockKey]
     """The chained keys of every full block of ``tokens``. ``known`` are keys already computed
     for a prefix of these same tokens (a sequence's previous turn): only the rest is hashed."""
     keys = list(known)
-    parent: BlockKey = keys[-1] if keys else 0
-    for start in range(len(keys) * block_size, len(tokens) - block_size + 1, block_size):
+    keys += chain_keys(tokens[len(keys) * block_size :], block_size, keys[-1] if keys else 0)
+    return keys
+
+
+def chain_keys(tokens: Sequence[int], block_size: int, parent: BlockKey) -> list[BlockKey]:
+    """The keys of the full blocks of ``tokens``, which start on a block boundary right after the block
+    whose key is ``parent`` (0: at the start of a prompt)."""
+    keys: list[BlockKey] = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
         # Python's tuple hash of ints is 64-bit and not salted per process; a collision would be a
         # false hit, negligible for a simulator (vLLM offers sha256 for the real thing).
         parent = hash((parent, *tokens[start : start + block_size]))
         keys.append(parent)
     return keys
+
+
+class TokenLog:
+    """A conversation's token ids: 4 bytes each (``array('I')``; cl100k's ids are < 2**17), and append-only
+    unless ``rewrite`` says otherwise. ``rewrites`` counts the changes that were not appends, so whoever saw
+    the first ``n`` ids and the same ``rewrites`` later knows those ``n`` are unchanged without comparing
+    them: that is what lets a long-lived response hash, match and pin only its new tail each turn.
+
+    Change it only through these methods (``ids`` is exposed for reading and slicing)."""
+
+    __slots__ = ("ids", "rewrites")
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        self.ids = array("I", ids)
+        self.rewrites = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, ids: Iterable[int]) -> None:
+        self.ids.extend(ids)
+
+    def append(self, token: int) -> None:
+        self.ids.append(token)
+
+    def rewrite(self, keep: int, ids: Iterable[int] = ()) -> None:
+        """Keep the first ``keep`` ids and continue with ``ids`` (a truncation or an edit of the history)."""
+        del self.ids[keep:]
+        self.ids.extend(ids)
+        self.rewrites += 1
+
+
+class Prompt(Sequence[int]):
+    """A turn's prompt without a copy of the context: the first ``length`` ids of ``log`` as they were at
+    ``rewrites``, then ``suffix`` (the tokens that open the model's turn). A ``Sequence[int]`` (an engine in
+    another process sends it whole: ``list(prompt)`` copies at C speed); ``tokens_from`` copies only the
+    part asked for."""
+
+    __slots__ = ("length", "log", "rewrites", "suffix")
+
+    def __init__(self, log: TokenLog, length: int, rewrites: int, suffix: tuple[int, ...]) -> None:
+        self.log, self.length, self.rewrites, self.suffix = log, length, rewrites, suffix
+
+    @classmethod
+    def of(cls, log: TokenLog, suffix: Iterable[int] = ()) -> Prompt:
+        return cls(log, len(log), log.rewrites, tuple(suffix))
+
+    def __len__(self) -> int:
+        return self.length + len(self.suffix)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                part = self.tokens_from(start)
+                del part[stop - start :]
+                return part
+            return list(self)[index]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("prompt index out of range")
+        return self.log.ids[index] if index < self.length else self.suffix[index - self.length]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(self.log.ids[: self.length], self.suffix)
+
+    @property
+    def current(self) -> bool:
+        """The log has not been rewritten since this prompt was taken (its first ``length`` ids are as seen)."""
+        return self.log.rewrites == self.rewrites and len(self.log) >= self.length
+
+    def tokens_from(self, start: int) -> array[int]:
+        out = self.log.ids[start : self.length] if start < self.length else array("I")
+        out.extend(self.suffix[max(0, start - self.length) :])
+        return out
+
+
+def tokens_from(tokens: Sequence[int], start: int) -> MutableSequence[int]:
+    """A copy of ``tokens[start:]``, for a plain sequence or a ``Prompt``."""
+    if isinstance(tokens, Prompt):
+        return tokens.tokens_from(start)
+    return list(tokens[start:])
 
 
 class PrefixCache:
@@ -36,14 +135,15 @@ class PrefixCache:
         self.queries = 0  # prompt tokens looked up (vLLM counts tokens, not blocks)
         self.hits = 0
 
-    def match(self, keys: Sequence[BlockKey], prompt_tokens: int) -> int:
+    def match(self, keys: Sequence[BlockKey], prompt_tokens: int, held: int = 0) -> int:
         """How many leading blocks are stored. Counts the lookup in the hit-rate statistics.
 
         Like vLLM, the last prompt token is always recomputed (its logits are needed), so a block
         holding it never counts as a hit: at most ``(prompt_tokens - 1) // block_size`` blocks.
+        ``held``: the caller holds the first ``held`` keys (so they are stored): only the rest is looked up.
         """
         limit = min(len(keys), max(0, prompt_tokens - 1) // self.block_size)
-        n = 0
+        n = min(held, limit)
         while n < limit and keys[n] in self._refs:
             n += 1
         self.queries += prompt_tokens

@@ -16,21 +16,39 @@ and its owner (``proto.server.driver``) decides what each step means:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from proto.builder import CallStream, MessageStream, ResponseBuilder
+from proto.builder import CallStream, CustomCallStream, MessageStream, ReasoningStream, ResponseBuilder
 from proto.events import ServerEvent
-from proto.items import HOSTED_TOOL_NAMES, FunctionCall, Item, WebSearchCall, function_tool_names
+from proto.items import (
+    CALL_ITEMS,
+    HOSTED_TOOL_NAMES,
+    CallItem,
+    Item,
+    WebSearchAction,
+    WebSearchCall,
+    WebSearchSource,
+    custom_tool_names,
+    function_tool_names,
+    namespace_of,
+)
 from proto.response import TurnReport
-from sampler.gpu import GpuSequence
+from sampler.engine import EngineSequence
+from sampler.models import check_prompt
 from sampler.policy import Policy, TurnPlan
-from sampler.tokens import Conversation, TextStream, web_results_text
+from sampler.tokens import Conversation, TextStream, Tokenizer, reasoning_content, web_results_text
 from sampler.tools import WebSearch, query_of
+
+# Tokens per Emit at most. A wake-up that releases more (a late wake-up, a sub-µs ITL, the whole output of a
+# `!tokens N` due at once) is handed over in chunks, with a loop iteration between them: framing 16 k tokens
+# in one go would hold the loop for ~0.1 s, and a send cut midway bills at most one chunk not yet framed.
+EMIT_CHUNK = 32
 
 
 class MaxOutputTokens(Exception):
@@ -49,7 +67,7 @@ class Boundary:
 
 @dataclass(frozen=True)
 class Suspend:
-    calls: tuple[FunctionCall, ...]
+    calls: tuple[CallItem, ...]
 
 
 Step = Emit | Boundary | Suspend
@@ -59,24 +77,34 @@ Step = Emit | Boundary | Suspend
 class Rollout:
     builder: ResponseBuilder
     conversation: Conversation
-    sequence: GpuSequence
+    sequence: EngineSequence
     policy: Policy
     web_search: WebSearch
     script: str  # the first user message with directive lines: the directive script's source
     turn: int = 0  # index of the next sampling segment in the conversation (same count in every transport)
     max_output_tokens: int | None = None
     pending_phases: dict[str, float] = field(default_factory=dict)  # pipeline work to book on the next turn
+    # --coalesce-ms: the GPU wakes at most this often and each wake-up's text becomes one delta per item
+    # (0: one delta per token, as OpenAI streams).
+    coalesce_s: float = 0.0
     # This response's own input items, in the order they entered the context (what the store keeps).
     input_items: list[Item] = field(default_factory=list)
+    summary: bool = False  # reasoning.summary asked for summaries of reasoning items
+    encrypted_reasoning: bool = False  # include asked for reasoning.encrypted_content
+    # Output tokens emitted (handed to the owner as events) in the turn in progress; None between turns.
+    # With the engine's live report it is what a turn cut short bills (``cut_turn``).
+    streamed: int | None = None
 
 
 @dataclass
 class _Output:
-    kind: str  # "message" | "call" | "web_search"
+    kind: str  # "reasoning" | "message" | "call" | "custom" | "web_search"
     ids: list[int]
     name: str = ""
     call_id: str = ""
     query: str = ""
+    namespace: str | None = None
+    summary: str | None = None  # reasoning: its summary text, when one is asked for
 
 
 async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
@@ -85,13 +113,15 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
     while True:
         yield Boundary(final=False)  # items queued before this turn join now (the owner added them)
         plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
-        outputs = _materialize(rollout, plan)
+        prompt = rollout.conversation.prompt()
+        room = _room(rollout, len(prompt))
+        outputs = _materialize(rollout, plan, room)
         produced: list[Item] = []
-        async with aclosing(_sample(rollout, outputs, produced)) as batches:
+        async with aclosing(_sample(rollout, prompt, outputs, room, produced)) as batches:
             async for batch in batches:
                 yield Emit(batch)
         rollout.turn += 1
-        calls = [item for item in produced if isinstance(item, FunctionCall | WebSearchCall)]
+        calls = [item for item in produced if isinstance(item, (*CALL_ITEMS, WebSearchCall))]
         if not calls:
             late = yield Boundary(final=True)
             if not late:
@@ -100,7 +130,7 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
         for call in calls:
             if isinstance(call, WebSearchCall):
                 yield Emit(_run_hosted(rollout, call))
-        local = tuple(c for c in calls if isinstance(c, FunctionCall))
+        local = tuple(c for c in calls if isinstance(c, CALL_ITEMS))
         if local:
             rollout.sequence.suspend()
             resumed = yield Suspend(local)
@@ -112,77 +142,191 @@ def _last_user_text(conversation: Conversation) -> str:
     return conversation.user_texts[-1] if conversation.user_texts else ""
 
 
-def _materialize(rollout: Rollout, plan: TurnPlan) -> list[_Output]:
-    """The token ids the mock model samples this turn, item by item."""
+def _room(rollout: Rollout, prompt_tokens: int) -> int:
+    """How many tokens this turn may generate: the model's max output per call, what is left of its
+    context window after the prompt, and what is left of the response's ``max_output_tokens``."""
+    limits = rollout.sequence.limits
+    room = min(limits.max_output_tokens, limits.context_window - prompt_tokens)
+    if rollout.max_output_tokens is not None:
+        room = min(room, rollout.max_output_tokens - rollout.builder.usage.output_tokens)
+    return max(0, room)
+
+
+def cut_turn(rollout: Rollout) -> None:
+    """The turn in progress ended early (cancel, disconnect, slow reader, shutdown, an engine failure):
+    book what it delivered — its prompt and cached figures once its prefill started (the engine's live
+    report), and the output tokens already emitted — so the terminal event and the ledger bill them.
+    A no-op between turns; idempotent."""
+    streamed, rollout.streamed = rollout.streamed, None
+    live = rollout.sequence.live
+    if streamed is None or (live is None and not streamed):
+        return  # no turn in progress, or one that never reached the engine: nothing was spent on it
+    rollout.builder.record_turn(
+        TurnReport(
+            turn=rollout.turn,
+            prompt_tokens=live.prompt_tokens if live else 0,
+            cached_tokens=live.cached_tokens if live else 0,
+            prefill_ms=live.prefill_ms if live else 0.0,
+            queue_wait_ms=live.queue_wait_ms if live else 0.0,
+            decode_ms=live.decode_ms if live else 0.0,
+            output_tokens=streamed,
+            phases_ms=dict(rollout.pending_phases),
+        )
+    )
+    rollout.pending_phases.clear()
+
+
+def delivered(rollout: Rollout) -> tuple[int, int, int, int]:
+    """(input, cached, output tokens, turns) delivered so far, the turn in progress included: what the
+    crash trace (``UsageLedger.progress``) records."""
+    usage = rollout.builder.usage
+    live = rollout.sequence.live if rollout.streamed is not None else None
+    turns = len(rollout.builder.lab.turns)
+    prompt, cached = (live.prompt_tokens, live.cached_tokens) if live else (0, 0)
+    return (
+        usage.input_tokens + prompt,
+        usage.input_tokens_details.cached_tokens + cached,
+        usage.output_tokens + (rollout.streamed or 0),
+        turns + (live is not None),
+    )
+
+
+def _capped(n: int | None, room: int) -> int | None:
+    # One token past the room: enough to see that the plan was cut, never more built than can be sampled.
+    return None if n is None else min(n, room + 1)
+
+
+def _head(tok: Tokenizer, text: str, room: int) -> str:
+    """The start of ``text`` that holds its first ``room`` + 1 tokens (all of it when shorter). The echo
+    policy says the user's message back: a 4 MB message would otherwise be tokenized on the loop (0.3 s)
+    to sample 16 k tokens of it. Cut at a space, where the tokens before are those of the whole text;
+    the prefix doubles until it holds enough (at most ~2x the tokens needed are tokenized)."""
+    size = (room + 1) * 4
+    while size < len(text):
+        cut = text.rfind(" ", 0, size)
+        head = text[: cut if cut > 0 else size]
+        if tok.count(head) > room:
+            return head
+        size *= 2
+    return text
+
+
+def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[_Output]:
+    """The token ids the mock model samples this turn, item by item; a script-driven size (``!tokens N``)
+    is built only up to ``room`` (+1, so that ``_sample`` sees the cut)."""
     tok = rollout.conversation.tokenizer
-    local = function_tool_names(rollout.builder.response.tools)
+    tools = rollout.builder.response.tools
+    local, custom = function_tool_names(tools), custom_tool_names(tools)
     outputs: list[_Output] = []
     for call in plan.calls:
-        if call.name in HOSTED_TOOL_NAMES and call.name not in local:
+        call_id = "call_" + secrets.token_hex(12)
+        namespace = namespace_of(tools, call.name)
+        if call.name in HOSTED_TOOL_NAMES and call.name not in local and not call.custom:
             query = query_of(call.arguments)
             outputs.append(_Output("web_search", tok.model_tokens(json.dumps({"query": query})), query=query))
+        elif call.custom or call.name in custom:
+            outputs.append(_Output("custom", tok.model_tokens(_head(tok, call.arguments, room)), call.name, call_id, namespace=namespace))
         else:
-            outputs.append(_Output("call", tok.model_tokens(call.arguments), call.name, "call_" + secrets.token_hex(12)))
+            arguments = _head(tok, call.arguments, room)
+            outputs.append(_Output("call", tok.model_tokens(arguments), call.name, call_id, namespace=namespace))
     # Hosted calls go last in a turn: their result closes the segment in every transport's rendering.
     outputs.sort(key=lambda out: out.kind == "web_search")
     if not plan.calls:
-        outputs.append(_Output("message", tok.model_tokens(plan.text, plan.output_tokens)))
+        outputs.append(_Output("message", tok.model_tokens(_head(tok, plan.text, room), _capped(plan.output_tokens, room))))
     elif plan.output_tokens is not None:
         # `!tokens N` on a call line: the model says a preamble before its calls, as real models do.
         spent = sum(len(o.ids) for o in outputs)
         if plan.output_tokens > spent:
-            outputs.insert(0, _Output("message", tok.model_tokens("", plan.output_tokens - spent)))
+            outputs.insert(0, _Output("message", tok.model_tokens("", _capped(plan.output_tokens - spent, room))))
+    if plan.reasoning_tokens:
+        # `!reason N`: the turn opens with N reasoning tokens (filler the model "thinks"), summarised in
+        # one sentence that names what follows (deterministic, so every transport says the same). Bounded
+        # by the same room as every other script-driven size.
+        then = "calling " + ", ".join(c.name for c in plan.calls) if plan.calls else "answering"
+        summary = f"Reasoned for {plan.reasoning_tokens} tokens before {then}." if rollout.summary else None
+        outputs.insert(0, _Output("reasoning", tok.model_tokens("", _capped(plan.reasoning_tokens, room)), summary=summary))
     return outputs
 
 
-async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]) -> AsyncGenerator[tuple[ServerEvent, ...], None]:
+async def _sample(
+    rollout: Rollout, prompt: Sequence[int], outputs: list[_Output], room: int, produced: list[Item]
+) -> AsyncGenerator[tuple[ServerEvent, ...], None]:
     """One turn on the GPU: yield each wake-up's events (every output item token by token), fill
-    ``produced``, record the engine's report."""
+    ``produced``, record the engine's report. ``rollout.streamed`` counts the tokens handed over."""
     builder, conversation = rollout.builder, rollout.conversation
     ids = [token for out in outputs for token in out.ids]
-    limit = rollout.max_output_tokens
-    truncated = limit is not None and builder.usage.output_tokens + len(ids) > limit
+    truncated = len(ids) > room  # max_output_tokens, the model's max output, or its context window
     if truncated:
-        assert limit is not None
-        ids = ids[: max(0, limit - builder.usage.output_tokens)]
+        ids = ids[:room]
     spans: list[tuple[_Output, int, int]] = []  # (output, first token index, end)
     at = 0
     for out in outputs:
         spans.append((out, at, at + len(out.ids)))
         at += len(out.ids)
-    streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]] = {}
+    streams: dict[int, _Stream] = {}
     text = TextStream(conversation.tokenizer)
     due = 0
     span_index = 0
-    prompt = conversation.prompt()
-    async with aclosing(rollout.sequence.run_turn(prompt, ids)) as ticks:
+    check_prompt(rollout.sequence.limits, len(prompt))  # before the engine sees it, whichever engine it is
+    rollout.streamed = 0
+    coalesce = rollout.coalesce_s > 0
+    held: list[str] = []  # coalescing: this chunk's text of the current item, not yet in a delta
+    async with aclosing(rollout.sequence.run_turn(prompt, ids, rollout.coalesce_s)) as ticks:
         async for count in ticks:
-            batch: list[ServerEvent] = []
-            for token_index in range(due, due + count):
-                while spans[span_index][2] <= token_index:
-                    span_index += 1
-                out, first, end = spans[span_index]
-                if token_index == first:
-                    batch.extend(_open_item(builder, out, streams, span_index))
-                stream = streams[span_index]
-                if out.kind == "message" or out.kind == "call":
-                    assert isinstance(stream, MessageStream | CallStream)
-                    piece = text.push(ids[token_index])
-                    if piece:
-                        batch.append(stream.delta(piece))
-                if token_index == end - 1 or token_index == len(ids) - 1:
-                    tail = text.flush()
-                    if tail and isinstance(stream, MessageStream | CallStream):
-                        batch.append(stream.delta(tail))
-                    if isinstance(stream, MessageStream | CallStream):
-                        batch.extend(stream.done())
-                        produced.append(stream.item)
-                    else:
-                        produced.append(stream[0])
-            due += count
-            yield tuple(batch)
+            burst = due + count
+            while due < burst:
+                stop = min(burst, due + EMIT_CHUNK)
+                batch: list[ServerEvent] = []
+                i = due
+                while i < stop:  # item by item: this chunk's tokens of one item, then its end if it ends here
+                    while spans[span_index][2] <= i:
+                        span_index += 1
+                    out, first, end = spans[span_index]
+                    if i == first:
+                        batch.extend(_open_item(builder, out, streams, span_index))
+                    stream = streams[span_index]
+                    j = min(stop, end)
+                    if isinstance(stream, _TEXT_STREAMS):
+                        push = text.push
+                        if coalesce:
+                            held.extend(piece for token in ids[i:j] if (piece := push(token)))
+                        else:
+                            delta = stream.delta
+                            batch.extend(delta(piece) for token in ids[i:j] if (piece := push(token)))
+                    if j == end or j == len(ids):  # the item's last token (or the last one the room leaves)
+                        if isinstance(stream, _TEXT_STREAMS):
+                            tail = text.flush()
+                            if tail:
+                                held.append(tail)
+                            if held:
+                                batch.append(stream.delta("".join(held)))
+                                held.clear()
+                        if isinstance(stream, tuple):
+                            produced.append(stream[0])
+                        else:
+                            if isinstance(stream, ReasoningStream):
+                                _reasoned(rollout, stream, ids[first:end])
+                            batch.extend(stream.done())
+                            produced.append(stream.item)
+                    elif held:
+                        assert isinstance(stream, _TEXT_STREAMS)
+                        batch.append(stream.delta("".join(held)))
+                        held.clear()
+                    i = j
+                due = stop
+                rollout.streamed = due  # counted before the owner sends them: a send cut midway bills its chunk
+                yield tuple(batch)
+                if due < burst:
+                    await asyncio.sleep(0)  # a burst (a late wake-up, a very fast model): other streams go first
     report = rollout.sequence.last_report
     assert report is not None
+    rollout.streamed = None
+    phases = dict(rollout.pending_phases)
+    if report.lookup_ms is not None and report.first_late_ms is not None:  # the in-process mock GPU's own
+        phases["engine_lookup"], phases["clock_late"] = report.lookup_ms, report.first_late_ms
+    for name, ms in report.phases_ms.items():  # the API → engine hop, when the engine is elsewhere
+        phases[name] = phases.get(name, 0.0) + ms
+        builder.lab.phases_ms[name] = builder.lab.phases_ms.get(name, 0.0) + ms
     builder.record_turn(
         TurnReport(
             turn=rollout.turn,
@@ -192,7 +336,7 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
             queue_wait_ms=report.queue_wait_ms,
             decode_ms=report.decode_ms,
             output_tokens=report.output_tokens,
-            phases_ms=dict(rollout.pending_phases),
+            phases_ms=phases,
         )
     )
     rollout.pending_phases.clear()
@@ -202,25 +346,41 @@ async def _sample(rollout: Rollout, outputs: list[_Output], produced: list[Item]
         raise MaxOutputTokens
 
 
-def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, MessageStream | CallStream | tuple[WebSearchCall, int]], key: int) -> list[ServerEvent]:
+_Stream = MessageStream | CallStream | CustomCallStream | ReasoningStream | tuple[WebSearchCall, int]
+_TEXT_STREAMS = (MessageStream, CallStream, CustomCallStream)
+
+
+def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, _Stream], key: int) -> list[ServerEvent]:
+    stream: _Stream
     if out.kind == "message":
-        message = builder.message()
-        streams[key] = message
-        return message.added()
-    if out.kind == "call":
-        call = builder.function_call(out.name, out.call_id)
-        streams[key] = call
-        return call.added()
-    item, index, events = builder.web_search(out.query)
-    streams[key] = (item, index)
-    return events
+        stream = builder.message()
+    elif out.kind == "call":
+        stream = builder.function_call(out.name, out.call_id, out.namespace)
+    elif out.kind == "custom":
+        stream = builder.custom_call(out.name, out.call_id, out.namespace)
+    elif out.kind == "reasoning":
+        stream = builder.reasoning(out.summary)
+    else:
+        item, index, events = builder.web_search(out.query)
+        streams[key] = (item, index)
+        return events
+    streams[key] = stream
+    return stream.added()
+
+
+def _reasoned(rollout: Rollout, stream: ReasoningStream, ids: list[int]) -> None:
+    """A reasoning item's tokens are done: they count as reasoning tokens, and ``include`` may ask for
+    them back as ``encrypted_content`` (``sampler.tokens.reasoning_content``)."""
+    rollout.builder.usage.output_tokens_details.reasoning_tokens += len(ids)
+    if rollout.encrypted_reasoning:
+        stream.set_encrypted(reasoning_content(ids))
 
 
 def _run_hosted(rollout: Rollout, call: WebSearchCall) -> tuple[ServerEvent, ...]:
     """A hosted call, inside the loop: the service runs in process, its result joins the context."""
     started = time.perf_counter()
-    query = call.action.query if call.action else ""
-    sources = rollout.web_search.search(query)
+    query = (call.action.query or "") if isinstance(call.action, WebSearchAction) else ""
+    sources = [WebSearchSource(url=s["url"], title=s["title"], snippet=s["snippet"]) for s in rollout.web_search.search(query)]
     rollout.pending_phases["hosted_tools"] = rollout.pending_phases.get("hosted_tools", 0.0) + (time.perf_counter() - started) * 1e3
     index = rollout.builder.response.output.index(call)
     rollout.conversation.add_hosted_result("web_search to=assistant", web_results_text(sources))

@@ -29,6 +29,8 @@ _PUBLIC_NAMES: dict[str, str] = {
     "max-waiting": "max_waiting",
     "pin-suspended": "pin_suspended",
     "fail-rate": "fail_rate",
+    "max-model-len": "max_model_len",
+    "max-output-tokens": "max_output_tokens",
 }
 
 MAX_JITTER_STD = 0.3  # llm-d's bound: a std-dev above 30 % of the mean is rejected
@@ -43,6 +45,28 @@ class Calibration:
 
     def public(self) -> dict[str, object]:
         return {"hardware": self.hardware, "sources": dict(self.sources)}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one model call may hold, as the sampling loop bounds it: the longest prompt + output, and the
+    most tokens one call may generate. ``ModelSpec.limits`` for an engine in this process; an engine in
+    another process reports its own (``proto.engine.client``)."""
+
+    context_window: int = 131_072
+    max_output_tokens: int = 16_384
+    bound_by: str = "max-model-len"  # what sets the window, for the refusal's message
+
+
+class ContextLengthExceeded(Exception):
+    """The prompt cannot run on this model: longer than its context window (the model's, or the whole KV
+    cache when that is smaller). Raised before the turn reaches the engine (vLLM refuses such a prompt at
+    admission, "longer than the maximum model length")."""
+
+
+def check_prompt(limits: Limits, prompt_tokens: int) -> None:
+    if prompt_tokens > limits.context_window:
+        raise ContextLengthExceeded(f"{prompt_tokens} prompt tokens; the context window is {limits.context_window} tokens ({limits.bound_by})")
 
 
 @dataclass(frozen=True)
@@ -62,6 +86,13 @@ class ModelSpec:
     max_waiting: int = 1024
     pin_suspended: bool = True
     fail_rate: float = 0.0
+    # The context window (vLLM's and llm-d-inference-sim's `max-model-len`): prompt + output tokens of one
+    # model call. Llama-3.1-8B, the class these models stand for, has a 128 k window (its model card), served
+    # whole (Scaleway's generative-APIs table: llama-3.1-8b-instruct, 128k context, 16 384 max output).
+    max_model_len: int = Limits.context_window
+    # The most tokens one model call may generate (OpenAI's "max output tokens" of a model; same table).
+    # It bounds every script-driven size (`!tokens N`) too: the directive script is user input.
+    max_output_tokens: int = Limits.max_output_tokens
     # Provenance, not a knob: overrides keep it (``GET /v1/models`` shows which knobs were overridden).
     calibration: Calibration | None = dataclasses.field(default=None, compare=False)
 
@@ -81,12 +112,30 @@ class ModelSpec:
             problems.append(f"jitter std-dev must be within [0, {MAX_JITTER_STD}]")
         if not 0 <= self.fail_rate <= 1:
             problems.append("fail-rate must be within [0, 1]")
+        if self.max_model_len < 1 or self.max_output_tokens < 1:
+            problems.append("max-model-len and max-output-tokens must be >= 1")
         if problems:
             raise ValueError(f"model {self.name!r}: " + "; ".join(problems))
 
     @property
     def tokens_per_s(self) -> float:
         return 1000.0 / self.inter_token_latency_ms
+
+    @property
+    def kv_tokens(self) -> int:
+        """How many tokens the whole KV cache holds: a prompt longer than this can never be prefilled."""
+        return self.kv_cache_size * self.block_size
+
+    @property
+    def context_window(self) -> int:
+        """The longest sequence (prompt + output) this engine can run: the model's window, or less when the
+        KV cache is smaller (vLLM refuses to start in that case; the mock lets a study shrink the cache)."""
+        return min(self.max_model_len, self.kv_tokens)
+
+    @property
+    def limits(self) -> Limits:
+        bound_by = "max-model-len" if self.max_model_len <= self.kv_tokens else "the KV cache: kv-cache-size x block-size"
+        return Limits(self.context_window, self.max_output_tokens, bound_by)
 
     @property
     def constant_prefill(self) -> bool:
@@ -96,6 +145,14 @@ class ModelSpec:
         out: dict[str, object] = {key: getattr(self, field) for key, field in _PUBLIC_NAMES.items()}
         out["tokens-per-second"] = self.tokens_per_s
         return out
+
+    def provenance(self) -> dict[str, object]:
+        """For the model object (``GET /v1/models``): the hardware class and a source per knob, and which knobs
+        a ``--model-override`` changed from the catalogue's (their sources no longer apply)."""
+        base = MODELS.get(self.name)
+        settings = self.public()
+        overridden = sorted(k for k, v in settings.items() if base is not None and base.public().get(k) != v)
+        return {"calibration": self.calibration.public() if self.calibration is not None else None, "overridden": overridden}
 
     def override(self, **changes: Any) -> ModelSpec:
         """A copy with some knobs changed. Accepts field names, llm-d's hyphenated names, and
@@ -117,6 +174,8 @@ _BATCH_SOURCE = {
     "max-num-seqs": "vLLM's default max_num_seqs (256); not calibrated",
     "time-factor-under-load": "llm-d's formula with f = 2 (a full batch decodes at half speed); plausible, not measured",
     "kv-cache-size": "~60 GB of KV at 128 KiB/token (Llama-3-8B shape) = 30 000 blocks of 16; not calibrated",
+    "max-model-len": "128 k, Llama-3.1-8B's window served whole (its model card; Scaleway's generative-APIs table); not calibrated per class",
+    "max-output-tokens": "16 384 (Scaleway's generative-APIs table, llama-3.1-8b-instruct); not calibrated per class",
 }
 _LLMD = "llm-d-inference-sim latency profiles, 8B on H100: 30 ms + 250 us per uncached prompt token, 12 ms per output token"
 _CEREBRAS = ("Cerebras Llama-3.3-70B, third-party benchmark README (run 2025-03-01, concurrency 1): server prompt_time "

@@ -13,7 +13,7 @@ import json
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +24,8 @@ FALLBACK_TEXT = "Done."  # what the model says once its script or trace has run 
 @dataclass(frozen=True)
 class PlannedCall:
     name: str
-    arguments: str  # JSON text
+    arguments: str  # JSON text; a custom tool call's input (any text) when ``custom``
+    custom: bool = False  # `!call NAME "text"`: a call of a custom (freeform) tool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,34 +33,48 @@ class TurnPlan:
     calls: tuple[PlannedCall, ...] = ()  # empty → a final message
     text: str = ""  # the final message ("" when calls)
     output_tokens: int | None = None  # pad/trim the turn's output to this many tokens
+    reasoning_tokens: int | None = None  # `!reason N`: the turn starts with a reasoning item of N tokens
     final: bool  # this turn ends the rollout
     tool_output_tokens: int | None = None  # trace only: tokens in each call's output
     client_tool_time_s: float | None = None  # trace only: how long each call's tool runs (parallel calls overlap)
 
 
-def say(text: str, output_tokens: int | None = None) -> TurnPlan:
-    return TurnPlan(text=text, output_tokens=output_tokens, final=True)
+def say(text: str, output_tokens: int | None = None, reasoning_tokens: int | None = None) -> TurnPlan:
+    return TurnPlan(text=text, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens, final=True)
 
 
 class Policy(Protocol):
     def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan: ...
 
 
-# ---- the directive script (SPEC §5) -------------------------------------------------------------
+# ---- the directive script (docs/protocol.md §6) -------------------------------------------------------------
 #
-# A line is a directive when its first word is exactly `!call`, `!say` or `!tokens`. Any other
-# line — `!important`, prose, code — is ordinary text and is not a turn. A directive line that
+# A line is a directive when its first word is exactly `!call`, `!say`, `!tokens` or `!reason`. Any
+# other line — `!important`, prose, code — is ordinary text and is not a turn. A directive line that
 # does not parse still takes its turn, as a final message naming the line and the fault: a typo
 # must neither shift the following turns nor replay something the author did not write.
+# `!tokens N` and `!reason N` are prefixes, in either order, before the line's `!call` or `!say`.
 
-_DIRECTIVES = frozenset({"!call", "!say", "!tokens"})
+_DIRECTIVES = frozenset({"!call", "!say", "!tokens", "!reason"})
 _TOKENS = re.compile(r"!tokens\s+(\d+)(?:\s+|$)")
+_REASON = re.compile(r"!reason\s+(\d+)(?:\s+|$)")
 _CALL = re.compile(r"\s*!call\s+([A-Za-z_][A-Za-z0-9_.\-]*)\s*")
 _JSON = json.JSONDecoder()
+_MAX_DIGITS = 9  # `!tokens N` is capped by the model's max output tokens when it runs (sampler/loop.py)
 
 
 class ScriptError(ValueError):
     pass
+
+
+def is_directive(line: str) -> bool:
+    words = line.strip().split(maxsplit=1)
+    return bool(words) and words[0] in _DIRECTIVES
+
+
+def has_directives(text: str) -> bool:
+    """Whether a message holds the directive script (SPEC §5: the first user message that does is it)."""
+    return any(is_directive(line) for line in text.splitlines())
 
 
 def parse_script(first_user_text: str) -> list[TurnPlan] | None:
@@ -67,8 +82,7 @@ def parse_script(first_user_text: str) -> list[TurnPlan] | None:
     plans: list[TurnPlan] = []
     for lineno, raw in enumerate(first_user_text.splitlines(), 1):
         line = raw.strip()
-        words = line.split(maxsplit=1)
-        if words and words[0] in _DIRECTIVES:
+        if is_directive(line):
             try:
                 plans.append(parse_directive(line))
             except ScriptError as e:
@@ -77,17 +91,23 @@ def parse_script(first_user_text: str) -> list[TurnPlan] | None:
 
 
 def parse_directive(line: str) -> TurnPlan:
-    output_tokens = None
-    if m := _TOKENS.match(line):
-        output_tokens, line = int(m[1]), line[m.end() :]
+    prefixes: dict[str, int] = {}
+    while line.startswith(("!tokens", "!reason")):
+        word = line.split(maxsplit=1)[0]
+        m = (_TOKENS if word == "!tokens" else _REASON).match(line)
+        if m is None or word in prefixes:
+            example = "`!tokens 200 !say done`" if word == "!tokens" else "`!reason 50 !call grep {}`"
+            raise ScriptError(f"{word} needs a whole number, once, before a !call or !say, e.g. {example}")
+        if len(m[1]) > _MAX_DIGITS:  # the script is user input: int() of 10 MB of digits is a CPU sink
+            raise ScriptError(f"{word} N: N has more than {_MAX_DIGITS} digits (the model's limits bound it anyway)")
+        prefixes[word], line = int(m[1]), line[m.end() :]
         if not line:
-            raise ScriptError("!tokens N must prefix a !call or !say on the same line")
-    elif line.startswith("!tokens"):
-        raise ScriptError("!tokens needs a whole number, e.g. `!tokens 200 !say done`")
+            raise ScriptError(f"{word} N must prefix a !call or !say on the same line")
+    output_tokens, reasoning = prefixes.get("!tokens"), prefixes.get("!reason")
     if line == "!say" or line.startswith(("!say ", "!say\t")):
-        return say(line[4:].strip(), output_tokens)
+        return say(line[4:].strip(), output_tokens, reasoning)
     if line.startswith("!call"):
-        return TurnPlan(calls=_parse_calls(line), output_tokens=output_tokens, final=False)
+        return TurnPlan(calls=_parse_calls(line), output_tokens=output_tokens, reasoning_tokens=reasoning, final=False)
     raise ScriptError(f"expected !call or !say, got {line.split()[0]!r}")
 
 
@@ -100,12 +120,15 @@ def _parse_calls(line: str) -> tuple[PlannedCall, ...]:
             raise ScriptError(f"expected `!call NAME {{json}}` at column {pos + 1}")
         name, pos = m[1], m.end()
         args: Any = {}
-        if line.startswith("{", pos):
+        if line.startswith(("{", '"'), pos):
             try:
                 args, pos = _JSON.raw_decode(line, pos)
             except json.JSONDecodeError as e:
                 raise ScriptError(f"bad JSON arguments for {name}: {e.msg} at column {e.pos + 1}") from None
-        calls.append(PlannedCall(name, json.dumps(args, separators=(",", ":"), ensure_ascii=False)))
+        if isinstance(args, str):  # `!call NAME "text"`: a custom tool's freeform input
+            calls.append(PlannedCall(name, args, custom=True))
+        else:
+            calls.append(PlannedCall(name, json.dumps(args, separators=(",", ":"), ensure_ascii=False)))
         rest = line[pos:].strip()
         if not rest:
             return tuple(calls)
@@ -192,7 +215,7 @@ def workload_to_script(w: Workload) -> str:
     for t in w.turns:
         prefix = f"!tokens {t.output_tokens} " if t.output_tokens is not None else ""
         if t.calls:
-            lines.append(prefix + " | ".join(f"!call {c.name} {c.arguments}" for c in t.calls))
+            lines.append(prefix + " | ".join(f"!call {c.name} {json.dumps(c.arguments) if c.custom else c.arguments}" for c in t.calls))
         else:
             lines.append(prefix + "!say " + " ".join(t.text.split()))
     return "\n".join(lines)
@@ -246,17 +269,45 @@ class RandomPolicy:
         return say(text, rng.randint(30, 300))
 
 
-def select_policy(first_user_text: str, default: str) -> Policy:
+def serial(plans: Sequence[TurnPlan]) -> list[TurnPlan]:
+    """``parallel_tool_calls: false``: the model makes one call per turn, so a line of parallel calls
+    becomes that many turns, in order (the line's `!tokens` / `!reason` go with its first call)."""
+    out: list[TurnPlan] = []
+    for plan in plans:
+        if len(plan.calls) <= 1:
+            out.append(plan)
+            continue
+        out.append(replace(plan, calls=plan.calls[:1]))
+        out.extend(replace(plan, calls=(call,), output_tokens=None, reasoning_tokens=None) for call in plan.calls[1:])
+    return out
+
+
+class _OneCallPerTurn:
+    """A policy without a script under ``parallel_tool_calls: false``: its first call of each turn."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        plan = self.inner.plan(turn, first_user_text, last_user_text)
+        return replace(plan, calls=plan.calls[:1]) if len(plan.calls) > 1 else plan
+
+
+def select_policy(first_user_text: str, default: str, parallel: bool = True) -> Policy:
     """Directives in the first user message win; else ``default``: ``echo``, ``random[:SEED]`` or
-    ``trace:NAME|PATH``. ValueError/KeyError for a bad default (call once at start-up to check it)."""
+    ``trace:NAME|PATH``. ValueError/KeyError for a bad default (call once at start-up to check it).
+    ``parallel=False`` (the request's ``parallel_tool_calls``): at most one call per turn."""
     plans = parse_script(first_user_text)
     if plans is not None:
-        return ScriptPolicy(plans)
+        return ScriptPolicy(plans if parallel else serial(plans))
     kind, _, arg = default.partition(":")
+    policy: Policy
     if kind == "echo" and not arg:
-        return EchoPolicy()
-    if kind == "random":
-        return RandomPolicy(int(arg) if arg else 0)
-    if kind == "trace" and arg:
-        return TracePolicy(load_workload(arg))
-    raise ValueError(f"unknown policy {default!r}; expected echo, random[:SEED] or trace:NAME")
+        policy = EchoPolicy()
+    elif kind == "random":
+        policy = RandomPolicy(int(arg) if arg else 0)
+    elif kind == "trace" and arg:
+        policy = TracePolicy(load_workload(arg))
+    else:
+        raise ValueError(f"unknown policy {default!r}; expected echo, random[:SEED] or trace:NAME")
+    return policy if parallel else _OneCallPerTurn(policy)

@@ -37,6 +37,9 @@ class Timing:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self.rng = random.Random(spec.seed)
+        # Without jitter an interval depends only on how many sequences run: drawn once per count (it is
+        # asked for every token).
+        self._itl: dict[int, float] | None = {} if spec.itl_jitter_std == 0 else None
 
     def prefill_ms(self, uncached_tokens: int, running: int) -> float:
         s = self.spec
@@ -48,6 +51,12 @@ class Timing:
 
     def itl_s(self, running: int) -> float:
         """The interval to the next token, drawn when the previous one is released."""
+        memo = self._itl
+        if memo is not None:
+            itl = memo.get(running)
+            if itl is None:
+                itl = memo[running] = self.spec.inter_token_latency_ms * load_factor(self.spec, running) / 1000.0
+            return itl
         s = self.spec
         mean = s.inter_token_latency_ms * load_factor(s, running) / 1000.0
         return jittered(mean, s.itl_jitter_std, self.rng)

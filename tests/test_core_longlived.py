@@ -32,7 +32,7 @@ from proto.events import (
     ServerEvent,
 )
 from proto.items import FunctionCall, FunctionCallOutput, Message
-from proto.longlived import Action, Cancel, Limits, LongLivedCore, Reply, Resume, Start
+from proto.longlived import Action, Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
 from proto.state import CLIENT_EVENTS, REFUSALS, TRANSITIONS, Event, State
 
 
@@ -328,40 +328,42 @@ def test_invalid_json(frame: str | bytes) -> None:
     assert (detail.code, detail.type, detail.param) == ("invalid_json", "invalid_request_error", None)
 
 
+# The event's own envelope is ``invalid_event``; the body a create carries, and any item, is
+# ``invalid_request`` as in an HTTP body (one fault, one code on every transport: issue 12).
 @pytest.mark.parametrize(
-    ("frame", "param"),
+    ("frame", "code", "param"),
     [
-        ("[1, 2]", None),
-        ('"response.create"', None),
-        ("42", None),
-        ("null", None),
-        ('{"input": []}', "$.type"),
-        ('{"type": 7}', "$.type"),
-        ('{"type": "response.append"}', "$.input"),
-        ('{"type": "response.append", "input": "text"}', "$.input"),
-        ('{"type": "response.append", "input": [], "response_id": 5}', "$.response_id"),
-        ('{"type": "response.inject", "input": []}', "$.response_id"),
-        ('{"type": "response.create"}', "$.model"),
-        ('{"type": "response.create", "model": 3}', "$.model"),
-        ('{"type": "response.create", "model": "m", "tools": [{"type": "function"}]}', "$.tools[0].name"),
-        ('{"type": "response.create", "model": "m", "max_output_tokens": "many"}', "$.max_output_tokens"),
-        ('{"type": "response.create", "model": "m", "max_output_tokens": 1e400}', "$.max_output_tokens"),
-        ('{"type": "response.create", "model": "m", "input": 5}', "$.input"),
-        ('{"type": "response.create", "model": "mock-1000tps", "input": [5]}', "$.input[0]"),
-        ('{"type": "response.create", "model": "mock-1000tps", "input": [{"type": "message", "role": "robot", "content": "x"}]}', "$.input[0].role"),
-        ('{"type": "response.create", "model": "mock-1000tps", "input": [{"content": "typeless, roleless"}]}', "$.input[0].role"),
-        ('{"type": "response.append", "input": [{"type": "function_call_output", "output": "x"}]}', "$.input[0].call_id"),
-        ('{"type": "response.append", "input": [{"type": "function_call_output", "call_id": 1, "output": "x"}]}', "$.input[0].call_id"),
-        ('{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "ok"}, {"type": "function_call_output", "call_id": "c"}]}', "$.input[1].output"),
-        ('{"type": "response.append", "input": [{"type": "mystery"}]}', "$.input[0].type"),
+        ("[1, 2]", "invalid_event", None),
+        ('"response.create"', "invalid_event", None),
+        ("42", "invalid_event", None),
+        ("null", "invalid_event", None),
+        ('{"input": []}', "invalid_event", "$.type"),
+        ('{"type": 7}', "invalid_event", "$.type"),
+        ('{"type": "response.append"}', "invalid_event", "$.input"),
+        ('{"type": "response.append", "input": "text"}', "invalid_event", "$.input"),
+        ('{"type": "response.append", "input": [], "response_id": 5}', "invalid_event", "$.response_id"),
+        ('{"type": "response.inject", "input": []}', "invalid_event", "$.response_id"),
+        ('{"type": "response.create"}', "invalid_request", "$.model"),
+        ('{"type": "response.create", "model": 3}', "invalid_request", "$.model"),
+        ('{"type": "response.create", "model": "m", "tools": [{"type": "function"}]}', "invalid_request", "$.tools[0].name"),
+        ('{"type": "response.create", "model": "m", "tools": [{"type": "frobnicate"}]}', "invalid_request", "$.tools[0].type"),
+        ('{"type": "response.create", "model": "m", "max_output_tokens": "many"}', "invalid_request", "$.max_output_tokens"),
+        ('{"type": "response.create", "model": "m", "max_output_tokens": 1e400}', "invalid_request", "$.max_output_tokens"),
+        ('{"type": "response.create", "model": "m", "input": 5}', "invalid_request", "$.input"),
+        ('{"type": "response.create", "model": "mock-1000tps", "input": [5]}', "invalid_request", "$.input[0]"),
+        ('{"type": "response.create", "model": "mock-1000tps", "input": [{"type": "message", "role": "robot", "content": "x"}]}', "invalid_request", "$.input[0].role"),
+        ('{"type": "response.create", "model": "mock-1000tps", "input": [{"content": "typeless, roleless"}]}', "invalid_request", "$.input[0].role"),
+        ('{"type": "response.append", "input": [{"type": "function_call_output", "call_id": 1, "output": "x"}]}', "invalid_request", "$.input[0].call_id"),
+        ('{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "ok"}, {"type": "function_call_output", "call_id": "c"}]}', "invalid_request", "$.input[1].output"),
+        ('{"type": "response.append", "input": [{"type": "mystery"}]}', "invalid_request", "$.input[0].type"),
     ],
 )
-def test_invalid_event_names_the_failing_path(frame: str, param: str | None) -> None:
+def test_invalid_event_names_the_failing_path(frame: str, code: str, param: str | None) -> None:
     # A create is checked in IDLE (elsewhere it is refused before its body is read), the rest mid-rollout.
     state = State.IDLE if '"response.create"' in frame else State.SUSPENDED
     pipe = pipe_in(state)
     detail = error_of(pipe.send(frame))
-    assert (detail.code, detail.param) == ("invalid_event", param), detail.message
+    assert (detail.code, detail.param) == (code, param), detail.message
     assert pipe.core.state is state
 
 
@@ -385,7 +387,7 @@ def test_no_open_response() -> None:
     assert code_of(pipe.client(type="response.cancel")) == "no_open_response"
 
 
-@pytest.mark.parametrize("state", [State.OPENING, State.STREAMING, State.SUSPENDED])
+@pytest.mark.parametrize("state", [State.OPENING, State.STREAMING])
 def test_response_in_progress(state: State) -> None:
     pipe = pipe_in(state)
     before = pipe.core.response_id
@@ -489,15 +491,17 @@ def test_too_many_tools() -> None:
 
 
 @pytest.mark.parametrize(
-    ("item", "param"),
+    ("item", "code", "param"),
     [
-        ({"type": "message", "role": "assistant", "content": "I said"}, "$.input[0].role"),
-        ({"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}, "$.input[0].type"),
+        ({"type": "message", "role": "assistant", "content": "I said"}, "invalid_request", "$.input[0].role"),
+        ({"type": "reasoning", "id": "rs_1", "summary": []}, "invalid_request", "$.input[0].type"),
+        # An echo of the model's own call is accepted only for a call the response made (issue 12).
+        ({"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}, "unknown_call_id", "$.input[0].call_id"),
     ],
 )
-def test_append_accepts_only_outputs_and_user_side_messages(item: dict[str, Any], param: str) -> None:
+def test_append_accepts_only_outputs_and_user_side_messages(item: dict[str, Any], code: str, param: str) -> None:
     actions = pipe_in(State.STREAMING).append(item)
-    assert (code_of(actions), error_of(actions).param) == ("invalid_request", param)
+    assert (code_of(actions), error_of(actions).param) == (code, param)
 
 
 # ================================================================================================ inject
@@ -581,7 +585,19 @@ def test_user_messages_while_streaming_wait_for_the_next_turn() -> None:
     assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="developer", content="two")]
     assert pipe.core.take_queued() == []  # each is handed over once
     assert pipe.core.state is State.STREAMING
-    assert pipe.append() == []  # an empty append is harmless
+    empty = pipe.append()  # answered typed (issue 13), nothing changes
+    assert (code_of(empty), error_of(empty).param) == ("empty_array", "$.input")
+    assert pipe.core.state is State.STREAMING
+
+
+def test_an_empty_append_while_suspended_is_answered_typed_and_changes_nothing() -> None:
+    pipe = pipe_in(State.SUSPENDED)
+    pending = pipe.core.outstanding_calls
+    empty = pipe.append()
+    assert (code_of(empty), status_of(empty), error_of(empty).param) == ("empty_array", 400, "$.input")
+    assert pipe.core.state is State.SUSPENDED and pipe.core.outstanding_calls == pending
+    inject = pipe.client(type="response.inject", response_id=pipe.core.response_id, input=[])
+    assert [codec.decode_server_event(a.data).code for a in inject if isinstance(a, Reply)] == ["empty_array"]
 
 
 def test_a_suspension_with_user_messages_only_resumes_when_no_call_is_pending() -> None:
@@ -634,9 +650,24 @@ BAD_FRAMES = [
     '{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "hi"}, {"type": "message", "role": "assistant", "content": "x"}]}',
     '{"type": "response.append", "response_id": "resp_zz", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}]}',
     '{"type": "response.inject", "response_id": "RESP", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}, {}]}',
-    '{"type": "response.create", "model": "mock-1000tps"}',
+    '{"type": "response.create", "model": "gpt-nope"}',  # (a valid one supersedes: test_create_supersedes_a_suspended_response)
     '{"type": "response.cancel", "response_id": "resp_zz"}',
 ]
+
+
+def test_create_supersedes_a_suspended_response() -> None:
+    pipe = pipe_in(State.SUSPENDED)
+    old = pipe.core.response_id
+    cancel, follow = pipe.client(type="response.create", model=CORE_MODEL, input="anew")
+    assert cancel == Cancel(old or "", "superseded") and isinstance(follow, OpenNext)
+    assert pipe.core.cancelling == cancel
+    again = pipe.client(type="response.create", model=CORE_MODEL, input="and again")  # one at a time
+    assert code_of(again) == "response_in_progress"
+    with pytest.raises(LocalProtocolError):
+        pipe.core.open_next()  # not before the superseded response's terminal event
+    pipe.complete()
+    [start] = pipe.core.open_next()
+    assert isinstance(start, Start) and start.response_id != old and pipe.core.state is State.OPENING
 
 
 @pytest.mark.parametrize("frame", BAD_FRAMES)
@@ -725,3 +756,13 @@ def test_error_frames_carry_no_sequence_number() -> None:
         for action in pipe.send(frame):
             if isinstance(action, Reply):
                 assert b"sequence_number" not in action.data
+
+
+def test_queued_user_messages_are_capped_typed_and_the_refused_append_keeps_nothing() -> None:
+    pipe = Pipe(Limits(max_queued_items=2))
+    pipe.open()
+    assert pipe.append(user_message("one")) == []
+    assert code_of(pipe.append(user_message("two"), user_message("three"))) == "too_many_queued_items"
+    assert pipe.append(user_message("two")) == []  # within the cap again
+    assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="user", content="two")]
+    assert pipe.append(user_message("after the turn boundary")) == []  # taking them makes room

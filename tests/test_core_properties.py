@@ -36,7 +36,7 @@ from proto.events import (
     ServerEvent,
 )
 from proto.items import FunctionCall
-from proto.longlived import Cancel, Limits, LongLivedCore, Reply, Resume, Start
+from proto.longlived import Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
 from proto.state import State
 
 OPEN_STATES = {State.OPENING, State.STREAMING, State.SUSPENDED}
@@ -85,10 +85,14 @@ class CoreMachine(RuleBasedStateMachine):
                 case Start():
                     assert self.start is None and self.builder is None, "a second response opened"
                     self.start = action
-                case Cancel(response_id):
+                case Cancel(response_id, reason):
                     # During pre-inference the core keeps the cancel itself (``opened`` reports it).
                     assert response_id == self.core.response_id and self.builder is not None
-                    self.end("cancelled")
+                    self.end(reason)  # "cancelled", or "superseded" by a create while suspended
+                case OpenNext():
+                    [start] = self.core.open_next()
+                    assert isinstance(start, Start) and self.start is None and self.builder is None
+                    self.start = start
                 case Resume(items):
                     assert self.core.state is State.STREAMING
                     assert items, "a resume carries the outputs"

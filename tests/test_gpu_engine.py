@@ -54,9 +54,11 @@ async def test_single_turn_exact_timing_and_report() -> None:
     assert times(emits) == pytest.approx([t_first + i * 0.001 for i in range(5)], abs=1e-12)
     r = seq.last_report
     assert r is not None
-    assert r.to_dict() == pytest.approx(
+    report = r.to_dict()
+    assert report.pop("lookup_ms") > 0  # real CPU time, even on a FakeClock
+    assert report == pytest.approx(
         {"prompt_tokens": 100, "cached_tokens": 0, "prefill_ms": 55.0, "queue_wait_ms": 0.0,
-         "decode_ms": 4.0, "output_tokens": 5}
+         "decode_ms": 4.0, "output_tokens": 5, "first_late_ms": 0.0}
     )
 
 

@@ -1,17 +1,18 @@
-"""The usage ledger: every row written exactly once, off the caller's thread, and nothing lost on close."""
+"""The usage ledger: every row written exactly once, off the caller's thread, and nothing lost on close —
+on SQLite and on PostgreSQL (``path``, ``backend``: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from databases import Backend
 from structlog.testing import capture_logs
 
 from proto.server.ledger import (
+    MIGRATIONS,
     LedgerError,
     LedgerRow,
     UsageLedger,
@@ -36,8 +37,8 @@ def row(n: int, *, mode: str = "ws", key: str = "key_a", output: int = 10) -> Le
 
 
 @pytest.fixture
-def ledger() -> Iterator[UsageLedger]:
-    led = UsageLedger(":memory:")
+def ledger(path: str) -> Iterator[UsageLedger]:
+    led = UsageLedger(path)
     led.start()
     yield led
     led.close()
@@ -82,8 +83,7 @@ def test_duplicate_response_id_is_refused_and_counted(ledger: UsageLedger) -> No
     ]
 
 
-def test_close_writes_everything_queued_and_file_survives_reopen(tmp_path: Path) -> None:
-    path = str(tmp_path / "ledger.sqlite3")
+def test_close_writes_everything_queued_and_survives_reopen(path: str, backend: Backend) -> None:
     first = UsageLedger(path)
     first.start()
     for n in range(1000):
@@ -101,14 +101,14 @@ def test_close_writes_everything_queued_and_file_survives_reopen(tmp_path: Path)
     second.record(row(1000))
     second.close()
     assert second.duplicates == 1 and second.rows_written == 1
-    with sqlite3.connect(path) as db:
-        assert db.execute("SELECT count(*) FROM usage").fetchone() == (1001,)
-        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    db.close()
+    assert backend.query("SELECT count(*) FROM usage") == [(1001,)]
+    assert backend.query("SELECT component, version FROM schema_version") == [("ledger", len(MIGRATIONS))]
+    if backend.name == "sqlite":
+        assert backend.query("PRAGMA journal_mode") == [("wal",)]
 
 
-def test_close_without_start_still_writes_the_queue() -> None:
-    led = UsageLedger(":memory:")
+def test_close_without_start_still_writes_the_queue(path: str) -> None:
+    led = UsageLedger(path)
     led.record(row(1))
     led.record(row(2))
     assert led.pending == 2
@@ -118,8 +118,8 @@ def test_close_without_start_still_writes_the_queue() -> None:
     assert led.rows_written == 2
 
 
-def test_many_threads_record_concurrently(tmp_path: Path) -> None:
-    led = UsageLedger(str(tmp_path / "l.db"), batch_size=32)
+def test_many_threads_record_concurrently(path: str) -> None:
+    led = UsageLedger(path, batch_size=32)
     led.start()
 
     def worker(base: int) -> None:
@@ -133,13 +133,13 @@ def test_many_threads_record_concurrently(tmp_path: Path) -> None:
         t.join()
     led.close()
     assert led.rows_written == 4000 and led.duplicates == 0 and led.failed == 0
-    reopened = UsageLedger(str(tmp_path / "l.db"))
+    reopened = UsageLedger(path)
     assert len({r.response_id for r in reopened.rows()}) == 4000
     reopened.close()
 
 
-async def test_many_tasks_record_then_aclose(tmp_path: Path) -> None:
-    led = UsageLedger(str(tmp_path / "l.db"))
+async def test_many_tasks_record_then_aclose(path: str) -> None:
+    led = UsageLedger(path)
     await led.astart()
 
     async def session(s: int) -> None:
@@ -151,7 +151,7 @@ async def test_many_tasks_record_then_aclose(tmp_path: Path) -> None:
     await led.aflush()
     assert led.rows_written == 1000
     await led.aclose()
-    reopened = UsageLedger(str(tmp_path / "l.db"))
+    reopened = UsageLedger(path)
     assert len(reopened.rows(mode="longlived")) == 1000
     reopened.close()
 
@@ -170,3 +170,28 @@ def test_api_key_fingerprint_never_holds_the_key() -> None:
     assert key not in fp and key[8:20] not in fp
     assert fingerprint_api_key("other") != fp
     assert fingerprint_api_key(None) == fingerprint_api_key("") == "anonymous"
+
+
+def test_a_memory_ledger_needs_no_file() -> None:
+    led = UsageLedger(":memory:")
+    led.start()
+    led.record(row(1))
+    led.flush()
+    assert led.rows() == [row(1)]
+    led.close()
+
+
+def test_two_ledgers_on_one_database_bill_each_response_once(path: str, backend: Backend) -> None:
+    """Two servers' ledgers: the primary key is the idempotency key, whoever writes second is refused."""
+    a, b = UsageLedger(path), UsageLedger(path)
+    a.start()
+    b.start()
+    for n in range(300):
+        (a if n % 2 else b).record(row(n))
+    for n in range(0, 300, 3):  # a third of them billed again, by the other server
+        (b if n % 2 else a).record(row(n, output=99))
+    a.close()
+    b.close()
+    assert a.rows_written + b.rows_written == 300 and a.duplicates + b.duplicates == 100
+    # Which of two racing writes commits first is the database's call; that exactly one does is the key's.
+    assert backend.query("SELECT count(*), count(DISTINCT response_id) FROM usage WHERE output_tokens IN (10, 99)") == [(300, 300)]

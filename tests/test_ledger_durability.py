@@ -1,26 +1,38 @@
 """The usage ledger under faults: a locked database never blocks the caller and loses no row, the pending
-buffer is bounded, and a response in flight at a crash is billed from its last durable progress."""
+buffer is bounded, and a response in flight at a crash is billed from its last durable progress — each on
+SQLite and on PostgreSQL (``path``/``lock``/``backend``: tests/conftest.py), where reconciliation also
+leaves a live server's responses alone."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from databases import Backend
 from helpers import GUARD
 from structlog.testing import capture_logs
 
-from proto.server.ledger import INCOMPLETE, LedgerError, LedgerFullError, LedgerRow, UsageLedger
+from proto.server.database import open_database
+from proto.server.ledger import (
+    CRASHED,
+    INCOMPLETE,
+    MIGRATIONS,
+    LedgerError,
+    LedgerFullError,
+    LedgerRow,
+    UsageLedger,
+)
 from proto.work import WorkCounters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,22 +55,17 @@ def fast(path: str, **options: Any) -> UsageLedger:
     return UsageLedger(path, **(settings | options))
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> str:
-    return str(tmp_path / "ledger.sqlite3")
+Lock = Callable[[], Any]
 
 
-def usage_ids(path: str) -> list[str]:
-    with sqlite3.connect(path) as db:
-        ids = [r[0] for r in db.execute("SELECT response_id FROM usage ORDER BY response_id")]
-    db.close()
-    return ids
+def usage_ids(backend: Backend) -> list[str]:
+    return [r[0] for r in backend.query("SELECT response_id FROM usage ORDER BY response_id")]
 
 
-def test_locked_database_record_never_blocks_and_every_row_lands_once(path: str, lock: Callable[[], sqlite3.Connection]) -> None:
+def test_locked_database_record_never_blocks_and_every_row_lands_once(path: str, backend: Backend, lock: Lock) -> None:
     led = fast(path)
     sql_threads: set[int] = set()
-    led._wdb.set_trace_callback(lambda _sql: sql_threads.add(threading.get_ident()))
+    led._db.trace = lambda _sql: sql_threads.add(threading.get_ident())
     led.start()
     holder = lock()
     # This thread holds the lock: a record() that waited on the database would hang (or raise) right here.
@@ -71,13 +78,13 @@ def test_locked_database_record_never_blocks_and_every_row_lands_once(path: str,
     holder.execute("COMMIT")
     led.flush(timeout=GUARD)
     assert (led.rows_written, led.duplicates, led.pending, led.failed) == (50, 1, 0, 0)
-    assert usage_ids(path) == [f"resp_{n:06d}" for n in range(50)]
-    assert led.get("resp_000007") == row(7)  # the first row of the id stands
     assert threading.get_ident() not in sql_threads  # record() never ran SQL on the caller's thread
+    assert usage_ids(backend) == [f"resp_{n:06d}" for n in range(50)]
+    assert led.get("resp_000007") == row(7)  # the first row of the id stands
     led.close()
 
 
-def test_a_read_does_not_wait_on_the_writers_lock(path: str, lock: Callable[[], sqlite3.Connection]) -> None:
+def test_a_read_does_not_wait_on_the_writers_lock(path: str, lock: Lock) -> None:
     led = fast(path, busy_timeout=GUARD)  # the writer waits on the lock for the whole test
     led.start()
     led.record(row(1))
@@ -91,7 +98,7 @@ def test_a_read_does_not_wait_on_the_writers_lock(path: str, lock: Callable[[], 
     led.close()
 
 
-def test_close_retries_until_its_deadline_then_counts_and_logs_what_it_lost(path: str, lock: Callable[[], sqlite3.Connection]) -> None:
+def test_close_retries_until_its_deadline_then_counts_and_logs_what_it_lost(path: str, backend: Backend, lock: Lock) -> None:
     led = fast(path)
     led.start()
     led.started("resp_000001", "key_a", "mock-1000tps", "ws", 1e9)
@@ -109,7 +116,7 @@ def test_close_retries_until_its_deadline_then_counts_and_logs_what_it_lost(path
     with pytest.raises(LedgerError):
         led.record(row(3))
     holder.execute("COMMIT")
-    assert usage_ids(path) == []
+    assert usage_ids(backend) == []
     # The next start bills the response whose open row was durable, from what it can prove.
     after = fast(path)
     assert after.reconcile() == 1
@@ -118,22 +125,15 @@ def test_close_retries_until_its_deadline_then_counts_and_logs_what_it_lost(path
     after.close()
 
 
-def test_a_failing_write_is_retried_not_dropped(path: str) -> None:
+def test_a_failing_write_is_retried_not_dropped(path: str, backend: Backend) -> None:
     led = fast(path)
-    real = led._wdb
     failures = iter(range(3))
 
-    class Flaky:  # the writer connection fails its first three batches with a disk error
-        in_transaction = False
+    def flaky(sql: str) -> None:  # the writer's first three transactions fail as the driver fails them
+        if sql.startswith("BEGIN") and next(failures, None) is not None:
+            raise backend.transient_error("disk I/O error")
 
-        def execute(self, sql: str, *args: Any) -> Any:
-            if sql == "BEGIN IMMEDIATE" and next(failures, None) is not None:
-                raise sqlite3.OperationalError("disk I/O error")
-            cursor = real.execute(sql, *args)
-            self.in_transaction = real.in_transaction
-            return cursor
-
-    led._wdb = cast(sqlite3.Connection, Flaky())
+    led._db.trace = flaky
     led.start()
     with capture_logs() as logs:
         led.record(row(1))
@@ -144,9 +144,8 @@ def test_a_failing_write_is_retried_not_dropped(path: str) -> None:
             time.sleep(0.001)
     assert (led.rows_written, led.retries, led.failed) == (1, 3, 0)
     assert [e["event"] for e in logs] == ["ledger.write_retrying", "ledger.write_recovered"]
-    led._wdb = real
     led.close()
-    assert usage_ids(path) == ["resp_000001"]
+    assert usage_ids(backend) == ["resp_000001"]
 
 
 def test_full_buffer_refuses_at_once_typed_and_counted(path: str) -> None:
@@ -188,7 +187,7 @@ def test_progress_of_one_id_coalesces_while_pending_and_record_removes_the_open_
     led.close()
 
 
-def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress(path: str) -> None:
+def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress(path: str, backend: Backend) -> None:
     crashed = fast(path)
     crashed.start()
     crashed.started("resp_a", "key_a", "mock-65tps", "longlived", 1e9)
@@ -198,17 +197,27 @@ def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress
     crashed.started("resp_c", "key_b", "mock-65tps", "ws", 1e9 + 2)
     crashed.flush()
     progress_at = crashed.open_responses()[0].progress_at
-    # The crash: `crashed` is abandoned, never closed. The next process opens the same file.
+    # The crash: `crashed` is abandoned, never closed. The next process opens the same database.
     restarted = fast(path)
     restarted.started("resp_mine", "key_a", "m", "ws", 1e9 + 3)  # this ledger's own open row is never billed
     restarted.start()
     restarted.flush()
+    if backend.server is not None:
+        # Many servers share PostgreSQL: while `crashed` lives (its session holds its lock), its
+        # responses are another server's in flight and stay open. Its session ending is its death.
+        assert restarted.reconcile() == 0 and len(restarted.open_responses()) == 3
+        with backend.server.connect() as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+                (f"responses-lab owner {crashed._owner} %",),
+            )
+        backend.server.wait_owner_gone(crashed._owner)
     with capture_logs() as logs:
         assert restarted.reconcile() == 2
     assert restarted.reconciled == 2 and restarted.rows_written == 2
     a, c = restarted.get("resp_a"), restarted.get("resp_c")
-    assert a == LedgerRow("resp_a", "key_a", "mock-65tps", "longlived", INCOMPLETE, 100, 20, 7, 2, 1e9, cast(float, progress_at))
-    assert c == LedgerRow("resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2)
+    assert a == LedgerRow("resp_a", "key_a", "mock-65tps", "longlived", INCOMPLETE, 100, 20, 7, 2, 1e9, cast(float, progress_at), CRASHED)
+    assert c == LedgerRow("resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2, CRASHED)
     b = restarted.get("resp_b")
     assert b is not None and b.status == "completed"
     assert [o.response_id for o in restarted.open_responses()] == ["resp_mine"]
@@ -236,7 +245,7 @@ _CHILD = textwrap.dedent(
 )
 
 
-def test_sigkill_mid_response_then_reconcile(path: str) -> None:
+def test_sigkill_mid_response_then_reconcile(path: str, backend: Backend) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, env=env, text=True) as child:
         try:
@@ -246,6 +255,8 @@ def test_sigkill_mid_response_then_reconcile(path: str) -> None:
         finally:
             if child.poll() is None:
                 child.kill()
+    if backend.server is not None:
+        backend.server.wait_sessions_gone(child.pid)  # PostgreSQL notices the dead client within ms
     led = UsageLedger(path)
     assert led.reconcile() == 1
     [billed] = led.rows()
@@ -255,9 +266,9 @@ def test_sigkill_mid_response_then_reconcile(path: str) -> None:
     led.close()
 
 
-def test_a_row_the_database_can_never_take_is_rejected_not_retried_forever(path: str) -> None:
+def test_a_row_the_database_can_never_take_is_rejected_not_retried_forever(path: str, backend: Backend) -> None:
     poison = row(2)
-    object.__setattr__(poison, "input_tokens", [1])  # past validation: sqlite cannot bind a list
+    object.__setattr__(poison, "input_tokens", [1])  # past validation: no integer column takes a list
     led = fast(path)
     for r in (row(1), poison, row(3)):
         led.record(r)
@@ -265,7 +276,7 @@ def test_a_row_the_database_can_never_take_is_rejected_not_retried_forever(path:
         led.close()
     assert (led.rows_written, led.failed) == (2, 1)
     assert [e["response_id"] for e in logs if e["event"] == "ledger.row_rejected"] == ["resp_000002"]
-    assert usage_ids(path) == ["resp_000001", "resp_000003"]
+    assert usage_ids(backend) == ["resp_000001", "resp_000003"]
 
 
 def test_bad_started_and_progress_are_refused_on_the_callers_stack() -> None:
@@ -287,7 +298,7 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
     led.record(row(1))
     with pytest.raises(LedgerFullError):
         led.record(row(2))
-    pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}), totals=WorkCounters(), ledger=led)
+    pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}, remote=None), totals=WorkCounters(), ledger=led)
     server = SimpleNamespace(pipeline=pipeline, sessions=[])
     values = {m.name: m.samples[0].value for m in ServerCollector(server).collect() if m.name.startswith("responses_lab_ledger")}  # type: ignore[arg-type]
     assert values == {
@@ -297,5 +308,21 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
         "responses_lab_ledger_failed": 0,
         "responses_lab_ledger_overflow": 1,
         "responses_lab_ledger_duplicates": 0,
+        "responses_lab_ledger_reconciled": 0,
     }
+    led.close()
+
+
+def test_a_database_from_before_the_reason_column_is_migrated_and_keeps_its_rows(path: str, backend: Backend) -> None:
+    old = open_database(path, "ledger", busy_timeout=1.0)
+    old.migrate("ledger", MIGRATIONS[:1])  # the schema as it was (version 1), with a row in it
+    old.close()
+    backend.query("INSERT INTO usage VALUES ('resp_old', 'key_a', 'm', 'ws', 'completed', 1, 0, 2, 1, 1000000000.0, 1000000000.0)")
+    led = fast(path)  # version 2: the reason column
+    led.start()
+    led.record(replace(row(1, status="incomplete"), reason="max_output_tokens"))
+    led.flush()
+    assert led.get("resp_old") == LedgerRow("resp_old", "key_a", "m", "ws", "completed", 1, 0, 2, 1, 1e9, 1e9, "")
+    found = led.get("resp_000001")
+    assert found is not None and found.reason == "max_output_tokens"
     led.close()

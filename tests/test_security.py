@@ -31,7 +31,7 @@ HTTP_ENDPOINTS = [
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),
     ("GET", "/v1/models"),
-    ("GET", "/healthz"),  # authenticated too: SPEC §2 says every endpoint (a load balancer gets a key)
+    ("GET", "/healthz"),  # authenticated too: docs/protocol.md §2 says every endpoint (a load balancer gets a key)
     ("GET", "/metrics"),
 ]
 WS_PROTOCOLS = ["", "?protocol=longlived"]

@@ -1,4 +1,5 @@
-"""The response store: roundtrips, per-key isolation, chains, and persistence."""
+"""The response store: roundtrips, per-key isolation, chains, and persistence — on SQLite and on
+PostgreSQL (``path``, ``backend``: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
+from databases import Backend
 
+from proto.server.ledger import MIGRATIONS as LEDGER_MIGRATIONS
 from proto.server.ledger import LedgerRow, UsageLedger
 from proto.server.store import ResponseStore, StoreError
 
@@ -31,8 +33,8 @@ async def put_chain(store: ResponseStore, n: int, key: str = KEY, prefix: str = 
 
 
 @pytest.fixture
-async def store() -> AsyncIterator[ResponseStore]:
-    s = ResponseStore(":memory:")
+async def store(path: str) -> AsyncIterator[ResponseStore]:
+    s = ResponseStore(path)
     yield s
     await s.aclose()
 
@@ -126,28 +128,38 @@ async def test_concurrent_puts_and_reads(store: ResponseStore) -> None:
 
 
 async def test_sql_runs_off_the_event_loop_thread(store: ResponseStore) -> None:
-    # A memory database lives in one connection: one thread does everything.
-    sql_threads: set[int] = set()
-    await store._write("trace", lambda db: db.set_trace_callback(lambda _sql: sql_threads.add(threading.get_ident())))
+    sql_threads: set[str] = set()
+    store._db.trace = lambda _sql: sql_threads.add(threading.current_thread().name)
     await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
     await store.chain("resp_1", KEY)
+    assert len(sql_threads) == 2 and threading.current_thread().name not in sql_threads
+
+
+async def test_a_memory_store_runs_on_one_thread() -> None:
+    store = ResponseStore(":memory:")  # a memory database lives in one connection: one thread does everything
+    sql_threads: set[int] = set()
+    store._db.trace = lambda _sql: sql_threads.add(threading.get_ident())
+    await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
+    assert await store.chain("resp_1", KEY) is not None
     assert len(sql_threads) == 1 and threading.get_ident() not in sql_threads
+    await store.aclose()
 
 
-async def test_a_file_store_writes_on_one_thread_and_reads_on_a_pool(tmp_path: Path) -> None:
-    store = ResponseStore(str(tmp_path / "store.sqlite3"), readers=2)
+async def test_writes_run_on_the_writer_threads_and_reads_on_a_pool(path: str, backend: Backend) -> None:
+    store = ResponseStore(path, readers=2, writers=3)
     name = lambda _db: threading.current_thread().name  # noqa: E731
-    writers = {await store._write("name", name) for _ in range(5)}
+    writers = set(await asyncio.gather(*(store._write("name", name) for _ in range(20))))
     readers = set(await asyncio.gather(*(store._read("name", name) for _ in range(20))))
-    assert len(writers) == 1 and next(iter(writers)).startswith("response-store-writer")
+    # SQLite has one writer; PostgreSQL takes concurrent writes (up to ``writers`` threads).
+    assert 1 <= len(writers) <= (1 if backend.name == "sqlite" else 3)
+    assert all(w.startswith("response-store-writer") for w in writers)
     assert 1 <= len(readers) <= 2 and all(r.startswith("response-store-reader") for r in readers)
     await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
     assert await store.get("resp_1", KEY) is not None  # a reader connection sees the writer's commit
     await store.aclose()
 
 
-async def test_persistence_across_reopen(tmp_path: Path) -> None:
-    path = str(tmp_path / "store.sqlite3")
+async def test_persistence_across_reopen(path: str) -> None:
     first = ResponseStore(path)
     ids = await put_chain(first, 4)
     first.close()
@@ -165,8 +177,7 @@ async def test_input_items_must_be_a_json_array(store: ResponseStore) -> None:
         await store.put("resp_1", KEY, b"{}", b'{"not": "an array"}', None, "m")
 
 
-async def test_store_and_ledger_can_share_one_file(tmp_path: Path) -> None:
-    path = str(tmp_path / "lab.sqlite3")
+async def test_store_and_ledger_can_share_one_database(path: str, backend: Backend) -> None:
     store, ledger = ResponseStore(path), UsageLedger(path)
     ledger.start()
     for i in range(50):
@@ -178,3 +189,21 @@ async def test_store_and_ledger_can_share_one_file(tmp_path: Path) -> None:
     assert await reopened.get("resp_49", KEY) is not None
     await reopened.aclose()
     assert ledger.rows_written == 50
+    # One version table, one row per component: the same migrations on both databases.
+    # (the store's 2: the items table an item_reference reads, issue 12)
+    assert sorted(backend.query("SELECT component, version FROM schema_version")) == [("ledger", len(LEDGER_MIGRATIONS)), ("store", 2)]
+
+
+async def test_two_stores_on_one_database_share_chains_and_isolation(path: str) -> None:
+    """Two servers' stores: a chain written through one is read whole through the other, per key."""
+    a, b = ResponseStore(path), ResponseStore(path)
+    ids = await put_chain(a, 6)
+    chain = await b.chain(ids[-1], KEY)
+    assert chain is not None and [r.response_id for r in chain] == ids
+    assert await b.chain(ids[-1], OTHER) is None
+    with pytest.raises(StoreError):
+        await b.put(ids[0], OTHER, b"{}", b"[]", None, "m")  # another key's id, through the other server
+    assert await b.delete(ids[2], KEY)
+    assert await a.chain(ids[-1], KEY) is None  # a deleted link breaks the chain for every server
+    await a.aclose()
+    await b.aclose()

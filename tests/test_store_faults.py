@@ -1,5 +1,6 @@
-"""The response store under storage faults: every SQLite failure is a typed ``StoreUnavailable``, and a
-read never waits behind a write stuck on a lock."""
+"""The response store under storage faults: every database failure is a typed ``StoreUnavailable``, and a
+read never waits behind a write stuck on a lock — on SQLite and on PostgreSQL (``path``, ``lock``,
+``backend``: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+from databases import Backend, PostgresServer
 from helpers import GUARD
 
+from proto.server.run import free_port
 from proto.server.store import ResponseStore, StoreError, StoreUnavailable
 
 KEY = "key_alice"
@@ -22,9 +27,7 @@ def payload(response_id: str) -> tuple[bytes, bytes]:
     return json.dumps({"id": response_id}).encode(), json.dumps([{"type": "message", "content": "hi"}]).encode()
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> str:
-    return str(tmp_path / "store.sqlite3")
+Lock = Callable[[], Any]
 
 
 @pytest.fixture
@@ -35,18 +38,16 @@ async def store(path: str) -> AsyncIterator[ResponseStore]:
     await s.aclose()
 
 
-async def test_a_locked_database_fails_writes_typed_and_reads_still_answer(
-    store: ResponseStore, lock: Callable[[], sqlite3.Connection]
-) -> None:
+async def test_a_locked_database_fails_writes_typed_and_reads_still_answer(store: ResponseStore, backend: Backend, lock: Lock) -> None:
     holder = lock()
     with pytest.raises(StoreUnavailable) as put_failed:
         await asyncio.wait_for(store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m"), GUARD)
-    assert put_failed.value.operation == "put" and "locked" in str(put_failed.value)
-    assert isinstance(put_failed.value.__cause__, sqlite3.OperationalError)
+    assert put_failed.value.operation == "put" and backend.locked_words in str(put_failed.value)
+    assert isinstance(put_failed.value.__cause__, sqlite3.OperationalError | psycopg.OperationalError)
     with pytest.raises(StoreUnavailable) as delete_failed:
         await asyncio.wait_for(store.delete("resp_1", KEY), GUARD)
     assert delete_failed.value.operation == "delete"
-    # WAL: readers do not need the write lock.
+    # SQLite WAL, PostgreSQL MVCC: readers do not need the write lock.
     assert await store.get("resp_1", KEY) is not None
     assert await store.input_items("resp_1", KEY) is not None
     holder.execute("COMMIT")
@@ -56,14 +57,14 @@ async def test_a_locked_database_fails_writes_typed_and_reads_still_answer(
     assert store.writes == 2
 
 
-async def test_a_read_does_not_wait_behind_a_write_stuck_on_a_lock(path: str, lock: Callable[[], sqlite3.Connection]) -> None:
+async def test_a_read_does_not_wait_behind_a_write_stuck_on_a_lock(path: str, lock: Lock) -> None:
     store = ResponseStore(path, busy_timeout=GUARD)  # the stuck write waits until the lock goes
     await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
     stuck = threading.Event()
-    await store._write("trace", lambda db: db.set_trace_callback(lambda sql: stuck.set() if "INSERT" in sql else None))
+    store._db.trace = lambda sql: stuck.set() if "INSERT" in sql else None
     holder = lock()
     put = asyncio.create_task(store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m"))
-    assert await asyncio.to_thread(stuck.wait, GUARD)  # the writer is inside SQLite, waiting on the lock
+    assert await asyncio.to_thread(stuck.wait, GUARD)  # the writer is at its INSERT, waiting on the lock
     got = await asyncio.wait_for(store.get("resp_1", KEY), GUARD)
     chain = await asyncio.wait_for(store.chain("resp_1", KEY), GUARD)
     assert got is not None and chain is not None and await store.get("resp_2", KEY) is None
@@ -74,10 +75,8 @@ async def test_a_read_does_not_wait_behind_a_write_stuck_on_a_lock(path: str, lo
     await store.aclose()
 
 
-async def test_every_call_turns_a_storage_fault_into_store_unavailable(store: ResponseStore, path: str) -> None:
-    with sqlite3.connect(path) as other:
-        other.execute("DROP TABLE responses")
-    other.close()
+async def test_every_call_turns_a_storage_fault_into_store_unavailable(store: ResponseStore, backend: Backend) -> None:
+    backend.query("DROP TABLE responses")
     calls = {
         "put": store.put("resp_3", KEY, *payload("resp_3"), None, "m"),
         "get": store.get("resp_1", KEY),
@@ -88,7 +87,7 @@ async def test_every_call_turns_a_storage_fault_into_store_unavailable(store: Re
     for operation, call in calls.items():
         with pytest.raises(StoreUnavailable) as failed:
             await call
-        assert failed.value.operation == operation and "no such table" in str(failed.value)
+        assert failed.value.operation == operation and backend.missing_table_words in str(failed.value)
 
 
 async def test_refusals_stay_store_errors(store: ResponseStore) -> None:
@@ -99,7 +98,30 @@ async def test_refusals_stay_store_errors(store: ResponseStore) -> None:
         await store.get("resp_1", KEY)
 
 
-def test_a_database_that_cannot_be_opened_is_typed_at_construction(tmp_path: Path) -> None:
+def test_a_database_that_cannot_be_opened_is_typed_at_construction(tmp_path: Path, pg: PostgresServer) -> None:
     with pytest.raises(StoreUnavailable) as failed:
         ResponseStore(str(tmp_path / "no-such-dir" / "store.sqlite3"))
     assert failed.value.operation == "open"
+    nobody = f"postgresql://lab:secret@127.0.0.1:{free_port()}/lab"  # nothing listens there
+    with pytest.raises(StoreUnavailable) as refused:
+        ResponseStore(nobody, busy_timeout=2.0)
+    assert refused.value.operation == "open" and "refused" in str(refused.value)
+    assert "secret" not in str(refused.value)  # the password never reaches a message
+
+
+async def test_sessions_the_server_ended_cost_no_call(pg: PostgresServer) -> None:
+    """The pool checks a connection before lending it: sessions the server ended are replaced, unseen."""
+    store = ResponseStore(pg.fresh())
+    await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
+    await asyncio.gather(*(store.get("resp_1", KEY) for _ in range(8)))  # several pooled sessions in use
+    with pg.connect() as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s",
+            ("responses-lab store pid %",),
+        ).fetchone()
+    assert ended is not None and ended[0] >= 1
+    assert [await store.get("resp_1", KEY) is not None for _ in range(8)] == [True] * 8
+    await store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m")
+    chain = await store.chain("resp_2", KEY)
+    assert chain is not None and len(chain) == 2
+    await store.aclose()

@@ -67,11 +67,14 @@ def test_every_mode_runs_ten_turns_to_the_same_answer(runs: dict[str, list[dict[
 
 
 def test_usage_totals_are_identical_across_modes(runs: dict[str, list[dict[str, Any]]]) -> None:
+    # A terminal event's whole usage is lab.usage_total (a long-lived one's usage is its last segment's).
     usage = {
-        mode: (sum(r["usage"]["input_tokens"] for r in rs), sum(r["usage"]["output_tokens"] for r in rs))
+        mode: (sum(r["lab"]["usage_total"]["input_tokens"] for r in rs), sum(r["lab"]["usage_total"]["output_tokens"] for r in rs))
         for mode, rs in runs.items()
     }
     assert len(set(usage.values())) == 1, usage
+    for rs in runs.values():  # one segment per response over HTTP and GA: there the two are the same
+        assert all(r["usage"] == r["lab"]["usage_total"] for r in rs) or rs is runs["longlived"]
 
 
 def test_longlived_and_ws_process_each_input_once(runs: dict[str, list[dict[str, Any]]]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from helpers import SETTINGS
@@ -37,6 +37,18 @@ class VirtualServer:
         assert self.server.loop is not None
         future = asyncio.run_coroutine_threadsafe(self.clock.advance(seconds), self.server.loop)
         await asyncio.wrap_future(future)
+
+    async def advance_until(self, seconds: float, condition: Callable[[], bool], what: str, rounds: int = 50) -> None:
+        """``advance(seconds)`` until ``condition`` holds, a few polls after each (bounded). For a limit that
+        may be armed only after an earlier advance: a send queue can look full while its writer is still
+        making progress on a loaded machine, and the writer's deadline is armed at its next write."""
+        for _ in range(rounds):
+            await self.advance(seconds)
+            for _ in range(20):
+                if condition():
+                    return
+                await asyncio.sleep(0.01)
+        raise AssertionError(f"never happened: {what}")
 
 
 @contextlib.asynccontextmanager

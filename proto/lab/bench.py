@@ -49,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-cost-ms", type=float, default=None,
                         help="the HTTP modes' modelled per-request API work (vLLM 0.32: 5); with --api-cost-ms-per-1k (1.7)")
     parser.add_argument("--api-cost-ms-per-1k", type=float, default=None)
+    parser.add_argument("--engine", default=None, metavar="URL|spawn",
+                        help="the servers the lab starts drive this engine (vLLM's completions API), or one the lab starts (spawn)")
+    parser.add_argument("--workers", type=int, default=None, help="API processes per server the lab starts (serve --workers N)")
+    parser.add_argument("--reconnect", type=int, default=None, metavar="K",
+                        help="ws: reconnect to the other server every K turns (two servers share --db; default 0: never)")
+    parser.add_argument("--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
     parser.add_argument("--no-plots", action="store_true")
@@ -66,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "tool_time_scale": args.tool_time_scale, "pings": args.pings, "api_key": args.api_key,
         "model_overrides": tuple(args.model_override) if args.model_override else None,
         "calibration_rounds": args.predict_rounds,
+        "engine": args.engine, "workers": args.workers, "reconnect": args.reconnect, "db": args.db,
     }
     if args.api_cost_ms is not None or args.api_cost_ms_per_1k is not None:
         changes["server_flags"] = (*config.server_flags, "--api-cost-ms", str(args.api_cost_ms or 0.0),
@@ -76,8 +83,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     bad = [m for m in config.modes if m not in MODES] + [p for p in config.profiles if p not in PROFILES]
     if bad:
         raise SystemExit(f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: {', '.join(PROFILES)})")
-    if config.url and config.model_overrides:
-        raise SystemExit("--model-override applies to the servers the lab starts; with --url, start that server with it")
+    if config.url and (config.model_overrides or config.engine or config.workers > 1):
+        raise SystemExit("--model-override, --engine and --workers apply to the servers the lab starts; with --url, start that server with them")
+    if config.url and config.db:
+        raise SystemExit("--db applies to the servers the lab starts; with --url, start those servers with it")
+    if config.workers < 1:
+        raise SystemExit("--workers must be >= 1")
+    if config.reconnect < 0:
+        raise SystemExit("--reconnect must be >= 0")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
         raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
     if args.no_predict:
@@ -124,5 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         written += write_plots(results, args.out)
     written += write_trace(results_traces(result), args.out) if result.cells else []
     print_table(results, console)
+    for run in results["runs"]:
+        if run.get("store_vs_cached"):
+            store, cached = run["store_vs_cached"]["store"], run["store_vs_cached"]["cached"]
+            console.print(
+                f"{run['profile']} {run['mode']} --reconnect {config.reconnect}: TTFT p50 after a reconnect (store path)"
+                f" {store['ttft_ms_p50']:.2f} ms over {store['turns']:.0f} turns, cached {cached['ttft_ms_p50']:.2f} ms over"
+                f" {cached['turns']:.0f}; overhead p50 {store['turn_overhead_ms_p50']:.2f} vs {cached['turn_overhead_ms_p50']:.2f} ms"
+            )
     console.print(f"wall {result.wall_s:.1f} s; wrote " + ", ".join(str(p) for p in written))
     return 0

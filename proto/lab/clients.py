@@ -24,6 +24,14 @@ Two kinds of round are not a plain continuation:
   the long-lived response is ended with ``response.cancel`` (its terminal event is awaited) and a new one
   created with the whole input. The lab measures what that costs (notes/issue11.md).
 
+``reconnect=K`` (``ws`` only): every K turns the client closes its connection and opens one to the next of
+its servers (two servers sharing a database: ``--db``), as a client whose socket dropped lands elsewhere;
+that turn misses the connection's cache and is served from the store. The reconnect is marked
+(``RECONNECT``) just before the turn's send, outside its TTFT (the handshake is in E2E, as a user sees it):
+``metrics.store_vs_cached`` splits the turns by it. HTTP turns are one request each whatever the server
+(``http-prev`` reads the store every turn), and a long-lived response ends with its connection, so the
+knob is the GA WebSocket mode's.
+
 The client "runs" a round's tools by sleeping the plan's tool time once (parallel calls overlap), then
 answers with the plan's pre-generated outputs. Connections are opened by ``open()`` before a rollout starts
 (a session keeps its connection, as agents do), so E2E holds no handshake.
@@ -39,7 +47,7 @@ import httpx
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 
-from proto.lab.metrics import SEND, TERMINAL, Mark, Trace
+from proto.lab.metrics import RECONNECT, SEND, TERMINAL, Mark, Trace
 from proto.lab.plan import RolloutPlan, Send
 from proto.response import MODES
 from proto.server.http import CACHE_HEADER
@@ -224,6 +232,13 @@ class _WebSocketClient(_Client):
     async def open(self) -> None:
         self._ws = await connect(self._url, additional_headers=self._headers, max_size=2**26, compression=None, ping_interval=None)
 
+    async def reconnect(self, url: str, trace: Trace) -> None:
+        """Drop this connection and open one to ``url`` (marked in the trace, before the next send)."""
+        await self.close()
+        self._url = url
+        await self.open()
+        trace.marks.append(Mark(asyncio.get_running_loop().time(), RECONNECT))
+
     async def close(self) -> None:
         if self._ws is not None:
             await self._ws.close()
@@ -251,11 +266,23 @@ class _WebSocketClient(_Client):
 
 
 class GaWebSocketClient(_WebSocketClient, _ChainedClient):
-    """GA WebSocket mode: one connection, a flat ``response.create`` per round."""
+    """GA WebSocket mode: one connection, a flat ``response.create`` per round; with ``reconnect=K`` and
+    several ``urls``, a new connection to the next one every K turns."""
 
     mode = "ws"
 
+    def __init__(self, url: str, api_key: str | None, reconnect: int = 0, others: tuple[str, ...] = ()) -> None:
+        super().__init__(url, api_key)
+        self._urls = (url, *others)
+        self._reconnect = reconnect
+        self._turn = 0  # of the rollout in progress: 0 is its first send
+        self._hops = 0  # reconnects so far: each goes to the next server
+
     async def exchange(self, body: dict[str, Any], trace: Trace, kind: str) -> dict[str, Any]:
+        self._turn = self._turn + 1 if "previous_response_id" in body else 0
+        if self._reconnect and self._turn and self._turn % self._reconnect == 0:
+            self._hops += 1
+            await self.reconnect(self._urls[self._hops % len(self._urls)], trace)
         await self.send({"type": "response.create", **body}, trace, kind)
         while True:
             event = await self.recv(trace)
@@ -326,11 +353,13 @@ class LongLivedLabClient(_WebSocketClient):
 
 
 
-def make_client(mode: str, ws_url: str, http_url: str, api_key: str | None = None) -> Transport:
+def make_client(
+    mode: str, ws_url: str, http_url: str, api_key: str | None = None, reconnect: int = 0, other_ws_urls: tuple[str, ...] = ()
+) -> Transport:
     if mode in ("http", "http-cached", "http-prev"):
         return HttpClient(http_url, mode, api_key=api_key)
     if mode == "ws":
-        return GaWebSocketClient(ws_url, api_key)
+        return GaWebSocketClient(ws_url, api_key, reconnect, other_ws_urls)
     if mode == "longlived":
         return LongLivedLabClient(ws_url, api_key)
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

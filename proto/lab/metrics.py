@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SEND = "client.send"
+RECONNECT = "client.reconnect"  # the client opened a new connection (to another server) before its next send
 TOKEN_EVENTS = frozenset({
     "response.output_text.delta",
     "response.function_call_arguments.delta",
@@ -61,8 +62,9 @@ class Trace:
     hops: list[tuple[int, int, int]] = field(default_factory=list)  # per response: (turns, safety hops, model resolutions)
 
     def add_response(self, response: dict[str, Any]) -> None:
-        """Fold one terminal response's usage, phases and turn reports into the trace."""
-        usage = response.get("usage") or {}
+        """Fold one terminal response's usage, phases and turn reports into the trace. Its whole usage:
+        ``lab.usage_total`` (a long-lived terminal event's ``usage`` is its last segment's)."""
+        usage = (response.get("lab") or {}).get("usage_total") or response.get("usage") or {}
         self.usage["input_tokens"] += int(usage.get("input_tokens", 0))
         self.usage["cached_tokens"] += int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
         self.usage["output_tokens"] += int(usage.get("output_tokens", 0))
@@ -185,7 +187,7 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class ModeSummary:
-    """The latency figures of one mode over its rollouts (SPEC §6's latency fields)."""
+    """The latency figures of one mode over its rollouts (docs/protocol.md §7's latency fields)."""
 
     e2e_s_p50: float
     ttft_ms_p50: float
@@ -211,3 +213,34 @@ def summarize(rollouts: Sequence[RolloutMetrics]) -> ModeSummary:
         ttft_ms=[t.ttft_ms for t in turns],
         turns=len(turns),
     )
+
+
+def store_vs_cached(traces: Sequence[Trace]) -> dict[str, dict[str, float]]:
+    """The GA WebSocket ``reconnect`` knob's figure: turns sent right after a reconnect (a fresh connection,
+    so the chain comes from the store) against the other continuation turns (the connection's cache).
+    Each side: ``turns``, ``ttft_ms_p50`` and ``turn_overhead_ms_p50`` (definitions above). Empty when no
+    trace reconnected. A rollout's first turn is neither (it continues nothing)."""
+    sides: dict[str, list[TurnMetrics]] = {"store": [], "cached": []}
+    for trace in traces:
+        reconnected: list[bool] = []
+        pending = False
+        for mark in trace.marks:
+            if mark.kind == RECONNECT:
+                pending = True
+            elif mark.kind == SEND:
+                reconnected.append(pending)
+                pending = False
+        if not any(reconnected):
+            continue
+        for k, turn in enumerate(rollout_metrics(trace).turns[1:], start=1):
+            sides["store" if reconnected[k] else "cached"].append(turn)
+    if not sides["store"]:
+        return {}
+    return {
+        side: {
+            "turns": float(len(turns)),
+            "ttft_ms_p50": percentile((t.ttft_ms for t in turns), 50),
+            "turn_overhead_ms_p50": percentile((t.overhead_ms for t in turns), 50),
+        }
+        for side, turns in sides.items()
+    }

@@ -27,8 +27,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from proto.items import Tool
 from proto.lab.traces import Round, Session
-from sampler.tokens import Tokenizer
+from sampler.tokens import Tokenizer, tools_text
 
 # Code-shaped filler: tokenizes like the sources a coding agent reads (~4 characters per token), so the
 # server's scan and tokenization work per token is realistic rather than that of one repeated word.
@@ -164,7 +167,11 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
     rounds = session.rounds
     if not rounds:
         raise PlanError(f"{session.name}: no rounds")
-    assistant = len(tok.header("assistant"))
+    names = sorted({c.name for r in rounds for c in r.calls})
+    tools = tuple({"type": "function", "name": n, "parameters": {"type": "object"}} for n in names)
+    # The server renders the tool definitions first (``Conversation.add_tools``) and the assistant header
+    # after the context: both are in every prompt, before and after everything the rounds change.
+    assistant = len(tok.header("assistant")) + tools_tokens(tools)
     head = f"[session {nonce}]\n" + "\n".join(script_line(r, i) for i, r in enumerate(rounds)) + "\n\n"
     # Round 0: the first message's body makes the prompt.
     if session.first_tokens is not None:
@@ -176,7 +183,7 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
         raise PlanError(f"{session.name} round 0: {rounds[0].input_tokens} prompt tokens cannot hold the script ({tok.count(head)} tokens)")
     first = fit(head + exact_text(body - tok.count(head), 0), body)
     items = [Item("user", first, body)]
-    sends = [Send("first", (first,), (), 0.0, _prompt(items), _output(rounds[0]), _prompt(items))]
+    sends = [Send("first", (first,), (), 0.0, _prompt(items, tools), _output(rounds[0]), _prompt(items, tools))]
     # Every rollout's tool outputs are its own text: no two rollouts share an item (a content-keyed cache,
     # http-cached's, would otherwise serve one session's reads to the next).
     salt = int(nonce) * 7919 if nonce.isdigit() else 0
@@ -192,12 +199,13 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
             _fill(new, sizes, salt + 1000 * k)
             items += new
             sends.append(Send("outputs" if last.calls else "user", tuple(i.text for i in new), (), wait,
-                              _prompt(items), _output(this), sum(i.size() for i in new)))
+                              _prompt(items, tools), _output(this), sum(i.size() for i in new)))
             continue
         target = this.input_tokens - assistant  # the items' total this round
         previous_total = sends[-1].prompt_tokens + last.output_tokens
-        keep = this.keep if this.keep is not None else this.input_tokens
-        rewrite = keep < previous_total or target - before - framing < len(new)
+        fixed = tools_tokens(tools)  # the tool definitions head every prompt: a trace's kept prefix includes them
+        keep = (this.keep if this.keep is not None else this.input_tokens) - fixed
+        rewrite = keep + fixed < previous_total or target - before - framing < len(new)
         edits: list[tuple[int, str]] = []
         cut = before
         if rewrite:
@@ -210,16 +218,26 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
         _fill(new, _split(room, last.result_weights if last.calls else (1.0,)), salt + 1000 * k)
         items += new
         kind = "rewrite" if rewrite else "outputs" if last.calls else "user"
-        prompt = _prompt(items)
+        prompt = _prompt(items, tools)
         assert prompt == this.input_tokens, (session.name, k, prompt, this.input_tokens)
         sends.append(Send(kind, tuple(i.text for i in new), tuple(edits), wait, prompt, _output(this), prompt - cut - assistant))
-    names = sorted({c.name for r in rounds for c in r.calls})
-    tools = tuple({"type": "function", "name": n, "parameters": {"type": "object"}} for n in names)
     return RolloutPlan(model, first, tools, tuple(sends), tuple(tuple(c.name for c in r.calls) for r in rounds), session.name)
 
 
-def _prompt(items: list[Item]) -> int:
-    return sum(i.size() for i in items) + len(tokenizer().header("assistant"))
+def _prompt(items: list[Item], tools: tuple[dict[str, Any], ...]) -> int:
+    return sum(i.size() for i in items) + len(tokenizer().header("assistant")) + tools_tokens(tools)
+
+
+@functools.lru_cache(maxsize=256)
+def _tools_tokens(encoded: str) -> int:
+    tok = tokenizer()
+    tools = msgspec.convert(json.loads(encoded), list[Tool])
+    return len(tok.header("system tools")) + tok.count(tools_text(tools)) + 1
+
+
+def tools_tokens(tools: tuple[dict[str, Any], ...]) -> int:
+    """The tool definitions' segment, as the server renders it (``sampler.tokens.tools_text``); 0 for none."""
+    return _tools_tokens(json.dumps(list(tools))) if tools else 0
 
 
 def _output(r: Round) -> int:

@@ -1,4 +1,4 @@
-"""results.json (SPEC §6) and results.csv: what a bench run produced, shaped, written and read back.
+"""results.json (docs/protocol.md §7) and results.csv: what a bench run produced, shaped, written and read back.
 
 The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
 ``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from proto.lab.metrics import Trace, percentile, rollout_metrics, summarize
+from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.runner import PROFILES, BenchResult, CellResult
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
@@ -30,7 +30,7 @@ BASELINE = "http"  # the mode every ratio ("vs http") is taken against
 
 
 def run_record(cell: CellResult) -> dict[str, Any]:
-    """One ``runs[]`` entry: SPEC §6's fields, then the lab's extras."""
+    """One ``runs[]`` entry: docs/protocol.md §7's fields, then the lab's extras."""
     metrics = [rollout_metrics(t) for t in cell.traces]
     s = summarize(metrics)
     turns = max(s.turns, 1)
@@ -77,6 +77,8 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         # (a trace's input and output must be the file's own: tests/test_lab_traces.py).
         "usage_by_round": usage_by_round(cell.traces),
         "round_kinds": dict(sorted(Counter(k for t in cell.traces for k in t.kinds).items())),
+        # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
+        "store_vs_cached": store_vs_cached(cell.traces),
     }
 
 
@@ -91,7 +93,7 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
 def predictions(result: BenchResult, runs: list[dict[str, Any]]) -> None:
     """Each real-clock run's cell, predicted by the fast model with the run's calibration (in place)."""
     from proto.lab.predict import predict_cell, profile_hops
-    from proto.server.pipeline import apply_knobs
+    from sampler.catalogue import apply_knobs
     from sampler.models import MODELS
 
     config = result.config

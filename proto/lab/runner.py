@@ -6,6 +6,10 @@ rollouts. A trace (TraceLab CSV/JSONL) brings its own sessions: one client each,
 plan, then every session starts at its arrival time after the measured start (open loop: the GPU sees the
 trace's contention), ``rollouts`` times over. The server's CPU time is read around the measured part only.
 Cells run one after another, never overlapping, so modes never share the two cores.
+
+``reconnect=K``: two servers per profile share one database (``db``, else a temporary SQLite file), and
+the ``ws`` clients reconnect to the other one every K turns (proto/lab/clients.py); the servers' CPU is
+summed. With ``url``, a second URL after a comma is the other server.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +28,7 @@ from urllib.parse import urlsplit
 import psutil
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildServer, cpu_seconds
+from proto.client.child import ChildEngine, ChildServer, cpu_seconds
 from proto.lab.clients import Transport, make_client
 from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan
@@ -74,6 +79,13 @@ class BenchConfig:
     server_flags: tuple[str, ...] = ()  # more ``responses-lab serve`` flags (a scenario's API-cost knob)
     predict: bool = True  # calibrate the fast model first and report each cell's prediction
     calibration_rounds: int = 240  # per mode (--predict-rounds)
+    reconnect: int = 0  # ws: a reconnect to the other server every K turns (0: never)
+    db: str | None = None  # the lab's servers' --db (default: a memory database; reconnect, workers: a shared file)
+    # The topology of the servers the lab starts: the engine (None: in process; a URL: that engine;
+    # "spawn": a `responses-lab engine` the lab starts and every profile's server shares) and the API
+    # processes in front of it (`serve --workers N`; N > 1 without an engine starts one of its own).
+    engine: str | None = None
+    workers: int = 1
 
     @classmethod
     def quick_preset(cls) -> BenchConfig:
@@ -159,10 +171,12 @@ async def run_cell(
     http_url: str,
     cpu: Callable[[], float] | None,
     on_turn: Callable[[], None] | None = None,
+    others: tuple[str, ...] = (),
 ) -> tuple[list[Trace], float | None, float]:
-    """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s)."""
+    """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s).
+    ``others``: the other servers' WebSocket URLs, for ``config.reconnect``."""
     n = len(replay.sessions) if replay.trace else config.sessions
-    clients: list[Transport] = [make_client(mode, ws_url, http_url, config.api_key) for _ in range(n)]
+    clients: list[Transport] = [make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(n)]
     for client in clients:
         client.on_send = on_turn
     warm = WARM if replay.trace else replay.shortened(config.warmup_turns).sessions[0]
@@ -231,34 +245,66 @@ def total_turns(config: BenchConfig) -> int:
     return per_mode * len(config.modes) * len(config.models) * n_profiles
 
 
+Server = tuple[str, str, str, Callable[[], float] | None, tuple[str, ...]]  # profile, ws, http, cpu, others
+
+
 @contextlib.contextmanager
-def _servers(config: BenchConfig) -> Iterator[list[tuple[str, str, str, Callable[[], float] | None]]]:
-    """(profile, ws_url, http_url, cpu) per profile; the lab's own servers, or the one at ``--url``."""
+def _servers(config: BenchConfig) -> Iterator[list[Server]]:
+    """(profile, ws_url, http_url, cpu, other ws urls) per profile; the lab's own servers, or ``--url``'s."""
     if config.url:
-        ws_url = config.url
+        ws_url, *others = config.url.split(",")
         http_url = ws_url.replace("wss://", "https://").replace("ws://", "http://").split("/v1/")[0]
         pid = external_server_pid(http_url)
         cpu = None if pid is None else functools.partial(cpu_seconds, psutil.Process(pid))
-        yield [("external", ws_url, http_url, cpu)]
+        yield [("external", ws_url, http_url, cpu, tuple(others))]
         return
-    started: list[ChildServer] = []
-    try:
-        for name in config.profiles:  # all started before any is waited for: they boot side by side
-            started.append(ChildServer(server_flags(PROFILES[name], config), api_key=config.api_key))
-        for server in started:
-            server.wait_ready()
-        yield [(name, s.ws_url, s.http_url, s.cpu_s) for name, s in zip(config.profiles, started, strict=True)]
-    finally:
-        for server in started:
-            server.stop()
+    pairs = 2 if config.reconnect else 1
+    started: list[list[ChildServer]] = []
+    engine: ChildEngine | None = None
+    with tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as scratch:
+        try:
+            engine_url = config.engine
+            if config.engine == "spawn":
+                engine = ChildEngine([f for o in config.model_overrides for f in ("--model-override", o)])
+                engine.wait_ready()
+                engine_url = engine.http_url
+            for name in config.profiles:  # all started before any is waited for: they boot side by side
+                # Processes that share a store (a reconnect's pair, N workers) need a file: a memory database is one process's.
+                shared = pairs > 1 or config.workers > 1
+                db = config.db or (f"{scratch}/{name}.sqlite3" if shared else ":memory:")
+                flags = server_flags(PROFILES[name], config, engine_url)
+                started.append([ChildServer(flags, api_key=config.api_key, db=db) for _ in range(pairs)])
+            for group in started:
+                for server in group:
+                    server.wait_ready()
+            yield [
+                (name, group[0].ws_url, group[0].http_url, functools.partial(_cpu_sum, group, engine), tuple(s.ws_url for s in group[1:]))
+                for name, group in zip(config.profiles, started, strict=True)
+            ]
+        finally:
+            for group in started:
+                for server in group:
+                    server.stop()
+            if engine is not None:
+                engine.stop()
 
 
-def server_flags(profile: Profile, config: BenchConfig) -> list[str]:
-    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides."""
+def _cpu_sum(servers: list[ChildServer], engine: ChildEngine | None = None) -> float:
+    """The servers' CPU seconds (their workers and their own engine included), plus the lab's engine's."""
+    return sum(server.cpu_s() for server in servers) + (engine.cpu_s() if engine is not None else 0.0)
+
+
+def server_flags(profile: Profile, config: BenchConfig, engine_url: str | None = None) -> list[str]:
+    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides
+    (which an engine elsewhere ignores: they are that engine's flags), its engine and workers."""
     flags = ["--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
              "--log-level", "warning"]
     for override in config.model_overrides:
         flags += ["--model-override", override]
+    if engine_url:
+        flags += ["--engine", engine_url]
+    if config.workers > 1:
+        flags += ["--workers", str(config.workers)]
     return [*flags, *config.server_flags]
 
 
@@ -290,7 +336,7 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
         result.wall_s = time.perf_counter() - t0
         return result
     with _servers(config) as servers:
-        for profile, ws_url, http_url, cpu in servers:
+        for profile, ws_url, http_url, cpu, others in servers:
             if on_cell:
                 on_cell(f"{profile}: WebSocket ping floor")
             result.pings_ms[profile] = await ping_rtts_ms(ws_url, config.pings, config.api_key)
@@ -299,7 +345,7 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                     for mode in config.modes:
                         if on_cell:
                             on_cell(f"{profile} · {w.name} · {model} · {mode}")
-                        traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn)
+                        traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn, others)
                         sessions = len(w.sessions) if w.trace else config.sessions
                         result.cells.append(CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w))
     result.wall_s = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""The starlette app: one server, one port, every endpoint of SPEC §2."""
+"""The starlette app: one server, one port, every endpoint of docs/protocol.md §2."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 
 from proto.errors import ClientError
 from proto.server.auth import Auth, error_response, unauthorized
+from proto.server.catalog import models_list
 from proto.server.config import Settings
 from proto.server.http import HttpResponses
 from proto.server.item_cache import ItemCache
@@ -30,7 +31,6 @@ from proto.server.session import SHUTDOWN
 from proto.server.ws_ga import GaSession
 from proto.server.ws_longlived import LongLivedSession
 from sampler.clock import Clock
-from sampler.models import MODELS, ModelSpec
 
 log = structlog.get_logger("proto.server")
 
@@ -43,11 +43,14 @@ class Server:
         self.auth = Auth(settings.api_key)
         self.pipeline = Pipeline(settings, clock)
         self.sessions: set[LongLivedSession | GaSession] = set()
+        self.http = HttpResponses(self.auth, self.pipeline)
 
     async def drain(self, grace_s: float) -> int:
         """Shutdown, before uvicorn's own (which would drop every WebSocket with 1012): tell each session
         to end — its open response gets ``server_shutting_down`` and is billed, the connection closes 1001 —
-        and wait up to ``grace_s`` for them. Returns how many were still open when the grace ran out."""
+        and wait up to ``grace_s`` for them; every HTTP response in flight is cut alike (``HttpResponses.stop``).
+        Returns how many sessions were still open when the grace ran out."""
+        self.http.stop()
         for session in list(self.sessions):
             session.stop(SHUTDOWN)
         # Real time, whatever the limits' clock: a SIGTERM's grace is the operator's, not a protocol limit.
@@ -73,6 +76,10 @@ class ServerCollector(Collector):
                 family = per_engine.setdefault(name, GaugeMetricFamily(f"responses_lab_engine_{name}", f"mock GPU {name}", labels=["model"]))
                 family.add_metric([model], value)
         yield from per_engine.values()
+        remote = pipeline.engines.remote
+        if remote is not None:  # the engine's own gauges are on its /metrics; these are this side's
+            for name, value in remote.metrics().items():
+                yield GaugeMetricFamily(f"responses_lab_engine_client_{name}", f"engine hop: {name.replace('_', ' ')}", value=value)
         work = CounterMetricFamily("responses_lab_work", "pipeline work done, by kind", labels=["kind"])
         for name in pipeline.totals.__struct_fields__:
             work.add_metric([name], float(getattr(pipeline.totals, name)))
@@ -89,6 +96,7 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
         yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
         yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
+        yield GaugeMetricFamily("responses_lab_ledger_reconciled", "responses a dead process left open, billed at start-up (server_crashed)", value=ledger.reconciled)
 
 
 class ItemCacheCollector(Collector):
@@ -105,20 +113,24 @@ class ItemCacheCollector(Collector):
                                   value=cache.evictions)
 
 
-def model_object(name: str, spec: ModelSpec) -> dict[str, object]:
-    """One ``GET /v1/models`` entry: the knobs in force, the hardware class they stand for with a source per
-    knob, and which knobs a ``--model-override`` changed (their sources no longer apply)."""
-    base = MODELS.get(name)
-    settings = spec.public()
-    overridden = sorted(k for k, v in settings.items() if base is not None and base.public().get(k) != v)
-    calibration = spec.calibration.public() if spec.calibration is not None else None
-    return {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": settings,
-            "calibration": calibration, "overridden": overridden}
+# Codex's WebSocket transports name themselves in the handshake (codex-rs/codex-api, responses_websocket):
+# v1, on response.append (0.87-0.107), sends this beta; v2 (GA WebSocket mode) sends =2026-02-06. The query
+# parameter wins when both are given.
+LONGLIVED_BETA = "responses_websockets=2026-02-04"
 
 
-def create_app(settings: Settings | None = None, clock: Clock | None = None) -> Starlette:
+def protocol_of_beta(header: str | None) -> str:
+    """``OpenAI-Beta`` (comma-separated values) → the protocol it selects; GA mode unless it is v1's."""
+    values = {value.strip() for value in (header or "").split(",")}
+    return "longlived" if LONGLIVED_BETA in values else "ga"
+
+
+def create_app(settings: Settings | None = None, clock: Clock | None = None, reconcile: bool = True) -> Starlette:
     """``clock`` drives the server's limits (idle, age, tool, send and shutdown timeouts): tests pass a
-    ``FakeClock`` to run them on virtual time."""
+    ``FakeClock`` to run them on virtual time. ``reconcile``: bill, before serving, the responses a dead
+    process left open in the ledger (on SQLite one process per database does it: ``--workers N``
+    reconciles in the parent, before the workers start, never in a worker — it would bill its live
+    siblings' responses; on PostgreSQL every worker does, as it knows who is alive)."""
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
     server = Server(settings, clock)
@@ -127,7 +139,9 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        server.pipeline.start()
+        if reconcile:
+            await server.pipeline.ledger.areconcile()  # before the writer starts and before any response
+        await server.pipeline.start()
         try:
             yield
         finally:
@@ -138,7 +152,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         if key_id is None:
             await ws.send_denial_response(error_response(unauthorized()))
             return
-        protocol = ws.query_params.get("protocol", "ga")
+        protocol = ws.query_params.get("protocol") or protocol_of_beta(ws.headers.get("openai-beta"))
         if protocol not in ("longlived", "ga"):
             await ws.send_denial_response(error_response(ClientError("invalid_request", f"unknown protocol {protocol!r}", "protocol")))
             return
@@ -156,8 +170,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
             server.sessions.discard(session)
 
     async def models(request: Request, key_id: str) -> Response:
-        data = [model_object(name, spec) for name, spec in sorted(server.pipeline.engines.specs.items())]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(models_list(server.pipeline.engines.cards()))
 
     async def healthz(request: Request, key_id: str) -> Response:
         return JSONResponse({"status": "ok"})
@@ -168,7 +181,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", responses_ws),
-            *HttpResponses(server.auth, server.pipeline).routes(),
+            *server.http.routes(),
             Route("/v1/models", server.auth.guard(models)),
             Route("/healthz", server.auth.guard(healthz)),
             Route("/metrics", server.auth.guard(metrics)),

@@ -11,12 +11,13 @@ import msgspec
 
 from proto.builder import new_item_id
 from proto.errors import ClientError
-from proto.items import FunctionCall, FunctionCallOutput, Item, Message
+from proto.items import Item, ItemReference, item_type
 from proto.response import Response
 from proto.server.pipeline import Pipeline
 from proto.work import WorkCounters
 
 _items_decoder = msgspec.json.Decoder(list[Item])
+_item_decoder = msgspec.json.Decoder(Item)
 _response_decoder = msgspec.json.Decoder(Response)
 _encoder = msgspec.json.Encoder()
 
@@ -26,23 +27,54 @@ async def persist_response(pipeline: Pipeline, response: Response, api_key_id: s
     instead of copying the chain)."""
     assert response.lab is not None
     response.lab.work.store_writes += 1
+    inputs = [_with_id(item) for item in input_items]
+    by_id = [(item_id, _encoder.encode(item)) for item in (*inputs, *response.output) if (item_id := _id_of(item))]
     await pipeline.store.put(
         response.id,
         api_key_id,
         _encoder.encode(response),
-        _encoder.encode([_with_id(item) for item in input_items]),
+        _encoder.encode(inputs),
         response.previous_response_id,
         response.model,
         created_at=float(response.created_at),
+        items=by_id,
     )
+
+
+_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
+           "custom_tool_call_output": "ctco", "reasoning": "rs"}
+
+
+def _id_of(item: Item) -> str | None:
+    value = getattr(item, "id", None)
+    return value if isinstance(value, str) else None
 
 
 def _with_id(item: Item) -> Item:
     """Stored input items carry ids, as OpenAI's ``input_items`` list does (the rendering ignores them)."""
-    if item.id is not None:
+    if "id" not in item.__struct_fields__ or _id_of(item) is not None or isinstance(item, ItemReference):
         return item
-    prefix = {Message: "msg", FunctionCall: "fc", FunctionCallOutput: "fco"}.get(type(item), "item")
-    return msgspec.structs.replace(item, id=new_item_id(prefix))
+    return msgspec.structs.replace(item, id=new_item_id(_PREFIX.get(item_type(item), "item")))
+
+
+async def resolve_references(pipeline: Pipeline, items: list[Item], api_key_id: str, work: WorkCounters, root: str = "") -> list[Item]:
+    """Each ``item_reference`` replaced by the stored item it names (OpenAI resolves them the same way:
+    the AI SDK sends its earlier output items as references when ``store`` is on). ``item_not_found``
+    names the first one missing (another key's items do not exist for this key)."""
+    wanted = [item.id for item in items if isinstance(item, ItemReference)]
+    if not wanted:
+        return items
+    found = await pipeline.store.find_items(wanted, api_key_id)
+    resolved: list[Item] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, ItemReference):
+            resolved.append(item)
+        elif item.id in found:
+            resolved.append(_item_decoder.decode(found[item.id]))
+            work.references_resolved += 1
+        else:
+            raise ClientError("item_not_found", f"item with id {item.id!r} not found", f"{root}input[{index}].id")
+    return resolved
 
 
 async def load_history(pipeline: Pipeline, previous_response_id: str, api_key_id: str, work: WorkCounters) -> list[Item]:

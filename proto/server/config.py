@@ -17,13 +17,26 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: list[str] = field(default_factory=list)  # none: the server runs open (loopback only)
-    db: str = "responses-lab.db"  # usage ledger + response store (SQLite); ":memory:" for throwaway runs
+    # Usage ledger + response store: a SQLite file (embedded), ":memory:" for throwaway runs, or a
+    # postgresql://… URL shared by every worker and host (proto/server/database.py).
+    db: str = "responses-lab.db"
+    # How long one SQLite statement waits for another writer's lock before it fails: a store write then
+    # ends its response `store_unavailable`; the ledger retries with backoff (NOTES.md, "Issue 13").
+    db_busy_timeout_s: float = 10.0
+    progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1
     loop: str = "auto"  # auto | uvloop | asyncio — auto: uvloop when installed (NOTES.md, "event loop")
     http: str = "auto"  # auto | httptools | h11 — auto: httptools when installed
     default_policy: str = "echo"  # without directives: echo | random[:seed] | trace:NAME
     safety: str = "annotate"  # annotate | block | off
     model_override: list[str] = field(default_factory=list)  # "mock-1000tps:inter-token-latency=0.5"
+    # The engine: "" = the mock GPU in process (one per worker); a URL = any engine speaking vLLM's
+    # completions API (`responses-lab engine`, `vllm serve`), shared by every worker (docs/protocol.md §9).
+    # `--workers N` without one starts a `responses-lab engine` for the workers to share.
+    engine: str = ""
+    engine_api_key: str = ""  # `Authorization: Bearer` for the engine (`vllm serve --api-key`)
+    engine_timeout_s: float = 300.0  # a stream with no byte from the engine this long (queued too): engine_failure
+    engine_connections: int = 1024  # the keep-alive pool: one connection per stream in flight
     resolve_hop_ms: float = 0.0  # modelled remote routing service (the hop the seed removed)
     safety_hop_ms: float = 0.0  # modelled remote safety classifier
     # Modelled per-request API cost of the HTTP modes (notes/issue11.md): vLLM 0.32's own /v1/responses work
@@ -40,6 +53,14 @@ class Settings:
     tool_timeout_s: float = 600.0  # a suspended response waits this long for outputs: incomplete, tool_timeout
     idle_timeout_s: float = 3600.0
     connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached
+    # Merge a stream's deltas within this window into one event (the GPU wakes at most this often; its
+    # token deadlines do not move). 0: one delta per token, as OpenAI streams (NOTES.md, "Issue 10").
+    coalesce_ms: float = 0.0
+    # Accept permessage-deflate when a client offers it (the websockets client and Codex do by default).
+    # Off by measurement: negotiated, it took 3.5× the server CPU per streamed token (4.3–4.8 vs 1.1–1.4 µs
+    # flat out) to shrink a delta frame from 189 to 10 bytes, a saving a loopback or LAN does not need
+    # (NOTES.md, "Issue 10").
+    ws_per_message_deflate: bool = False
     send_queue: int = 4096  # frames buffered per connection before the sampler waits for the client
     send_timeout_s: float = 30.0  # slow reader: one frame not written for this long closes the connection 1008
     shutdown_grace_s: float = 10.0  # SIGTERM: open sessions get this long to end (error event, close 1001)
@@ -108,9 +129,13 @@ def _installed(module: str) -> bool:
 
 def check_bind(settings: Settings) -> None:
     """An open server (no API keys) may only listen on loopback."""
-    if settings.api_key:
+    check_host(settings.host, bool(settings.api_key))
+
+
+def check_host(host: str, keyed: bool) -> None:
+    """``check_bind`` for any server of ours (the API, the engine): without a key, loopback only."""
+    if keyed:
         return
-    host = settings.host
     if host == "localhost":
         return
     try:

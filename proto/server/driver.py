@@ -17,6 +17,13 @@ leaves (so a client that chains on it at once finds it) — happens here, once.
 
 Appended items enter the context here: scanned, rendered and tokenized once, on arrival
 (``Pipeline.ingest``), before the sampler resumes with them.
+
+Billing counts what was delivered. A response leaves a durable trace when it starts (``UsageLedger.started``)
+and updates it with what it delivered so far at every turn end and at most every ``--progress-interval-s``
+while a turn streams (``progress``: cumulative, coalesced), so that a crash can be reconciled at the next
+start. A turn cut short — cancel, disconnect, slow reader, shutdown, an engine failure — is booked before
+the terminal event is made (``sampler.loop.cut_turn``): its prompt once its prefill started, and the output
+tokens already handed to the transport. The terminal event and the ledger row say the same.
 """
 
 from __future__ import annotations
@@ -34,11 +41,11 @@ from proto.events import ServerEvent
 from proto.items import Item
 from proto.longlived import Cancel
 from proto.server.chain import persist_response
-from proto.server.ledger import LedgerFullError
+from proto.server.ledger import LedgerError, LedgerFullError
 from proto.server.pipeline import Pipeline, Prepared
 from proto.server.timers import deadline
-from sampler.gpu import EngineFailure, EngineOverloaded
-from sampler.loop import Boundary, Emit, MaxOutputTokens, Suspend, sample
+from sampler.gpu import ContextLengthExceeded, EngineFailure, EngineOverloaded
+from sampler.loop import Boundary, Emit, MaxOutputTokens, Suspend, cut_turn, delivered, sample
 
 log = structlog.get_logger("proto.server.driver")
 
@@ -65,6 +72,10 @@ class Transport(Protocol):
         """Why the owner cancelled the response's task: a ``Cancel`` whose terminal event the client
         hears, or ``None`` when nobody will (the client is gone, the server shuts down)."""
 
+    def end_at_boundary(self) -> str | None:
+        """At a turn boundary after the first turn: a reason to end the response there (``incomplete``
+        with it: GA WebSocket mode's ``steered``), or ``None`` to sample on."""
+
 
 class ResponseEnded(Exception):
     """The response ended on the driver's side (``tool_timeout``): it ends ``incomplete`` with this reason."""
@@ -86,6 +97,8 @@ class ResponseDriver:
         self.created = time.time() if created is None else created
         self._resume: asyncio.Future[list[Item]] | None = None
         self._billed = False
+        self._reported = (0, 0, 0, 0)  # the last progress() figures (the open row starts at zeros)
+        self._progress_due = 0.0  # time.monotonic() after which a streaming turn reports again: its first token does
 
     @property
     def response_id(self) -> str:
@@ -105,8 +118,13 @@ class ResponseDriver:
         builder = self.prepared.rollout.builder
         try:
             terminal = await self._produce(generate)
+            # One loop turn before the terminal work (storing the response, billing, encoding the terminal
+            # event: milliseconds at 100 k tokens): a transport whose writer is another task (SSE) puts the
+            # final answer's last tokens on the wire first. WebSocket outboxes have written them already.
+            await asyncio.sleep(0)
             terminal = await self._persist(terminal)
         except asyncio.CancelledError:
+            cut_turn(self.prepared.rollout)  # the turn in progress bills what it delivered
             cut = self.transport.cut()
             terminal = builder.incomplete(cut.reason if cut is not None else "cancelled")
             self._bill()
@@ -129,32 +147,71 @@ class ResponseDriver:
         """The start events, the sampling, and the terminal event every way it can end."""
         builder = self.prepared.rollout.builder
         proceed = self.transport.opened()
+        untraced = self._trace_start()
         await self.transport.send(builder.start())
+        if untraced is not None:
+            return builder.failed("ledger_unavailable", f"usage cannot be recorded ({untraced}); the response did not run")
         if not proceed:
             return builder.incomplete("cancelled")
         if not generate:
             return builder.completed()
         try:
             await self._sample()
-        except MaxOutputTokens:
-            return builder.incomplete("max_output_tokens")
-        except ResponseEnded as ended:
-            return builder.incomplete(ended.reason)
-        except ClientError as exc:  # content_policy on an appended item, too_many_pending_calls
-            return builder.failed(exc.code, exc.message)
-        except EngineOverloaded as exc:
-            return builder.failed("server_overloaded", str(exc))
-        except EngineFailure as exc:
-            return builder.failed("engine_failure", str(exc))
-        except Exception as exc:  # a bug must still end the response, and the server keeps serving
-            log.exception("sampling_failed", response_id=builder.response.id)
-            return builder.failed("server_error", f"internal error: {type(exc).__name__}")
+        except Exception as exc:
+            cut_turn(self.prepared.rollout)  # an engine failure mid-turn still bills what it delivered
+            return self._ended(exc)
         return builder.completed()
+
+    def _ended(self, exc: Exception) -> ServerEvent:
+        """The terminal event of a response the sampling ended by raising ``exc``."""
+        builder = self.prepared.rollout.builder
+        match exc:
+            case MaxOutputTokens():  # the response's max_output_tokens, the model's max output or its window
+                return builder.incomplete("max_output_tokens")
+            case ResponseEnded():
+                return builder.incomplete(exc.reason)
+            case ClientError():  # content_policy on an appended item, too_many_pending_calls
+                return builder.failed(exc.code, exc.message)
+            case ContextLengthExceeded():  # refused before any prefill; OpenAI fails the response alike
+                return builder.failed("context_length_exceeded", f"Your input exceeds the context window of this model ({exc}). Adjust your input and try again.")
+            case EngineOverloaded():
+                return builder.failed("server_overloaded", str(exc))
+            case EngineFailure():
+                return builder.failed("engine_failure", str(exc))
+        # A bug must still end the response, and the server keeps serving.
+        log.exception("sampling_failed", response_id=builder.response.id)  # called inside the except block
+        return builder.failed("server_error", f"internal error: {type(exc).__name__}")
+
+    def _trace_start(self) -> str | None:
+        """The response's durable trace (the ledger's open row); why it could not be taken, if so: then the
+        response does not run (nothing is served that could not be billed)."""
+        builder = self.prepared.rollout.builder
+        response = builder.response
+        try:
+            self.pipeline.ledger.started(response.id, self.api_key_id, response.model, builder.lab.mode, self.created)
+        except LedgerError as exc:
+            log.error("ledger.start_refused", response_id=response.id, error=str(exc))
+            return "the usage ledger is full" if isinstance(exc, LedgerFullError) else "the usage ledger is closed"
+        return None
+
+    def _progress(self) -> None:
+        """What the response delivered so far, into its crash trace (cumulative; the ledger coalesces
+        updates still pending). Best effort: the usage row at the end is what bills."""
+        figures = delivered(self.prepared.rollout)
+        if figures == self._reported:
+            return
+        self._reported = figures
+        self._progress_due = time.monotonic() + self.pipeline.settings.progress_interval_s
+        try:
+            self.pipeline.ledger.progress(self.response_id, *figures)
+        except LedgerError as exc:
+            log.warning("ledger.progress_refused", response_id=self.response_id, error=str(exc))
 
     async def _sample(self) -> None:
         rollout = self.prepared.rollout
         async with aclosing(sample(rollout)) as steps:
             reply: list[Item] | None = None
+            sampled = False  # a turn has streamed: the next boundary is between turns
             while True:
                 try:
                     step = await steps.asend(reply)
@@ -163,16 +220,24 @@ class ResponseDriver:
                 reply = None
                 match step:
                     case Emit(events):
+                        sampled = True
                         await self.transport.send(events)
-                    case Boundary():
-                        reply = self._ingest(self.transport.queued())
+                        if time.monotonic() >= self._progress_due:
+                            self._progress()
+                    case Boundary(final):
+                        self._progress()  # a turn boundary: the turn before it is booked
+                        reason = self.transport.end_at_boundary() if sampled and not final else None
+                        if reason is not None:
+                            raise ResponseEnded(reason)
+                        reply = await self._ingest(self.transport.queued())
                     case Suspend(calls):
+                        self._progress()
                         if not self.transport.suspends:
                             return
                         self._resume = asyncio.get_running_loop().create_future()  # before done can be answered
                         try:
                             await self.transport.send([rollout.builder.suspend(list(calls))])
-                            reply = self._ingest(await self._wait_resume())
+                            reply = await self._ingest(await self._wait_resume())
                         finally:
                             self._resume = None
 
@@ -186,9 +251,9 @@ class ResponseDriver:
         except TimeoutError:
             raise ResponseEnded("tool_timeout") from None
 
-    def _ingest(self, items: list[Item]) -> list[Item]:
+    async def _ingest(self, items: list[Item]) -> list[Item]:
         if items:
-            self.pipeline.ingest(self.prepared.rollout, items)
+            await self.pipeline.ingest(self.prepared.rollout, items)
         return items
 
     async def _persist(self, terminal: ServerEvent) -> ServerEvent:
@@ -211,7 +276,7 @@ class ResponseDriver:
         builder = self.prepared.rollout.builder
         try:
             self.pipeline.bill(builder, self.api_key_id, self.created)
-        except LedgerFullError as exc:
+        except LedgerError as exc:  # full (or closed under a shutdown past its grace)
             log.error("ledger.refused", response_id=builder.response.id, error=str(exc))
             return builder.failed("ledger_unavailable", "usage could not be recorded; the response is void")
         return None

@@ -14,6 +14,16 @@ Three modes, told apart by the body and one header:
 
 The response ends at the first local function call (``completed`` with the calls in its output), as in
 OpenAI's API; the client answers with a new request.
+
+Faults: a JSON reply whose response *failed* has sent nothing yet, so it answers as OpenAI does for a
+request that failed — the OpenAI error body with the code's status (``store_unavailable`` 503,
+``engine_failure`` 500, ``context_length_exceeded`` 400, …), never a plain-text 500; a fault of the
+pre-inference work (a store read) likewise. A JSON client that goes away before its reply cancels the
+response (billed for what it produced), as an SSE client does.
+
+Shutdown (``stop``, from ``Server.drain``): every response in flight is cut at once, as the WebSocket
+sessions' are, billed for what it delivered, and answered typed — a JSON reply is the 503
+``server_shutting_down`` error body, an SSE stream ends with one ``error`` event of that code.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proto.actions import new_response_id
+from proto.actions import error_reply, new_response_id
 from proto.codec import decode_body
 from proto.create import CreateLimits, check_outputs, validate_create
 from proto.errors import ClientError
@@ -37,10 +47,11 @@ from proto.events import CreateBody, ServerEvent
 from proto.items import Item
 from proto.longlived import Cancel
 from proto.response import Mode
+from proto.server import encoding
 from proto.server.auth import Auth, error_response
-from proto.server.chain import load_history
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, timed
+from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 
 _encoder = msgspec.json.Encoder()
 _items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
@@ -77,6 +88,9 @@ class _OneRequest:
     def cut(self) -> Cancel | None:
         return None
 
+    def end_at_boundary(self) -> str | None:
+        return None
+
 
 class HttpResponses:
     def __init__(self, auth: Auth, pipeline: Pipeline) -> None:
@@ -84,6 +98,22 @@ class HttpResponses:
         self.pipeline = pipeline
         settings = pipeline.settings
         self.limits = CreateLimits(settings.max_input_items, settings.max_tools)
+        self.running: set[asyncio.Task[ServerEvent]] = set()  # every response in flight (its driver's task)
+        self.stopping = False
+
+    def stop(self) -> None:
+        """The server shuts down: cut every response in flight (each is billed and answered typed)."""
+        self.stopping = True
+        for task in list(self.running):
+            task.cancel()
+
+    def _run(self, driver: ResponseDriver, name: str) -> asyncio.Task[ServerEvent]:
+        task = asyncio.create_task(driver.run(), name=name)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        if self.stopping:
+            task.cancel()  # started as the server stops: it ends at once, billed and answered like the rest
+        return task
 
     def routes(self) -> list[Route]:
         return [
@@ -97,16 +127,23 @@ class HttpResponses:
     async def create(self, request: Request, key: str) -> Response:
         created = time.time()
         try:
-            body = decode_body(await self._read_body(request))
-            cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
-            prepared = await self._prepare(body, key, cached)
+            raw = await self._read_body(request)
+            body = decode_body(await encoding.decode(raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes))
+            with typed_faults():
+                cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
+                prepared = await self._prepare(body, key, cached)
         except ClientError as exc:
             return error_response(exc)
         if body.stream:
             return self._stream(prepared, key, created)
-        terminal = await ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created).run()
-        del terminal  # the reply is the Response object itself, as it ended
-        return Response(_encoder.encode(prepared.rollout.builder.response), media_type=JSON)
+        driver = ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created)
+        await _unless_disconnected(request, self._run(driver, "http-response"))
+        response = prepared.rollout.builder.response  # the reply is the Response object itself, as it ended
+        if response.status == "failed" and response.error is not None:
+            return error_response(ClientError(response.error.code, response.error.message))
+        if response.status == "cancelled" and self.stopping:
+            return error_response(_shutting_down())
+        return Response(_encoder.encode(response), media_type=JSON)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused past ``--max-frame-bytes`` (the WebSocket frame limit, so one request is
@@ -125,17 +162,16 @@ class HttpResponses:
         return b"".join(chunks)
 
     async def _prepare(self, body: CreateBody, key: str, cached: bool = False) -> Prepared:
-        if body.background:
-            raise ClientError("invalid_request", "background responses are not supported", "background")
         items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
         phases: dict[str, float] = {}
         history: list[Item] = []
         mode: Mode = "http-cached" if cached else "http"
-        if body.previous_response_id is not None:
-            mode = "http-prev"
-            with timed(phases, "store_load"):
+        with timed(phases, "store_load"):
+            items = await resolve_references(self.pipeline, items, key, work)
+            if body.previous_response_id is not None:
+                mode = "http-prev"
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)
-            check_outputs(history, items)
+        check_outputs(history, items)
         return await self.pipeline.prepare(
             new_response_id(), body, history, items, work, mode, scan_history=mode != "http-prev", phases=phases,
             cache_scope=key if mode == "http-cached" else None,
@@ -146,9 +182,18 @@ class HttpResponses:
 
         async def produce() -> None:
             try:
-                await ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created).run()
-            finally:
-                await queue.put(None)
+                await self._run(ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver")
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if not self.stopping or (me is not None and me.cancelling()):
+                    raise  # the client went away: nobody waits for the end marker (a full queue would hang here)
+                # Shutdown cut the response (its driver's task), the client still reads: it hears why.
+                await queue.put(b"event: error\ndata: " + error_reply(_shutting_down()).data + b"\n\n")
+            except BaseException:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+                raise
+            await queue.put(None)
 
         async def frames() -> AsyncIterator[bytes]:
             task = asyncio.create_task(produce(), name=f"sse-{prepared.rollout.builder.response.id}")
@@ -205,6 +250,31 @@ class HttpResponses:
             "has_more": len(items) > limit,
         }
         return Response(_encoder.encode(body), media_type=JSON)
+
+
+async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]) -> None:
+    """Wait for the response, cancelling it if the client goes away first (the driver bills what was done).
+    The body was read in full: the only ASGI message left to receive is ``http.disconnect``."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.create_task(disconnected(), name="http-disconnect-watch")
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        with contextlib.suppress(asyncio.CancelledError):  # nobody hears a cut JSON response: it re-raises
+            await task
+
+
+def _shutting_down() -> ClientError:
+    return ClientError("server_shutting_down", "the server is shutting down; the response was cut and billed for what it delivered")
 
 
 def _too_large(limit: int) -> ClientError:

@@ -30,6 +30,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from proto.server.safety import Finding, SafetyScanner, ScanResult
 from proto.work import WorkCounters
@@ -48,7 +49,7 @@ class ItemCache:
             raise ValueError("--item-cache-tokens must be >= 0")
         self.max_tokens = max_tokens
         self._entries: OrderedDict[tuple[str, bytes], _Entry] = OrderedDict()
-        self._models: dict[tuple[str, str], object] = {}
+        self._models: dict[tuple[str, str], Any] = {}  # (scope, model) -> the resolved engine
         self.tokens = 0  # token ids held
         self.hits = 0
         self.misses = 0
@@ -86,10 +87,10 @@ class ItemCache:
     def tokenizer(self, base: Tokenizer, scope: str) -> CachedTokenizer:
         return CachedTokenizer(base, self, scope)
 
-    def resolved(self, scope: str, model: str) -> object | None:
+    def resolved(self, scope: str, model: str) -> Any:
         return self._models.get((scope, model))
 
-    def remember_model(self, scope: str, model: str, engine: object) -> None:
+    def remember_model(self, scope: str, model: str, engine: Any) -> None:
         if len(self._models) > 4096:  # model names are client-chosen but validated; keys are few: stay bounded
             self._models.clear()
         self._models[(scope, model)] = engine
@@ -128,10 +129,9 @@ def _reindex(finding: Finding, index: int) -> Finding:
 class CachedTokenizer(Tokenizer):
     """The pipeline's tokenizer for one ``http-cached`` request: a body the cache holds is not tokenized."""
 
-    def __init__(self, base: Tokenizer, cache: ItemCache, scope: str) -> None:  # shares the base tokenizer state
-        self._enc = base._enc
-        self._headers = base._headers
-        self._filler = base._filler
+    def __init__(self, base: Tokenizer, cache: ItemCache, scope: str) -> None:
+        # The base tokenizer's state, shared (not copied): its memos stay one, whatever it keeps.
+        self.__dict__.update(base.__dict__)
         self._cache = cache
         self._scope = scope
 

@@ -1,9 +1,11 @@
-"""The billing stage: a usage ledger in SQLite, one row per response, written off the hot path.
+"""The billing stage: a usage ledger, one row per response, written off the hot path, in SQLite (the
+embedded default) or PostgreSQL (``postgresql://…``: one ledger for every server), through
+``proto.server.database`` — the policies below are the same on both.
 
-The event loop never waits on the disk. ``started()``, ``progress()`` and ``record()`` validate their
+The event loop never waits on the database. ``started()``, ``progress()`` and ``record()`` validate their
 arguments and append to an in-memory pending buffer (a lock held only for that append, never across SQL
 or a sleep); one background thread takes the buffer in FIFO batches and writes each batch in one
-transaction (WAL, ``synchronous=NORMAL``).
+transaction (SQLite: WAL, ``synchronous=NORMAL``; PostgreSQL: a pooled connection).
 
 Two tables, three facts per response:
 - ``started()`` writes an *open* row (table ``open_responses``) when a response starts;
@@ -12,17 +14,23 @@ Two tables, three facts per response:
 - ``record()`` writes the final usage row (table ``usage``) and deletes the open row, in the same
   transaction.
 At start-up, before serving, ``reconcile()`` turns every open row left by a dead process into a usage row
-with status ``incomplete`` and the open row's last progress figures.
+with status ``incomplete``, reason ``server_crashed`` (the ``reason`` column, which for every other row holds
+the terminal event's ``incomplete_details.reason`` or error code) and the open row's last progress
+figures. Who is dead: on SQLite (one server
+process per database file) every other ledger object; on PostgreSQL (many servers, many hosts) a ledger
+whose database session has ended (each holds an advisory lock for as long as it lives: see
+``proto.server.database``), so a server that starts never bills the responses another one is serving.
 
-Guarantees (one server process per database file):
-- Never twice: the ``usage`` primary key refuses a second row for an id, whoever writes it (a retried
-  batch, a buggy caller, ``reconcile()``).
+Guarantees (one server process per SQLite file; any number of servers on one PostgreSQL database):
+- Never twice: the ``usage`` primary key refuses a second row for an id, whoever writes it, on whichever
+  server (a retried batch, a buggy caller, ``reconcile()`` racing another server's).
 - A response whose ``record()`` returned is billed exactly once unless the process dies (or ``close()``'s
   deadline passes) before its batch commits: the writer retries a failed batch (exponential backoff from
   ``retry_initial`` doubling to ``retry_max``) until the database takes it, for as long as the server runs.
 - Only a crash loses rows still in the buffer (normally milliseconds' worth). A committed transaction
   survives a crash of the process (SIGKILL) in WAL mode; a power loss or an OS crash may roll back the
-  last transactions (``synchronous=NORMAL``).
+  last transactions (``synchronous=NORMAL``). On PostgreSQL a commit is as durable as the server's
+  ``synchronous_commit`` makes it.
 - A response in flight at a crash is billed at most once, and at least the figures of its last durable
   ``progress()`` (zero tokens if none was durable yet), provided its ``started()`` was durable: a
   response whose open row was still in the buffer at the crash leaves no trace and is not billed.
@@ -54,10 +62,7 @@ it returns; ``flush()`` waits for what is pending so far (tests, admin).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-import re
-import sqlite3
 import threading
 import time
 import uuid
@@ -68,76 +73,91 @@ from typing import Any, Final
 import structlog
 
 from proto.response import MODES
+from proto.server.database import (
+    Connection,
+    Database,
+    DatabaseClosed,
+    Migrations,
+    open_database,
+    redact,
+    transaction,
+)
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_DB_PATH: Final = "responses-lab.sqlite3"
 _MODES_SQL: Final = ", ".join(f"'{mode}'" for mode in MODES)
 INCOMPLETE: Final = "incomplete"  # the status reconcile() bills a response that never ended
+CRASHED: Final = "server_crashed"  # ... and its reason (the usage row's ``reason`` column)
 
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS usage (
+def _rebuild(table: str, columns: tuple[tuple[str, str], ...], indexes: tuple[str, ...]) -> tuple[str, ...]:
+    names = ", ".join(name for name, _ in columns)
+    body = ",\n    ".join(f"{name} {kind}" for name, kind in columns)
+    return (
+        f"CREATE TABLE {table}__rebuilt (\n    {body}{{seq}}\n)",
+        f"INSERT INTO {table}__rebuilt ({names}) SELECT {names} FROM {table} ORDER BY created_at, response_id",
+        f"DROP TABLE {table}",
+        f"ALTER TABLE {table}__rebuilt RENAME TO {table}",
+        *(f"CREATE INDEX IF NOT EXISTS {index}" for index in indexes),
+    )
+
+
+_MODE_COLUMN: Final = f"TEXT NOT NULL CHECK (mode IN ({_MODES_SQL}))"
+_USAGE_COLUMNS: Final = (
+    ("response_id", "TEXT PRIMARY KEY"), ("api_key_id", "TEXT NOT NULL"), ("model", "TEXT NOT NULL"), ("mode", _MODE_COLUMN),
+    ("status", "TEXT NOT NULL"), ("input_tokens", "{int} NOT NULL"), ("cached_tokens", "{int} NOT NULL"),
+    ("output_tokens", "{int} NOT NULL"), ("turns", "{int} NOT NULL"), ("created_at", "{real} NOT NULL"),
+    ("completed_at", "{real} NOT NULL"), ("reason", "TEXT NOT NULL DEFAULT ''"),
+)
+_OPEN_COLUMNS_DDL: Final = (
+    ("response_id", "TEXT PRIMARY KEY"), ("api_key_id", "TEXT NOT NULL"), ("model", "TEXT NOT NULL"), ("mode", _MODE_COLUMN),
+    ("created_at", "{real} NOT NULL"), ("input_tokens", "{int} NOT NULL DEFAULT 0"), ("cached_tokens", "{int} NOT NULL DEFAULT 0"),
+    ("output_tokens", "{int} NOT NULL DEFAULT 0"), ("turns", "{int} NOT NULL DEFAULT 0"), ("progress_at", "{real}"),
+    ("owner", "TEXT NOT NULL"),
+)
+
+# The schema, in order; spelled per dialect by proto.server.database (``{int}``, ``{real}``, ``{seq}``).
+MIGRATIONS: Migrations = (
+    (
+        f"""CREATE TABLE IF NOT EXISTS usage (
     response_id   TEXT PRIMARY KEY,
     api_key_id    TEXT NOT NULL,
     model         TEXT NOT NULL,
     mode          TEXT NOT NULL CHECK (mode IN ({_MODES_SQL})),
     status        TEXT NOT NULL,
-    input_tokens  INTEGER NOT NULL,
-    cached_tokens INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL,
-    turns         INTEGER NOT NULL,
-    created_at    REAL NOT NULL,
-    completed_at  REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS usage_by_key ON usage (api_key_id, created_at);
-CREATE TABLE IF NOT EXISTS open_responses (
+    input_tokens  {{int}} NOT NULL,
+    cached_tokens {{int}} NOT NULL,
+    output_tokens {{int}} NOT NULL,
+    turns         {{int}} NOT NULL,
+    created_at    {{real}} NOT NULL,
+    completed_at  {{real}} NOT NULL{{seq}}
+)""",
+        "CREATE INDEX IF NOT EXISTS usage_by_key ON usage (api_key_id, created_at)",
+        f"""CREATE TABLE IF NOT EXISTS open_responses (
     response_id   TEXT PRIMARY KEY,
     api_key_id    TEXT NOT NULL,
     model         TEXT NOT NULL,
     mode          TEXT NOT NULL CHECK (mode IN ({_MODES_SQL})),
-    created_at    REAL NOT NULL,
-    input_tokens  INTEGER NOT NULL DEFAULT 0,
-    cached_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0,
-    turns         INTEGER NOT NULL DEFAULT 0,
-    progress_at   REAL,
-    owner         TEXT NOT NULL
-);
-"""
-
-
-_MODE_CHECK: Final = re.compile(r"CHECK \(mode IN \(([^)]*)\)\)")
-
-
-def _migrate_mode_check(db: sqlite3.Connection) -> bool:
-    """Bring a file created before a mode was added (``http-cached``) up to ``MODES``; True if it changed.
-
-    ``CREATE TABLE IF NOT EXISTS`` leaves an old table's ``CHECK (mode IN (...))`` as it was, and SQLite
-    cannot alter a constraint, so such a table is rebuilt the way SQLite's documentation prescribes for any
-    schema change ("making other kinds of table schema changes": create the new table, copy the rows, drop
-    the old one, rename the new one), in one transaction: a crash leaves the old table or the new one.
-    """
-    changed = False
-    for table in ("usage", "open_responses"):
-        row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
-        match = _MODE_CHECK.search(row[0]) if row else None
-        if match is None or match.group(1) == _MODES_SQL:
-            continue
-        new_sql = row[0].replace(match.group(0), f"CHECK (mode IN ({_MODES_SQL}))", 1)
-        new_sql = re.sub(rf"^CREATE TABLE (IF NOT EXISTS )?\"?{table}\"?", f"CREATE TABLE {table}__migrated", new_sql)
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute(new_sql)
-            db.execute(f"INSERT INTO {table}__migrated SELECT * FROM {table}")
-            db.execute(f"DROP TABLE {table}")
-            db.execute(f"ALTER TABLE {table}__migrated RENAME TO {table}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        log.info("ledger.migrated", table=table, modes=list(MODES))
-        changed = True
-    return changed
+    created_at    {{real}} NOT NULL,
+    input_tokens  {{int}} NOT NULL DEFAULT 0,
+    cached_tokens {{int}} NOT NULL DEFAULT 0,
+    output_tokens {{int}} NOT NULL DEFAULT 0,
+    turns         {{int}} NOT NULL DEFAULT 0,
+    progress_at   {{real}},
+    owner         TEXT NOT NULL{{seq}}
+)""",
+    ),
+    # 2 (issue 13): why a row ended other than completed — ``incomplete_details.reason`` or ``error.code``
+    # of its terminal event, ``server_crashed`` for the rows reconcile() bills; "" when completed.
+    ("ALTER TABLE usage ADD COLUMN reason TEXT NOT NULL DEFAULT ''",),
+    # 3 (issue 11): the mode CHECK takes ``MODES`` as they are now (``http-cached``). SQLite cannot alter a
+    # constraint, so both tables are rebuilt the way its documentation prescribes for any schema change
+    # (create the new table, copy the rows, drop the old one, rename the new one), in the migration's one
+    # transaction; the same statements run on PostgreSQL. Rows are copied by name in their creation order
+    # (the new table numbers them afresh: ``seq`` on PostgreSQL, the rowid on SQLite).
+    _rebuild("usage", _USAGE_COLUMNS, ("usage_by_key ON usage (api_key_id, created_at)",)),
+    _rebuild("open_responses", _OPEN_COLUMNS_DDL, ()),
+)
 
 
 def fingerprint_api_key(api_key: str | None) -> str:
@@ -189,11 +209,14 @@ class LedgerRow:
     turns: int
     created_at: float  # unix seconds
     completed_at: float
+    # Why it ended other than completed: the terminal event's incomplete_details.reason or error code
+    # ("cancelled", "max_output_tokens", "engine_failure", …); "server_crashed" from reconcile(); "" if none.
+    reason: str = ""
 
     def __post_init__(self) -> None:
         # Refused at record() time, on the caller's stack, rather than later in the writer thread.
         _check_mode(self.mode)
-        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status)
+        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status, reason=self.reason)
         _check_counts(
             input_tokens=self.input_tokens,
             cached_tokens=self.cached_tokens,
@@ -247,21 +270,21 @@ def _kind(op: _Op) -> str:
 _Entry = tuple[int, _Op]  # (sequence number, operation)
 
 _COLUMNS: Final = ", ".join(f.name for f in fields(LedgerRow))
+# ON CONFLICT DO NOTHING: the primary key is the idempotency key; a refused row is counted as duplicate.
 _INSERT: Final = (
-    f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(fields(LedgerRow)))})"
+    f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(fields(LedgerRow)))})"
+    " ON CONFLICT (response_id) DO NOTHING"
 )
 _OPEN_COLUMNS: Final = ", ".join(f.name for f in fields(OpenResponse))
 _INSERT_OPEN: Final = (
-    "INSERT OR IGNORE INTO open_responses (response_id, api_key_id, model, mode, created_at, owner)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO open_responses (response_id, api_key_id, model, mode, created_at, owner)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (response_id) DO NOTHING"
 )
 _UPDATE_PROGRESS: Final = (
     "UPDATE open_responses SET input_tokens = ?, cached_tokens = ?, output_tokens = ?, turns = ?,"
     " progress_at = ? WHERE response_id = ?"
 )
 _DELETE_OPEN: Final = "DELETE FROM open_responses WHERE response_id = ?"
-# Deterministic failures tied to the rows of a batch: retrying the same batch can never succeed.
-_ROW_ERRORS: Final = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, sqlite3.ProgrammingError)
 
 
 class LedgerError(RuntimeError):
@@ -284,10 +307,10 @@ class UsageLedger:
         retry_max: float = 1.0,
         close_timeout: float = 30.0,
     ) -> None:
+        """``path``: a SQLite file, ``":memory:"``, or a ``postgresql://`` URL."""
         if max_pending < 1 or batch_size < 1:
             raise ValueError("max_pending and batch_size must be >= 1")
         self.path = path
-        self._memory = path in (":memory:", "")
         self._busy_timeout = busy_timeout
         self._retry_initial = retry_initial
         self._retry_max = max(retry_max, retry_initial)
@@ -296,19 +319,17 @@ class UsageLedger:
         self._batch_size = batch_size
         self._owner = uuid.uuid4().hex  # marks this process's open rows: reconcile() never bills them
         try:
-            self._wdb = self._connect()
-            self._wdb.execute("PRAGMA journal_mode=WAL")
-            self._wdb.execute("PRAGMA synchronous=NORMAL")
-            self._wdb.executescript(_SCHEMA)
-            if _migrate_mode_check(self._wdb):
-                self._wdb.executescript(_SCHEMA)  # the rebuilt table's index
-            # A file gets its own reader connection: WAL readers never wait on the writer's lock. A memory
-            # database exists in one connection only, so readers share the writer's (under its lock).
-            self._rdb = self._wdb if self._memory else self._connect()
-        except sqlite3.Error as exc:
-            raise LedgerError(f"usage ledger {path!r} cannot be opened: {exc}") from exc
-        self._wlock = threading.Lock()  # the writer connection: the writer thread and reconcile()
-        self._rlock = self._wlock if self._memory else threading.Lock()
+            # Connections: the writer thread's, one for reconcile(), one for reads (which, on a file or on
+            # PostgreSQL, never wait on the writer's lock). A memory database is one connection, shared.
+            self._db: Database = open_database(path, "ledger", busy_timeout=busy_timeout, pool_size=3)
+        except Exception as exc:
+            raise LedgerError(f"usage ledger {redact(path)!r} cannot be opened: {exc}") from exc
+        try:
+            self._db.migrate("ledger", MIGRATIONS)
+            self._db.hold_owner(self._owner)  # alive, for every other server's reconcile(), until close()
+        except Exception as exc:
+            self._db.close()
+            raise LedgerError(f"usage ledger {redact(path)!r} cannot be opened: {self._db.describe(exc)}") from exc
         # The pending buffer. _lock guards it and is only ever held for in-memory work.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the writer waits for work
@@ -330,9 +351,6 @@ class UsageLedger:
         self.duplicates = 0
         self.reconciled = 0
         self.duplicate_ids: deque[str] = deque(maxlen=100)
-
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=self._busy_timeout)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -364,12 +382,8 @@ class UsageLedger:
             thread.join()
         else:
             self._run()  # never started: drain on the caller's thread, same retries and deadline
-        with self._rlock:
-            self._db_closed = True
-            with contextlib.suppress(sqlite3.Error):
-                if self._rdb is not self._wdb:
-                    self._rdb.close()
-                self._wdb.close()
+        self._db_closed = True
+        self._db.close()
 
     async def aclose(self, timeout: float | None = None) -> None:
         await asyncio.to_thread(self.close, timeout)
@@ -484,7 +498,7 @@ class UsageLedger:
                 return False
             self.retries += 1
             if attempts == 1:
-                log.warning("ledger.write_retrying", error=str(error), batch=len(self._inflight), pending=self.pending)
+                log.warning("ledger.write_retrying", error=self._db.describe(error), batch=len(self._inflight), pending=self.pending)
             with self._lock:
                 wait = backoff if deadline is None else min(backoff, max(0.0, deadline - time.monotonic()))
                 end = time.monotonic() + wait
@@ -493,68 +507,59 @@ class UsageLedger:
                     self._wake.wait(left)
             backoff = min(backoff * 2, self._retry_max)
 
-    def _commit(self, batch: list[_Entry]) -> sqlite3.Error | None:
+    def _commit(self, batch: list[_Entry]) -> Exception | None:
         """Write ``batch`` in one transaction. A row-specific error splits it (the offending operation is
         rejected); on a transient error, return it with ``batch`` cut down to what is still unwritten."""
         try:
             self._write(batch)
             return None
-        except _ROW_ERRORS as exc:
-            if len(batch) == 1:
-                self._reject(batch[0][1], exc)
+        except Exception as exc:
+            if self._db.is_row_error(exc):
+                if len(batch) == 1:
+                    self._reject(batch[0][1], exc)
+                    return None
+                for i in range(len(batch)):
+                    error = self._commit(batch[i : i + 1])
+                    if error is not None:
+                        del batch[:i]
+                        return error
                 return None
-            for i in range(len(batch)):
-                error = self._commit(batch[i : i + 1])
-                if error is not None:
-                    del batch[:i]
-                    return error
-            return None
-        except sqlite3.Error as exc:
-            return exc
-        except Exception as exc:  # a bug: keep the thread alive and the rows pending, retried and visible
+            if isinstance(exc, self._db.errors):
+                return exc
+            # A bug: keep the thread alive and the rows pending, retried and visible.
             log.exception("ledger.write_bug", batch=len(batch))
-            return sqlite3.Error(f"{type(exc).__name__}: {exc}")
+            return exc
 
     def _write(self, batch: list[_Entry]) -> None:
         inserted: list[str] = []
         duplicates: list[str] = []
-        with self._wlock:
-            db = self._wdb
-            if self._deadline is not None:  # closing: never wait on a lock past the deadline
-                remaining = max(0.0, self._deadline - time.monotonic())
-                db.execute(f"PRAGMA busy_timeout = {int(min(self._busy_timeout, remaining) * 1000)}")
-            try:
-                db.execute("BEGIN IMMEDIATE")  # take the write lock first: a busy database fails here
-                for _, op in batch:
-                    if isinstance(op, LedgerRow):
-                        rowcount = db.execute(_INSERT, astuple(op)).rowcount
-                        (inserted if rowcount else duplicates).append(op.response_id)
-                        db.execute(_DELETE_OPEN, (op.response_id,))
-                    elif isinstance(op, _Start):
-                        db.execute(_INSERT_OPEN, (*astuple(op), self._owner))
-                    else:
-                        db.execute(
-                            _UPDATE_PROGRESS,
-                            (op.input_tokens, op.cached_tokens, op.output_tokens, op.turns, op.at, op.response_id),
-                        )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
+        # Closing: never wait on a lock past the deadline.
+        remaining = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        with self._db.connection(write=True) as db, transaction(db, write=True, lock_timeout=remaining):
+            for _, op in batch:
+                if isinstance(op, LedgerRow):
+                    rowcount = db.execute(_INSERT, astuple(op)).rowcount
+                    (inserted if rowcount else duplicates).append(op.response_id)
+                    db.execute(_DELETE_OPEN, (op.response_id,))
+                elif isinstance(op, _Start):
+                    db.execute(_INSERT_OPEN, (*astuple(op), self._owner))
+                else:
+                    db.execute(
+                        _UPDATE_PROGRESS,
+                        (op.input_tokens, op.cached_tokens, op.output_tokens, op.turns, op.at, op.response_id),
+                    )
         self.rows_written += len(inserted)
         self.duplicates += len(duplicates)
         for response_id in duplicates:
             self.duplicate_ids.append(response_id)
             log.error("ledger.duplicate_response", response_id=response_id)
 
-    def _reject(self, op: _Op, exc: sqlite3.Error) -> None:
+    def _reject(self, op: _Op, exc: Exception) -> None:
         if isinstance(op, LedgerRow):
             self.failed += 1
-        log.error("ledger.row_rejected", kind=_kind(op), response_id=op.response_id, error=str(exc))
+        log.error("ledger.row_rejected", kind=_kind(op), response_id=op.response_id, error=self._db.describe(exc))
 
-    def _give_up(self, error: sqlite3.Error) -> None:
+    def _give_up(self, error: Exception) -> None:
         with self._lock:
             lost = [op for _, op in (*self._inflight, *self._buffer)]
             self._inflight = []
@@ -566,7 +571,7 @@ class UsageLedger:
         self.failed += len(usage)
         log.error(
             "ledger.close_unwritten",
-            error=str(error),
+            error=self._db.describe(error),
             response_ids=usage,
             open_ids=[op.response_id for op in lost if isinstance(op, _Start)],
             progress_ids=[op.response_id for op in lost if isinstance(op, _Progress)],
@@ -575,12 +580,14 @@ class UsageLedger:
     # -- start-up --------------------------------------------------------------------------------------
 
     def reconcile(self, timeout: float = 30.0) -> int:
-        """Bill every open row left by a dead process: one usage row, status ``incomplete``, with the open
-        row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
+        """Bill every open row left by a dead process: one usage row, status ``incomplete`` and reason
+        ``server_crashed``, with the open row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
         Open rows that already have a usage row are deleted. Returns how many rows it billed.
 
-        Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``): every open row not
-        written by this ledger object is taken for a dead process's. Retries a busy database up to
+        Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``). Dead: on SQLite,
+        every open row not written by this ledger object is taken for a dead process's; on PostgreSQL,
+        only those of ledgers whose database session has ended (a live server's are left alone). One
+        reconcile runs at a time on a database, whichever server calls it. Retries a busy database up to
         ``timeout`` seconds, then raises ``LedgerError``."""
         deadline = time.monotonic() + timeout
         backoff = self._retry_initial
@@ -588,9 +595,11 @@ class UsageLedger:
             try:
                 billed = self._reconcile_once()
                 break
-            except sqlite3.Error as exc:
-                if isinstance(exc, _ROW_ERRORS) or time.monotonic() >= deadline:
-                    raise LedgerError(f"ledger reconcile failed: {exc}") from exc
+            except DatabaseClosed as exc:
+                raise LedgerError("ledger is closed") from exc
+            except self._db.errors as exc:
+                if self._db.is_row_error(exc) or time.monotonic() >= deadline:
+                    raise LedgerError(f"ledger reconcile failed: {self._db.describe(exc)}") from exc
                 self.retries += 1
                 time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                 backoff = min(backoff * 2, self._retry_max)
@@ -609,41 +618,21 @@ class UsageLedger:
         return await asyncio.to_thread(self.reconcile, timeout)
 
     def _reconcile_once(self) -> list[LedgerRow]:
-        with self._wlock:
-            if self._db_closed:
-                raise LedgerError("ledger is closed")
-            db = self._wdb
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                found = db.execute(
-                    f"SELECT {_OPEN_COLUMNS} FROM open_responses o WHERE owner != ? AND NOT EXISTS"
-                    " (SELECT 1 FROM usage u WHERE u.response_id = o.response_id) ORDER BY created_at, rowid",
-                    (self._owner,),
-                ).fetchall()
-                billed = [
-                    LedgerRow(
-                        response_id=o.response_id,
-                        api_key_id=o.api_key_id,
-                        model=o.model,
-                        mode=o.mode,
-                        status=INCOMPLETE,
-                        input_tokens=o.input_tokens,
-                        cached_tokens=o.cached_tokens,
-                        output_tokens=o.output_tokens,
-                        turns=o.turns,
-                        created_at=o.created_at,
-                        completed_at=o.created_at if o.progress_at is None else o.progress_at,
-                    )
-                    for o in (OpenResponse(*r) for r in found)
-                ]
-                db.executemany(_INSERT, [astuple(row) for row in billed])
-                db.execute("DELETE FROM open_responses WHERE owner != ?", (self._owner,))
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
+        if self._db_closed:
+            raise LedgerError("ledger is closed")
+        with self._db.connection(write=True) as db, transaction(db, write=True, exclusive=True):
+            owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM open_responses").rows]
+            dead = self._db.dead_owners(db, owners, self._owner)
+            if not dead:
+                return []
+            marks = ", ".join("?" * len(dead))
+            found = db.execute(
+                f"SELECT {_OPEN_COLUMNS} FROM open_responses o WHERE owner IN ({marks}) AND NOT EXISTS"
+                f" (SELECT 1 FROM usage u WHERE u.response_id = o.response_id) ORDER BY created_at, {self._db.order_column}",
+                dead,
+            ).rows
+            billed = [row for row in (_incomplete(OpenResponse(*r)) for r in found) if _insert(db, row)]
+            db.execute(f"DELETE FROM open_responses WHERE owner IN ({marks})", dead)
         return billed
 
     # -- reading back (committed rows only; a file's reads never wait on the writer) -------------------
@@ -661,7 +650,7 @@ class UsageLedger:
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
-        sql = ("WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, rowid"
+        sql = ("WHERE " + " AND ".join(where) if where else "") + f" ORDER BY created_at, {self._db.order_column}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [LedgerRow(*r) for r in self._select(f"SELECT {_COLUMNS} FROM usage {sql}", tuple(args))]
@@ -670,14 +659,39 @@ class UsageLedger:
         """Durable open rows (started, not recorded yet), oldest first."""
         return [
             OpenResponse(*r)
-            for r in self._select(f"SELECT {_OPEN_COLUMNS} FROM open_responses ORDER BY created_at, rowid", ())
+            for r in self._select(f"SELECT {_OPEN_COLUMNS} FROM open_responses ORDER BY created_at, {self._db.order_column}", ())
         ]
 
     def _select(self, sql: str, args: tuple[object, ...]) -> list[tuple[Any, ...]]:
-        with self._rlock:
-            if self._db_closed:
-                raise LedgerError("ledger is closed")
-            try:
-                return list(self._rdb.execute(sql, args).fetchall())
-            except sqlite3.Error as exc:
-                raise LedgerError(f"usage ledger read failed: {exc}") from exc
+        if self._db_closed:
+            raise LedgerError("ledger is closed")
+        try:
+            with self._db.connection(write=False) as db:
+                return db.execute(sql, args).rows
+        except DatabaseClosed as exc:
+            raise LedgerError("ledger is closed") from exc
+        except self._db.errors as exc:
+            raise LedgerError(f"usage ledger read failed: {self._db.describe(exc)}") from exc
+
+
+def _incomplete(o: OpenResponse) -> LedgerRow:
+    """The row ``reconcile()`` bills for a response that never ended: what its open row can prove."""
+    return LedgerRow(
+        response_id=o.response_id,
+        api_key_id=o.api_key_id,
+        model=o.model,
+        mode=o.mode,
+        status=INCOMPLETE,
+        input_tokens=o.input_tokens,
+        cached_tokens=o.cached_tokens,
+        output_tokens=o.output_tokens,
+        turns=o.turns,
+        created_at=o.created_at,
+        completed_at=o.created_at if o.progress_at is None else o.progress_at,
+        reason=CRASHED,
+    )
+
+
+def _insert(db: Connection, row: LedgerRow) -> bool:
+    """Insert a usage row; False when its id is billed already."""
+    return db.execute(_INSERT, astuple(row)).rowcount > 0

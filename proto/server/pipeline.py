@@ -13,34 +13,41 @@ nearest millisecond. The work a hop stands for is counted whatever its configure
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 
 from proto.builder import ResponseBuilder
+from proto.engine.client import RemoteEngine
 from proto.errors import ClientError
 from proto.events import CreateBody
-from proto.items import FunctionCall, Item, Message, WebSearchCall
-from proto.response import Mode
+from proto.items import CALL_ITEMS, Item, Message, Reasoning, WebSearchCall, message_text
+from proto.response import Mode, Response
 from proto.server.config import Settings
 from proto.server.item_cache import ItemCache
 from proto.server.ledger import LedgerRow, UsageLedger
 from proto.server.metrics import PipelineMetrics
 from proto.server.safety import SafetyScanner
-from proto.server.store import ResponseStore
+from proto.server.store import ResponseStore, StoreUnavailable
 from proto.work import WorkCounters
+from sampler.catalogue import model_specs
 from sampler.clock import Clock, RealClock
+from sampler.engine import Engine
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
-from sampler.models import MODELS, ModelSpec
-from sampler.policy import select_policy
-from sampler.tokens import Conversation, Tokenizer, render_parts
+from sampler.models import ModelSpec
+from sampler.policy import has_directives, select_policy
+from sampler.tokens import Conversation, Tokenizer, text_segments
 from sampler.tools import WebSearch
 
 log = structlog.get_logger("proto.server.pipeline")
+T = TypeVar("T")
 
 
 @contextmanager
@@ -52,59 +59,94 @@ def timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = phases.get(name, 0.0) + (time.perf_counter() - started) * 1e3
 
 
-class Engines:
-    """The routing table: model name → the mock GPU that serves it (one per model, shared by all)."""
+# Input text past which scanning and tokenizing run on a worker thread, not on the loop: below it the work
+# (~8 ms for 64 KiB: tiktoken ~65 ms/MB, the safety regexes as much) costs less than stalling nobody is
+# worth a thread hop (~0.1 ms). Above it, on the loop, a 10 MB message held every stream for ~1.1 s.
+OFF_LOOP_CHARS = 64 * 1024
 
-    def __init__(self, overrides: list[str] | None = None) -> None:
-        specs = dict(MODELS)
-        for text in overrides or []:
-            name, _, knobs = text.partition(":")
-            if name not in specs:
-                raise ValueError(f"--model-override names an unknown model {name!r}")
-            specs[name] = apply_knobs(specs[name], knobs)
-        self.specs: dict[str, ModelSpec] = specs
-        self.gpus = {name: MockGPU(spec) for name, spec in specs.items()}
+
+async def off_loop(chars: int, work: Callable[[], T]) -> T:
+    """Work proportional to ``chars`` of a client's input: inline when small, on a worker thread when large.
+    tiktoken releases the GIL; the regex scan does not, but then the loop gets it back every switch
+    interval (5 ms) instead of waiting for the whole scan. The caller's objects are its own meanwhile."""
+    return work() if chars <= OFF_LOOP_CHARS else await asyncio.to_thread(work)
+
+
+def text_chars(items: list[Item]) -> int:
+    """How much text ``items`` bring (what decides whether their scan and tokenization go off the loop)."""
+    return sum(len(text) for item in items for text in text_segments(item))
+
+
+@contextmanager
+def typed_faults() -> Iterator[None]:
+    """Faults of the pre-inference work (a store read, a bug) as the typed error every transport answers
+    with (``store_unavailable``, ``server_error``) instead of an exception that would leave a connection
+    waiting for a response that never starts. The peer's own errors pass through."""
+    try:
+        yield
+    except ClientError:
+        raise
+    except StoreUnavailable as exc:
+        raise ClientError("store_unavailable", str(exc)) from exc
+    except Exception as exc:
+        log.exception("prepare_failed")
+        raise ClientError("server_error", f"internal error: {type(exc).__name__}") from exc
+
+
+class Engines:
+    """The routing table: model name → the engine that serves it. In process (the default): one mock GPU
+    per model, shared by everything this process serves. With ``--engine URL``: the models that engine
+    lists, all behind one ``RemoteEngine`` (read at start-up, ``start``)."""
+
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self.remote: RemoteEngine | None = None
+        self.gpus: dict[str, MockGPU] = {}  # the in-process ones (none with --engine)
+        self.by_name: dict[str, Engine] = {}
+        self.specs: dict[str, ModelSpec] = {}
+        if settings.engine:
+            self.remote = RemoteEngine(
+                settings.engine, clock, timeout_s=settings.engine_timeout_s,
+                # A suspended response waits at most --tool-timeout-s, then it is closed (and unpinned);
+                # the TTL only matters if this process dies first.
+                pin_ttl_s=settings.tool_timeout_s + 60.0, connections=settings.engine_connections,
+                api_key=settings.engine_api_key or None,
+            )
+            return
+        self.specs = model_specs(settings.model_override)
+        self.gpus = {name: MockGPU(spec) for name, spec in self.specs.items()}
+        self.by_name = dict(self.gpus)
+
+    async def start(self) -> None:
+        if self.remote is not None:
+            await self.remote.start()
+            self.by_name = dict(self.remote.models)
+
+    async def aclose(self) -> None:
+        if self.remote is not None:
+            await self.remote.aclose()
 
     def names(self) -> frozenset[str]:
-        return frozenset(self.gpus)
+        return frozenset(self.by_name)
 
-    def resolve(self, name: str, work: WorkCounters) -> MockGPU:
+    def cards(self) -> list[dict[str, object]]:
+        """``GET /v1/models``' entries: the catalogue's, or the engine's own (its address is not shown)."""
+        if self.remote is not None:
+            return [dict(card) for card in self.remote.cards]
+        return [{"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public(),
+                 **spec.provenance()} for name, spec in sorted(self.specs.items())]
+
+    def resolve(self, name: str, work: WorkCounters) -> Engine:
         work.model_resolutions += 1
-        gpu = self.gpus.get(name)
-        if gpu is None:
+        engine = self.by_name.get(name)
+        if engine is None:
             raise ClientError("model_not_found", f"the model {name!r} does not exist", "model")
-        return gpu
-
-
-def apply_knobs(spec: ModelSpec, knobs: str) -> ModelSpec:
-    """``inter-token-latency=0.5,max-num-seqs=8`` (llm-d knob names) over a model's settings."""
-    public = spec.public()
-    changes: dict[str, object] = {}
-    for pair in filter(None, knobs.split(",")):
-        key, _, value = pair.partition("=")
-        if key not in public:
-            raise ValueError(f"unknown model knob {key!r}; known: {', '.join(sorted(public))}")
-        changes[key] = _knob_value(public[key], value)
-    return spec.override(**changes)
-
-
-def _knob_value(current: object, text: str) -> object:
-    """A knob's text, converted to the type of the value it replaces (the flag is a string)."""
-    if isinstance(current, bool):
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"not a boolean: {text!r}")
-    if isinstance(current, int):
-        return int(text)
-    return float(text)
+        return engine
 
 
 @dataclass
 class Prepared:
     rollout: Rollout
-    gpu: MockGPU
+    gpu: Engine
 
 
 class Pipeline:
@@ -115,19 +157,21 @@ class Pipeline:
         self.clock: Clock = clock or RealClock()
         self.tokenizer = Tokenizer()
         self.scanner = SafetyScanner(settings.safety)  # type: ignore[arg-type]
-        self.engines = Engines(settings.model_override)
+        self.engines = Engines(settings, self.clock)
         self.web_search = WebSearch()
-        self.ledger = UsageLedger(settings.db)
-        self.store = ResponseStore(settings.db)
+        self.ledger = UsageLedger(settings.db, busy_timeout=settings.db_busy_timeout_s)
+        self.store = ResponseStore(settings.db, busy_timeout=settings.db_busy_timeout_s)
         select_policy("", settings.default_policy)  # a bad --default-policy fails at start-up, not per request
         self.item_cache = ItemCache(settings.item_cache_tokens)
         self.totals = WorkCounters()
         self.metrics = PipelineMetrics()
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self.ledger.start()
+        await self.engines.start()
 
     async def aclose(self) -> None:
+        await self.engines.aclose()
         await self.ledger.aclose()
         await self.store.aclose()
 
@@ -136,26 +180,27 @@ class Pipeline:
         self, items: list[Item], work: WorkCounters, phases: dict[str, float], instructions: str | None = None, cache_scope: str | None = None
     ) -> list[str]:
         with timed(phases, "safety"):
-            texts = [body for item in items for _, body in render_parts(item, {})]
+            texts = [text for item in items for text in text_segments(item)]
             if instructions:
                 texts.append(instructions)
             if cache_scope is None:
-                result = self.scanner.scan_many(texts)
+                result = await off_loop(sum(map(len, texts)), lambda: self.scanner.enforce(self.scanner.scan_many(texts)))
                 work.chars_scanned += result.chars_scanned
                 remote = True
             else:
                 result, remote = self.item_cache.scan(self.scanner, cache_scope, texts, work)
-            self.scanner.enforce(result)
+                self.scanner.enforce(result)
         if remote:  # http-cached: texts the cache has classified already need no remote call
             work.safety_hops += 1
             await knob(phases, "safety_hop", self.settings.safety_hop_ms)
         return list(result.rules)
 
-    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float], cache_scope: str | None = None) -> MockGPU:
+    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float], cache_scope: str | None = None) -> Engine:
         if cache_scope is not None:
             known = self.item_cache.resolved(cache_scope, model)
-            if isinstance(known, MockGPU):
-                return known
+            if known is not None:
+                engine: Engine = known
+                return engine
         with timed(phases, "resolve_model"):
             gpu = self.engines.resolve(model, work)
         await knob(phases, "resolve_hop", self.settings.resolve_hop_ms)
@@ -174,7 +219,7 @@ class Pipeline:
         scan_history: bool,
         phases: dict[str, float] | None = None,
         conversation: Conversation | None = None,
-        gpu: MockGPU | None = None,
+        gpu: Engine | None = None,
         cache_scope: str | None = None,
     ) -> Prepared:
         """Pre-inference work for one response. ``history`` is context the response continues from
@@ -187,30 +232,40 @@ class Pipeline:
         flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions, cache_scope)
         if gpu is None:
             gpu = await self.resolve(request.model, work, phases, cache_scope)
-        with timed(phases, "render_tokenize"):
+        def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
                 tokenizer = self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
                 conversation = Conversation(tokenizer, work)
                 if request.instructions:
                     conversation.add_instructions(request.instructions)
+                conversation.add_tools(request.tools)
                 conversation.add_input(history)
             conversation.work = work
             conversation.add_input(new_items)
-        await self.api_cost(mode, len(conversation.ids), phases)
+            return conversation
+
+        chars = text_chars(new_items) + (0 if conversation is not None else text_chars(history) + len(request.instructions or ""))
+        with timed(phases, "render_tokenize"):
+            conversation = await off_loop(chars, functools.partial(render, conversation))
+        await self.api_cost(mode, len(conversation.log), phases)
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
-        script = _first_user_text(conversation.items)
+        script = script_source(conversation.items)
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
-            sequence=gpu.open(),
-            policy=select_policy(script, self.settings.default_policy),
+            # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
+            sequence=gpu.open(keep_warm=mode == "longlived"),
+            policy=select_policy(script, self.settings.default_policy, parallel=request.parallel),
             web_search=self.web_search,
             script=script,
             turn=count_segments(conversation.items),
             max_output_tokens=request.max_output_tokens,
             pending_phases=dict(phases),
+            coalesce_s=self.settings.coalesce_ms / 1e3,
             input_items=list(new_items),
+            summary=request.reasoning is not None and request.reasoning.summary is not None,
+            encrypted_reasoning=request.includes("reasoning.encrypted_content"),
         )
         builder.lab.phases_ms = dict(phases)
         return Prepared(rollout, gpu)
@@ -229,8 +284,9 @@ class Pipeline:
             return
         await knob(phases, "api_cost", ms)
 
-    def ingest(self, rollout: Rollout, items: list[Item]) -> None:
-        """Items appended to an open response: scanned, rendered and tokenized once, on arrival."""
+    async def ingest(self, rollout: Rollout, items: list[Item]) -> None:
+        """Items appended to an open response: scanned, rendered and tokenized once, on arrival (off the
+        loop when large, ``off_loop``)."""
         phases = rollout.pending_phases
         lab = rollout.builder.lab
         work = lab.work
@@ -239,12 +295,13 @@ class Pipeline:
         lab.input_positions.extend([len(rollout.builder.response.output)] * len(items))
         rollout.input_items.extend(items)
         with timed(phases, "safety"):
-            texts = [body for item in items for _, body in render_parts(item, rollout.conversation.call_names)]
-            result = self.scanner.enforce(self.scanner.scan_many(texts))
+            texts = [text for item in items for text in text_segments(item)]
+            chars = sum(map(len, texts))
+            result = await off_loop(chars, lambda: self.scanner.enforce(self.scanner.scan_many(texts)))
             work.chars_scanned += result.chars_scanned
             rollout.builder.lab.safety_flags.extend(result.rules)
         with timed(phases, "render_tokenize"):
-            rollout.conversation.add_input(items)
+            await off_loop(chars, functools.partial(rollout.conversation.add_input, items))
         for name, ms in phases.items():
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
 
@@ -281,6 +338,7 @@ class Pipeline:
                 turns=len(builder.lab.turns),
                 created_at=created,
                 completed_at=time.time(),
+                reason=end_reason(response),
             )
         )
 
@@ -296,15 +354,23 @@ async def knob(phases: dict[str, float], name: str, ms: float) -> None:
         await _KNOB_CLOCK.sleep_until(_KNOB_CLOCK.now() + ms / 1e3)
 
 
+def end_reason(response: Response) -> str:
+    """Why a response ended other than completed: its ``incomplete_details.reason`` or its error's code."""
+    if response.incomplete_details is not None:
+        return response.incomplete_details.reason
+    return response.error.code if response.error is not None else ""
+
+
 def _output_text(items: list[Item]) -> str:
-    return "".join(item.text() for item in items if isinstance(item, Message))
+    return "".join(message_text(item) for item in items if isinstance(item, Message))
 
 
-def _first_user_text(items: list[Item]) -> str:
-    for item in items:
-        if isinstance(item, Message) and item.role == "user":
-            return item.text()
-    return ""
+def script_source(items: list[Item]) -> str:
+    """The directive script's source (SPEC §5): the first user message that contains directive lines.
+    Agents put context first (Codex's first user message is its ``<environment_context>``); without any
+    directive line, the first user message (what the default policy reads)."""
+    users = [message_text(item) for item in items if isinstance(item, Message) and item.role == "user"]
+    return next((text for text in users if has_directives(text)), users[0] if users else "")
 
 
 def count_segments(items: list[Item]) -> int:
@@ -313,7 +379,7 @@ def count_segments(items: list[Item]) -> int:
     segments = 0
     inside = False
     for item in items:
-        own = isinstance(item, FunctionCall | WebSearchCall) or (isinstance(item, Message) and item.role == "assistant")
+        own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (isinstance(item, Message) and item.role == "assistant")
         if own:
             if not inside:
                 segments += 1

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
-import os
 import socket
+import struct
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WebsocketBuffer, WSProtocol
-from uvicorn.supervisors import Multiprocess
 from wsproto import events
-from wsproto.connection import ConnectionState
+from wsproto.connection import Connection, ConnectionState
 from wsproto.frame_protocol import Opcode
 
 from proto.actions import error_reply
@@ -30,18 +30,19 @@ from proto.server.session import FRAMES_EXTENSION
 from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, clock: Clock | None = None, app: str | None = None, **extra: object) -> uvicorn.Config:
-    """The one configuration every way of serving uses (the CLI with one or N workers, the threaded test
-    server): the same protocol class, limits, pings and shutdown timing. ``app`` defaults to a fresh app
-    for ``settings``; N workers pass an import string instead (each process builds its own)."""
+def uvicorn_config(settings: Settings, clock: Clock | None = None, reconcile: bool = True, **extra: object) -> uvicorn.Config:
+    """The one configuration every way of serving uses (the CLI, each of N workers, the threaded test
+    server): a fresh app for ``settings``, the same protocol class, limits, pings and shutdown timing.
+    ``reconcile``: ``create_app``'s (a SQLite worker does not)."""
     return uvicorn.Config(
-        app if app is not None else create_app(settings, clock),
+        create_app(settings, clock, reconcile),
         host=settings.host,
         port=settings.port,
         ws=LabWSProtocol,
         loop=resolve_loop(settings.loop),
         http=resolve_http(settings.http),
         ws_max_size=settings.max_frame_bytes,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
         ws_ping_interval=None,  # the lab measures its own pings; keep-alive traffic would perturb it
         log_level=settings.log_level,
         access_log=False,
@@ -78,17 +79,25 @@ class LabWSProtocol(WSProtocol):
     and one addition, offered to the app as the ASGI extension ``FRAMES_EXTENSION``: a ``websocket.send``
     message carrying a list of already-encoded UTF-8 text frames, written with one ``transport.write``
     (ASGI's ``text`` must be a ``str``: our frames would be decoded only to be encoded again, and sent one
-    write each). The frames go through wsproto's own frame serializer, so a negotiated
-    permessage-deflate still applies.
+    write each). With permessage-deflate negotiated the frames go through wsproto's own serializer (which
+    compresses); without, a server's text frame is only a 2-, 4- or 10-byte header before the payload
+    (RFC 6455 §5.2: no mask), written as such — wsproto's serializer copies and re-checks every frame
+    (a tenth of the server's CPU per token when many streams run). The extension's ``write_now``
+    (``scope["extensions"][FRAMES_EXTENSION]["write_now"](frames)``) writes the frames at once and returns
+    True when a ``websocket.send`` would not have to wait; otherwise (uvicorn paused writing, the
+    connection is closing) it writes nothing and returns False, and the app sends them the ASGI way,
+    which waits or raises as ``send`` does. It saves a coroutine chain per write: a tenth of the CPU per
+    token again (NOTES.md, "Issue 10").
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.buffer = _ReportingBuffer(self.config.ws_max_size, self._too_large)
+        self._plain: bool | None = None  # no extension negotiated: known at the first frames sent
 
     def handle_connect(self, event: events.Request) -> None:
         super().handle_connect(event)
-        self.scope["extensions"][FRAMES_EXTENSION] = {}
+        self.scope["extensions"][FRAMES_EXTENSION] = {"write_now": self.write_now}
 
     async def send(self, message: Any) -> None:
         frames = message.get(FRAMES_EXTENSION) if message["type"] == "websocket.send" else None
@@ -103,8 +112,29 @@ class LabWSProtocol(WSProtocol):
             raise RuntimeError("websocket.send before the handshake completed")
         if self.close_sent or connection.state is not ConnectionState.OPEN or self.transport.is_closing():
             return  # as uvicorn does for a send after close: nothing more goes out
-        serialize = connection._proto._serialize_frame  # whole messages only: no fragmented one is open
-        self.transport.write(b"".join(serialize(Opcode.TEXT, data) for data in frames))
+        self._write_frames(connection, frames)
+
+    def write_now(self, frames: Sequence[bytes]) -> bool:
+        """Write ``frames`` at once if a ``websocket.send`` of them would neither wait nor fail."""
+        connection = self.conn.connection
+        if (not self.writable.is_set() or self.disconnected or not self.handshake_complete or connection is None
+                or self.response_started or self.close_sent or connection.state is not ConnectionState.OPEN
+                or self.transport.is_closing()):
+            return False
+        self._write_frames(connection, frames)
+        return True
+
+    def _write_frames(self, connection: Connection, frames: Sequence[bytes]) -> None:
+        proto = connection._proto
+        plain = self._plain
+        if plain is None:
+            # wsproto keeps every extension the server offered, negotiated or not; only enabled ones act.
+            plain = self._plain = not any(ext.enabled() for ext in proto.extensions)
+        if plain:
+            self.transport.write(b"".join([part for data in frames for part in (_text_header(len(data)), data)]))
+        else:
+            serialize = proto._serialize_frame  # whole messages only: no fragmented one is open
+            self.transport.write(b"".join([serialize(Opcode.TEXT, data) for data in frames]))
 
     def _too_large(self) -> None:
         if self.close_sent or self.transport.is_closing():
@@ -120,6 +150,23 @@ class LabWSProtocol(WSProtocol):
             self.transport.close()
             return
         super().handle_close(event)
+
+
+_HEADER_16 = struct.Struct("!BBH")
+_HEADER_64 = struct.Struct("!BBQ")
+_FIN_TEXT = 0x81  # FIN, no RSV bits, opcode 1 (text)
+
+
+_SHORT_HEADERS = [bytes((_FIN_TEXT, n)) for n in range(126)]
+
+
+def _text_header(n: int) -> bytes:
+    """A server's unmasked, unfragmented text frame header for an ``n``-byte payload (RFC 6455 §5.2)."""
+    if n < 126:
+        return _SHORT_HEADERS[n]
+    if n < 65536:
+        return _HEADER_16.pack(_FIN_TEXT, 126, n)
+    return _HEADER_64.pack(_FIN_TEXT, 127, n)
 
 
 class LabServer(uvicorn.Server):
@@ -141,25 +188,23 @@ def serve(settings: Settings) -> None:
     check_bind(settings)
     configure(settings.log_level)
     if settings.workers > 1:
-        # Several processes need an import string: hand them the settings through the environment.
-        for name, value in asdict(settings).items():
-            os.environ["RESPONSES_LAB_" + name.upper()] = ",".join(value) if isinstance(value, list) else str(value)
-        config = uvicorn_config(settings, app="proto.server.run:app_from_env", factory=True, workers=settings.workers)
-        # Each worker runs uvicorn's own Server, whose shutdown closes WebSockets 1012 without our drain;
-        # workers that share one engine and drain on SIGTERM are the engine issue's (NOTES.md).
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        from proto.server.workers import serve_workers
+
+        serve_workers(settings)
         return
-    LabServer(uvicorn_config(settings)).run()
+    server = LabServer(uvicorn_config(settings))
+    freeze_startup_objects()
+    server.run()
 
 
-def app_from_env() -> object:
-    import argparse
-
-    from proto.server.config import from_args
-
-    settings = from_args(argparse.Namespace())
-    configure(settings.log_level)
-    return create_app(settings)
+def freeze_startup_objects() -> None:
+    """Everything built so far (modules, the app, the tokenizer's tables) lives as long as the process:
+    ``gc.freeze`` moves it out of the collector's generations, so a full collection scans only what serving
+    allocated. Without it every gen-2 collection walks the ~42 k start-up objects too (6 ms here, and
+    10–50 ms seen as a stall of every stream at 160 streams; NOTES.md, "Issue 10"). The ``gc`` docs recommend
+    it after start-up; servers that fork workers use it the same way (Instagram's Django, gunicorn apps)."""
+    gc.collect()  # garbage from start-up is freed, not frozen for ever
+    gc.freeze()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,11 +1,14 @@
 """What both WebSocket sessions share: the outbound queue and its writer, and being told to stop.
 
-**The outbox.** One writer task drains a bounded queue of text frames (each encoded to bytes once, where
-it was framed), so replies and response events leave in the order they were framed. Each wake-up of the
-writer takes *every* frame queued so far and hands them to the transport in one write (``write_frames``:
-one ASGI message, one ``transport.write``) under one deadline: a GPU wake-up that releases several tokens
-costs one syscall, not one per token. Policy for a *slow reader* (a client that stops reading while the
-model streams):
+**The outbox.** Text frames (each encoded to bytes once, where it was framed) leave in the order they were
+framed, a batch at a time: one ``transport.write``. When nothing is queued or being written and the
+transport takes data now, the frames are written at once by whoever framed them (the protocol's
+``write_now``, see ``run.LabWSProtocol``): a GPU wake-up's tokens go out before its task does anything
+else — before the driver stores, bills and encodes the terminal event after the final answer's last tokens
+— with no hop to another task and no deadline (a write that cannot wait cannot time out). Otherwise they
+are queued, and one writer task drains the queue: each of its wake-ups takes *every* frame queued so far
+and writes them in one go (one ASGI message), under one deadline. Policy for a *slow reader* (a client
+that stops reading while the model streams):
 
 * back-pressure first: the writer awaits the transport (uvicorn pauses writing past asyncio's high-water
   mark), the queue fills up to ``--send-queue`` frames, then whoever frames an event — the sampler — waits.
@@ -31,7 +34,10 @@ from typing import TypeVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from proto.actions import error_reply
+from proto.errors import ClientError
 from proto.server.config import Settings
+from proto.server.pipeline import Pipeline
 from proto.server.timers import deadline
 from sampler.clock import Clock
 
@@ -67,8 +73,12 @@ class Outbox:
         self._clock = clock
         self.bound = settings.send_queue
         self.send_timeout_s = settings.send_timeout_s
-        self._batched = FRAMES_EXTENSION in ws.scope.get("extensions", {})
+        extension = ws.scope.get("extensions", {}).get(FRAMES_EXTENSION)
+        self._batched = extension is not None
+        # Writes frames at once when a send would not wait; without the extension the writer does every write.
+        self._write_ext: Callable[[Sequence[bytes]], bool] = extension.get("write_now", _never) if extension is not None else _never
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.bound)
+        self._writing = asyncio.Lock()  # held by whoever writes: the writer task, or a producer writing at once
         self._task: asyncio.Task[None] | None = None
         self.peak = 0  # the most frames ever queued at once (≤ bound): what the slow-reader test asserts
         self.gone = False  # the client cannot be written to any more: frames are discarded
@@ -79,15 +89,28 @@ class Outbox:
         return self._task
 
     async def put(self, data: bytes | None) -> None:
-        """Queue one frame (waits while the queue is full); ``None`` ends the writer after what is queued."""
+        """One frame, written at once or queued (waits while the queue is full); ``None`` ends the writer
+        after what is queued."""
+        if data is not None and self.write_now((data,)):
+            return
         await self._queue.put(data)
         size = self._queue.qsize()
         if size > self.peak:
             self.peak = size
 
     async def put_many(self, frames: Sequence[bytes]) -> None:
+        """Frames in order: written at once (one write) when nothing is ahead of them, else queued."""
+        if self.write_now(frames):
+            return
         for data in frames:
             await self.put(data)
+
+    def write_now(self, frames: Sequence[bytes]) -> bool:
+        """Write ``frames`` now, if nothing is queued or being written (every frame framed before them has
+        been handed to the transport, so the order holds) and the transport takes them without waiting."""
+        if self._writing.locked() or not self._queue.empty() or self.gone:
+            return False
+        return self._write_ext(frames)
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -121,7 +144,8 @@ class Outbox:
                     break
                 data = queue.get_nowait()
             if batch and not self.gone:  # once gone nobody reads: a producer must not stay blocked on it
-                await self._write(batch)
+                async with self._writing:
+                    await self._write(batch)
             if data is None:
                 return
 
@@ -139,6 +163,10 @@ class Outbox:
             self._on_slow()
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.gone = True  # the reader sees the disconnect and cleans up
+
+
+def _never(frames: Sequence[bytes]) -> bool:
+    return False
 
 
 class Stopped(Exception):
@@ -184,3 +212,35 @@ class StoppableReader:
         if self.stopping is not None and task is not None and task.cancelling():
             task.uncancel()  # our cancel lost the race with the message (wait_for swallowed it)
         return result
+
+
+class WebSocketSession(StoppableReader):
+    """What every WebSocket session holds: its socket, the pipeline, the caller's key, the limit clock,
+    its outbox (whose slow-reader deadline stops this session)."""
+
+    def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        self.ws = ws
+        self.pipeline = pipeline
+        self.api_key_id = api_key_id
+        self.clock = pipeline.clock
+        self.out = Outbox(ws, pipeline.settings, self.clock, lambda: self.stop(SLOW_READER))
+        self.task: asyncio.Task[None] | None = None  # the response in flight, owned by this session
+
+    async def _stop_task(self) -> None:
+        """Cancel the response's task (if any) and wait for it: its driver bills it, and frames its
+        terminal event only where the client asked for the end (``Transport.cut``)."""
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _teardown(self, was_open: bool, close_core: Callable[[], None], close: Stop | None) -> None:
+        """The end of every session: the response in flight is stopped (and billed); on shutdown it hears
+        why before the close; the core closes; the outbox writes what is queued, then the close frame."""
+        await self._stop_task()
+        stop = self.stopping
+        if stop is not None and stop.error is not None and was_open:
+            await self.out.put(error_reply(ClientError(stop.error, stop.reason)).data)
+        close_core()
+        await self.out.finish(close, self.pipeline.settings.shutdown_grace_s)

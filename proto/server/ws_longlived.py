@@ -22,34 +22,30 @@ from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proto.actions import Reply, Start
+from proto.create import check_outputs
 from proto.errors import ClientError
 from proto.events import ServerEvent
 from proto.items import Item
-from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, Resume
-from proto.server.chain import load_history
+from proto.longlived import Action, Cancel, Close, Limits, LongLivedCore, OpenNext, Resume
+from proto.server.chain import load_history, resolve_references
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared
-from proto.server.session import SLOW_READER, Outbox, StoppableReader, Stopped
+from proto.server.pipeline import Pipeline, Prepared, typed_faults
+from proto.server.session import Stopped, WebSocketSession
 from proto.server.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 
 log = structlog.get_logger("proto.server.longlived")
 
 
-class LongLivedSession(StoppableReader):
+class LongLivedSession(WebSocketSession):
     """One connection; the ``Transport`` of its open response."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
+        super().__init__(ws, pipeline, api_key_id)
         settings = pipeline.settings
-        self.ws = ws
-        self.pipeline = pipeline
-        self.api_key_id = api_key_id
-        self.clock = pipeline.clock
         self.core = LongLivedCore(
             pipeline.engines.names(),
             Limits(settings.max_input_items, settings.max_tools, settings.max_pending_calls, settings.max_queued_items),
         )
-        self.out = Outbox(ws, settings, self.clock, lambda: self.stop(SLOW_READER))
-        self.task: asyncio.Task[None] | None = None
         self.driver: ResponseDriver | None = None
         self.timers = ConnectionTimers(self.clock.now(), settings.connection_max_age_s, settings.idle_timeout_s)
 
@@ -57,31 +53,28 @@ class LongLivedSession(StoppableReader):
     async def serve(self) -> None:
         writer = self.out.start("ws-writer")
         try:
-            while True:
-                message = await self._receive()
-                if message is None:  # a limit came due
-                    if await self._act_all(self._limits_due(), writer):
-                        break
-                    continue
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                if text is not None:
-                    actions = self.core.receive(text)
-                else:
-                    actions = self.core.receive_binary(message.get("bytes") or b"")
-                if await self._act_all(actions, writer):
-                    break
+            while not await self._next(writer):
+                pass
         except (WebSocketDisconnect, Stopped):
             pass
         finally:
-            was_open = self.core.busy
-            await self._stop_task()
-            stop = self.stopping  # shutdown: the open response hears why before the close
-            if stop is not None and stop.error is not None and was_open:
-                await self.out.put(self.core.error(ClientError(stop.error, stop.reason)).data)
-            self.core.close()
-            await self.out.finish(stop, self.pipeline.settings.shutdown_grace_s)
+            await self._teardown(self.core.busy, self.core.close, self.stopping)
+
+    async def _next(self, writer: asyncio.Task[None]) -> bool:
+        """Read one frame (or see a limit come due) and carry out the core's actions; True when the
+        connection is done. A method of its own so the frame is not held while the next one is awaited:
+        a suspended response must not keep its create's text alive twice (the decoded items have it)."""
+        message = await self._receive()
+        if message is None:  # a limit came due
+            return await self._act_all(self._limits_due(), writer)
+        if message["type"] == "websocket.disconnect":
+            return True
+        text = message.get("text")
+        if text is not None:
+            actions = self.core.receive(text)
+        else:
+            actions = self.core.receive_binary(message.get("bytes") or b"")
+        return await self._act_all(actions, writer)
 
     async def _receive(self) -> Message | None:
         """The next message, or ``None`` when the idle or age limit must be checked first."""
@@ -118,6 +111,9 @@ class LongLivedSession(StoppableReader):
                     self.driver.resume(items)
                 case Cancel():
                     await self._stop_task()
+                case OpenNext():
+                    if await self._act_all(self.core.open_next(), writer):
+                        return True
                 case Close(code, reason):
                     await self._close(writer, code, reason)
                     return True
@@ -130,23 +126,18 @@ class LongLivedSession(StoppableReader):
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
             await self.ws.close(code, reason)
 
-    async def _stop_task(self) -> None:
-        """Cancel the response's task (if any) and wait for it: the driver frames what the core asked
-        for (a cancel, the age limit) or, when nobody will hear it, only bills."""
-        task, self.task = self.task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
     # --------------------------------------------------------------------------------- the response
     async def _respond(self, start: Start) -> None:
         try:
             try:
-                prepared = await self._prepare(start)
+                with typed_faults():
+                    prepared = await self._prepare(start)
             except ClientError as exc:
                 await self.out.put(self.core.abort(exc))
                 return
+            # The create's raw items (msgspec.Raw views of its frame) are rendered and tokenized now: the
+            # frame is not kept for the response's whole life (100 k tokens of text: ~0.5 MB).
+            del start
             self.driver = ResponseDriver(self.pipeline, prepared, self, self.api_key_id)
             await self.driver.run()
         finally:
@@ -155,10 +146,12 @@ class LongLivedSession(StoppableReader):
 
     async def _prepare(self, start: Start) -> Prepared:
         history: list[Item] = []
+        items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
         if start.request.previous_response_id is not None:
             # Continuing a stored response: its chain is context, loaded and rendered once.
             history = await load_history(self.pipeline, start.request.previous_response_id, self.api_key_id, start.work)
-        return await self.pipeline.prepare(start.response_id, start.request, history, start.items, start.work, "longlived", scan_history=False)
+        check_outputs(history, items, root="$.")
+        return await self.pipeline.prepare(start.response_id, start.request, history, items, start.work, "longlived", scan_history=False)
 
     # --------------------------------------------------------------------------------- Transport
     def opened(self) -> bool:
@@ -175,3 +168,6 @@ class LongLivedSession(StoppableReader):
 
     def cut(self) -> Cancel | None:
         return self.core.cancelling
+
+    def end_at_boundary(self) -> str | None:
+        return None  # appended user messages join at the boundary instead (queued)

@@ -172,7 +172,7 @@ class Timeline:
                 f"{decode:.1f}", str(out), f"{out / decode * 1e3:,.0f}" if decode > 0 else "–",
             )
         self.console.print(table)
-        usage = response.get("usage") or {}
+        usage = (response.get("lab") or {}).get("usage_total") or response.get("usage") or {}  # the whole rollout's
         cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
         decode_ms = sum(float(t.get("decode_ms", 0.0)) for t in turns)
         out_tokens = int(usage.get("output_tokens", 0))

@@ -1,0 +1,55 @@
+"""What the sampling loop needs from an engine, whichever it is: the in-process mock GPU
+(``sampler.gpu.MockGPU``) or one in another process spoken to over vLLM's completions API
+(``proto.engine.client.RemoteEngine``: the mock engine, ``responses-lab engine``, or a real vLLM).
+
+The mock model decides *what* is said (the token ids); the engine decides *when* (each count it yields
+releases that many of them). One ``EngineSequence`` per response: a long-lived response keeps it across
+its turns, so the engine can keep the prefix warm while the response waits for a tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from typing import Protocol
+
+from sampler.gpu import EngineFailure, EngineOverloaded, EngineReport
+from sampler.models import Limits
+
+__all__ = ["Engine", "EngineFailure", "EngineOverloaded", "EngineReport", "EngineSequence"]
+
+
+class EngineSequence(Protocol):
+    last_report: EngineReport | None  # set when a turn completes
+    # The turn in progress once the engine started it (prompt; cached tokens where the engine says), None
+    # before: what a turn cut short bills (``sampler.loop.cut_turn``). Reset when the next turn starts.
+    live: EngineReport | None
+
+    @property
+    def limits(self) -> Limits:
+        """The model's context window and max output per call: the loop bounds every turn by them."""
+        ...
+
+    def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
+        """Yield how many of ``output_ids`` are due at each wake-up (each ≥ 1, summing to their count);
+        iterate under ``contextlib.aclosing`` so an abandoned turn frees the engine's slot at once.
+        ``every_s`` > 0: no two yields closer than that (``--coalesce-ms``: what falls due meanwhile is
+        yielded together; the first tokens are not held back).
+        Raises ``EngineOverloaded`` (the engine refused: queue full) or ``EngineFailure`` (it failed,
+        crashed, timed out or broke the protocol), before or during the stream."""
+        ...
+
+    def suspend(self) -> None:
+        """The response waits for a tool between two turns (the engine's pin policy applies)."""
+        ...
+
+    def close(self) -> None:
+        """Give everything back (slot, pins); idempotent, safe while a turn is suspended at a yield."""
+        ...
+
+
+class Engine(Protocol):
+    def open(self, keep_warm: bool = True) -> EngineSequence:
+        """A sequence for one response. ``keep_warm``: the response may resume after a tool call, so its
+        prefix is worth holding between turns (an engine in another process is asked to pin it; the
+        in-process mock GPU holds it anyway, as its ``pin-suspended`` knob says)."""
+        ...

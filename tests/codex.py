@@ -1,0 +1,162 @@
+"""Running the real, unmodified Codex CLI against a server of ours: where ``make clients`` installed it,
+the config a stranger writes for a custom provider, a scripted prompt, and the server's own log.
+
+The server runs as its own process (``responses-lab serve --log-level info``) so the test reads what an
+operator reads: one ``response_ended`` JSON line per response, with its ``mode`` (``http``, ``ws``,
+``longlived``) and usage. Codex runs in a fresh ``CODEX_HOME`` and working directory under the test's
+tmp path, pointed at 127.0.0.1 only; ``--dangerously-bypass-approvals-and-sandbox`` because the test's
+directory is the sandbox (Codex's own needs bubblewrap and user namespaces, which CI may not have).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import struct
+import subprocess
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import GUARD, MODEL, auth, clean_env, cli_command, wait_healthy
+
+from proto.server.run import free_port
+
+CLIENTS = Path(__file__).resolve().parent.parent / ".cache" / "clients"
+KEY = "sk-codex-test-0001"
+RUN_TIMEOUT = 180.0  # seconds: a guard against a hung client, not a timing assertion
+
+
+def codex_bin(package: str) -> Path:
+    """The installed binary, or a failure that says why it is missing (never a skip)."""
+    path = CLIENTS / package / "node_modules" / ".bin" / "codex"
+    if not path.exists():
+        pytest.fail(f"Codex CLI ({package}) is not installed at {path}: `make clients` (run by `make test`) installs it "
+                    f"from npm with tests/clients/{package}/package.json; its output says why it failed")
+    return path
+
+
+@dataclass
+class LabServer:
+    port: int
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def ended(self) -> list[dict[str, Any]]:
+        """Every ``response_ended`` line the server logged so far."""
+        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == "response_ended"]
+
+
+@contextlib.asynccontextmanager
+async def lab_server(tmp_path: Path, *extra: str) -> AsyncIterator[LabServer]:
+    port = free_port()
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        server = await asyncio.create_subprocess_exec(
+            *cli_command(), "serve", "--port", str(port), "--db", str(tmp_path / "lab.db"), "--log-level", "info",
+            "--api-key", KEY, "--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", *extra,
+            env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth(KEY), timeout=GUARD) as http:
+                await wait_healthy(http)
+            yield LabServer(port, log)
+        finally:
+            server.terminate()
+            await asyncio.wait_for(server.wait(), 30)
+
+
+def provider_config(server: LabServer, *, websockets: bool = False, catalog: bool = True, extra: str = "") -> str:
+    """What a new user writes for a custom provider (Codex's docs, "Custom model providers"), plus the two
+    settings that make Codex read the provider's model catalog (proto/server/catalog.py)."""
+    lines = [
+        f'model = "{MODEL}"',
+        'model_provider = "lab"',
+        "[model_providers.lab]",
+        'name = "responses-lab"',
+        f'base_url = "{server.base_url}"',
+        'env_key = "LAB_API_KEY"',
+        'wire_api = "responses"',
+    ]
+    if websockets:
+        lines.append("supports_websockets = true")
+    if catalog:
+        lines.append(f'model_catalog_url = "{server.base_url}/models"')
+    lines.append(extra)
+    if catalog:
+        lines += ["[features]", "api_key_model_discovery = true"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class CodexRun:
+    returncode: int
+    output: str
+    last_message: str
+    workdir: Path
+
+
+def _prepare(home: Path, workdir: Path, config: str) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(config)
+    return home / "last_message.txt"
+
+
+async def codex_exec(binary: Path, home: Path, workdir: Path, config: str, prompt: str, *flags: str) -> CodexRun:
+    last = _prepare(home, workdir, config)
+    env = {**clean_env(), "CODEX_HOME": str(home), "HOME": str(home), "LAB_API_KEY": KEY, "NO_COLOR": "1"}
+    env.pop("OPENAI_API_KEY", None)
+    proc = await asyncio.create_subprocess_exec(
+        str(binary), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+        "--output-last-message", str(last), *flags, prompt,
+        cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    text = out.decode(errors="replace")
+    return CodexRun(proc.returncode or 0, text, last.read_text().strip() if last.exists() else "", workdir)
+
+
+def png(width: int, height: int) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = b"".join(b"\x00" + b"\x80\x10\x10" * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def rollout_prompt(*lines: str) -> str:
+    return "\n".join(["Make notes.txt, patch it, look at the picture.", *lines])
+
+
+def shell(cmd: str) -> str:
+    return "!call exec_command " + json.dumps({"cmd": cmd})
+
+
+def apply_patch(patch: str) -> str:
+    return "!call apply_patch " + json.dumps(patch)
+
+
+VIEW_IMAGE = '!call view_image {"path": "pixel.png"}'
+PATCH = "*** Begin Patch\n*** Update File: notes.txt\n@@\n-one\n+two\n*** End Patch\n"
+
+
+def environ_has_node() -> None:
+    if not any((Path(p) / "node").exists() for p in os.environ.get("PATH", "").split(os.pathsep)):
+        pytest.fail("node is not on PATH: Codex CLI's npm package starts with `node bin/codex.js`")

@@ -1,0 +1,66 @@
+"""The Vercel AI SDK 7 (``ai`` + ``@ai-sdk/openai`` 4, pinned in tests/clients/aisdk), unmodified, against
+this server over HTTP (issue 12, item 5): a tool loop with ``generateText`` and with ``streamText``, with
+``store: true`` (the SDK then sends its earlier assistant output as ``item_reference`` items, resolved from
+the store) and ``store: false`` (everything re-sent)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from codex import CLIENTS, environ_has_node
+from helpers import MODEL, auth, clean_env, running
+
+from proto.server.run import ThreadedServer
+
+KEY = "sk-aisdk-test-0001"
+SCRIPT = 'Look for it.\n!tokens 12 !call grep {"pattern": "def mean"}\n!call grep {"pattern": "def median"}\n!say Found both.'
+ROLLOUT = Path(__file__).resolve().parent / "clients" / "aisdk" / "rollout.mjs"
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[ThreadedServer]:
+    with running(api_key=[KEY]) as server:
+        yield server
+
+
+async def rollout(srv: ThreadedServer, stream: bool, store: bool) -> dict[str, Any]:
+    environ_has_node()
+    modules = CLIENTS / "aisdk" / "node_modules"
+    if not (modules / "@ai-sdk" / "openai").exists():
+        pytest.fail(f"the AI SDK is not installed at {modules}: `make clients` (run by `make test`) installs it from npm "
+                    "with tests/clients/aisdk/package.json; its output says why it failed")
+    env = {**clean_env(), "AISDK_MODULES": str(modules), "LAB_BASE_URL": srv.http_url + "/v1", "LAB_API_KEY": KEY,
+           "LAB_MODEL": MODEL, "LAB_PROMPT": SCRIPT, "LAB_STREAM": "1" if stream else "0", "LAB_STORE": json.dumps(store)}
+    proc = await asyncio.create_subprocess_exec("node", str(ROLLOUT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["generateText", "streamText"])
+@pytest.mark.parametrize("store", [True, False], ids=["store", "no-store"])
+async def test_aisdk_tool_loop(srv: ThreadedServer, stream: bool, store: bool) -> None:
+    result = await rollout(srv, stream, store)
+    assert result["calls"] == ["def mean", "def median"], result
+    assert result["finishReasons"] == ["tool-calls", "tool-calls", "stop"], result
+    assert result["text"] == "Found both.", result
+    # the first step's preamble (`!tokens 12`) is assistant text: with store, the SDK refers to it by id
+    assert result["stepTexts"].endswith("Found both.") and len(result["stepTexts"]) > len("Found both."), result
+    if stream:
+        assert result["streamed"] == result["stepTexts"], result
+    async with httpx.AsyncClient(base_url=srv.http_url, headers=auth(KEY)) as http:
+        last = await http.get(f"/v1/responses/{result['responseIds'][-1]}")
+    if store:  # stored, and its input referred to the preamble by id (the server resolved it)
+        assert last.status_code == 200
+        assert last.json()["lab"]["work"]["references_resolved"] >= 1, last.json()["lab"]["work"]
+    else:
+        assert last.status_code == 404
+    assert result["usage"]["inputTokens"] > 0 and result["usage"]["outputTokens"] > 0, result
