@@ -46,10 +46,10 @@ from locust import User, between, events, task
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from proto.lab.clients import _answers_for, answer, function_calls
+from proto.lab.clients import answer, function_calls
 from proto.lab.metrics import SEND, TERMINAL, Mark, Trace, percentile, rollout_metrics
-from proto.lab.plan import RolloutPlan, build_plan, shorten
-from sampler.policy import Workload, load_workload
+from proto.lab.plan import RolloutPlan, Send, build_plan
+from proto.lab.traces import Session, load_replay
 
 METRICS = ("TTFT", "E2E", "OVERHEAD")
 # mode -> metric -> samples (ms). On a worker: those not yet reported; on the master or a local run: all.
@@ -69,7 +69,7 @@ def _arguments(parser: Any) -> None:
     parser.add_argument("--rl-out", default="", help="write the exact figures here (JSON), on the master")
 
 
-_WORKLOADS: dict[tuple[str, int], Workload] = {}
+_WORKLOADS: dict[tuple[str, int], Session] = {}
 _USERS = itertools.count()  # users started in this process: with --rl-hosts, user k takes host k mod n
 
 
@@ -78,9 +78,16 @@ def _plan(environment: Environment) -> RolloutPlan:
     options = environment.parsed_options
     key = (options.rl_workload, options.rl_turns)
     if key not in _WORKLOADS:
-        _WORKLOADS[key] = shorten(load_workload(options.rl_workload), options.rl_turns or None)
+        _WORKLOADS[key] = load_replay(options.rl_workload).shortened(options.rl_turns or None).sessions[0]
     nonce = f"{uuid.uuid4().int % 10**12:012d}"
     return build_plan(_WORKLOADS[key], options.rl_model, nonce, options.rl_tool_time_scale)
+
+
+def _answers_for(plan: RolloutPlan, turn: int) -> Send:
+    """What the client sends after turn ``turn``'s calls: the plan's next round (its outputs and tool wait)."""
+    if turn + 1 >= len(plan.sends):
+        raise RuntimeError(f"the model called tools at turn {turn}; the workload has {len(plan.sends) - 1} tool turns")
+    return plan.sends[turn + 1]
 
 
 class _Rollouts(User):
@@ -144,7 +151,7 @@ class _Rollouts(User):
             if response.get("status") != "completed" or not calls:
                 return
             send = _answers_for(plan, turn)
-            gevent.sleep(send.tool_wait_s)
+            gevent.sleep(send.wait_s)
             new_items = answer(calls, send)
             history = [*history, *response["output"], *new_items]
             body = dict(base, input=new_items, previous_response_id=response["id"]) if previous else dict(base, input=history)
@@ -267,7 +274,7 @@ class LongLivedRollout(_WebSocketRollout):
                 pending = {p["call_id"] for p in event.get("pending_calls", [])}
                 calls = [c for c in function_calls(event.get("response", {})) if c["call_id"] in pending]
                 send = _answers_for(plan, turn)
-                gevent.sleep(send.tool_wait_s)
+                gevent.sleep(send.wait_s)
                 self.send(trace, {"type": "response.append", "input": answer(calls, send)})
                 turn += 1
 

@@ -97,8 +97,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         config.predict = False
     if args.predict and not config.predict:
         raise SystemExit("--predict and --no-predict exclude each other")
-    if config.predict and "http" not in config.modes:
-        raise SystemExit("the fast model's ratios are taken against http: keep it in --modes, or pass --no-predict")
     return config
 
 
