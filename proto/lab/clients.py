@@ -22,7 +22,7 @@ Two kinds of round are not a plain continuation:
   and ``http-cached`` re-send as always; ``http-prev`` and ``ws`` send the whole rewritten input without
   ``previous_response_id`` (as Codex does when its input is not a strict extension of the last request);
   the long-lived response is ended with ``response.cancel`` (its terminal event is awaited) and a new one
-  created with the whole input. The lab measures what that costs (notes/issue11.md).
+  created with the whole input. The lab measures what that costs (NOTES.md (Issue 11)).
 
 ``reconnect=K`` (``ws`` only): every K turns the client closes its connection and opens one to the next of
 its servers (two servers sharing a database: ``--db``), as a client whose socket dropped lands elsewhere;

@@ -23,7 +23,7 @@ the modelled parts come from the very engine the server runs (``sampler.gpu.Mock
 batch slots, on a virtual clock), so queueing, load factor and cache hits are the server's own; with one
 session a round is the sum, with several (lock-step copies or a trace's arrivals) the sessions run
 concurrently on one simulated GPU. Overhead is a delay, not a shared CPU: contention between sessions on
-the server's core is not modelled (notes/issue11.md says where that shows).
+the server's core is not modelled (NOTES.md (Issue 11) says where that shows).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ PROFILES: dict[str, Profile] = {
     "local": Profile("local", 0.0, 0.0),
     "production-like": Profile("production-like", 20.0, 2.0),
     # The hop curve's third real-clock point: a safety classifier at the top of the published 10-50 ms
-    # range, and the resolve hop at a tenth of it as in production-like (notes/issue11.md).
+    # range, and the resolve hop at a tenth of it as in production-like (NOTES.md (Issue 11)).
     "remote": Profile("remote", 50.0, 5.0),
 }
 

@@ -39,7 +39,7 @@ class Settings:
     engine_connections: int = 1024  # the keep-alive pool: one connection per stream in flight
     resolve_hop_ms: float = 0.0  # modelled remote routing service (the hop the seed removed)
     safety_hop_ms: float = 0.0  # modelled remote safety classifier
-    # Modelled per-request API cost of the HTTP modes (notes/issue11.md): vLLM 0.32's own /v1/responses work
+    # Modelled per-request API cost of the HTTP modes (NOTES.md (Issue 11)): vLLM 0.32's own /v1/responses work
     # before its engine measured ~5 ms + ~1.7 ms per 1 k history tokens. Added on top of this server's real
     # work, per request of http and http-prev (http-cached: the base only; its cache does the per-token part).
     api_cost_ms: float = 0.0

@@ -5,7 +5,7 @@
 What a transport *redoes* per turn is the transport's business (it decides what it hands to
 ``prepare``); the stages themselves are here, once. Latency knobs (``resolve_hop_ms``, ``safety_hop_ms``,
 ``api_cost_ms`` + ``api_cost_ms_per_1k``) model the remote services the seed removed and a real Python
-Responses server's own per-request work; they are 0 by default, documented in NOTES.md and notes/issue11.md,
+Responses server's own per-request work; they are 0 by default, documented in NOTES.md and NOTES.md (Issue 11),
 and slept on the precise clock (``sampler.clock.RealClock``) so a modelled 20 ms is 20 ms, not uvloop's
 nearest millisecond. The work a hop stands for is counted whatever its configured latency
 (``work.safety_hops``, ``work.model_resolutions``), so the lab's fast model can price any hop profile.
@@ -272,7 +272,7 @@ class Pipeline:
 
     async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
-        ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in notes/issue11.md), paid by
+        ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in NOTES.md (Issue 11)), paid by
         every HTTP request: ``http`` and ``http-prev`` in full, ``http-cached`` the base only (its cache does
         the per-token rendering vLLM spends that part on). The WebSocket modes never pay it: this is what a
         per-request server costs, which is what they remove."""
