@@ -23,6 +23,7 @@ import httpx
 import pytest
 import wsproto
 import wsproto.events as wse
+from helpers import server_tasks, wait_for
 from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -55,23 +56,6 @@ async def recv_until(ws: ClientConnection, stop: set[str]) -> list[dict[str, Any
         events.append(event)
         if event["type"] in stop | {"error"}:
             return events
-
-
-async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
-
-
-def server_tasks(srv: ThreadedServer) -> list[str]:
-    async def names() -> list[str]:
-        me = asyncio.current_task()
-        return [t.get_name() for t in asyncio.all_tasks() if t is not me and not t.done()]
-
-    assert srv.loop is not None
-    return asyncio.run_coroutine_threadsafe(names(), srv.loop).result(GUARD)
 
 
 def gpu_gauges(srv: ThreadedServer) -> dict[str, tuple[float, float]]:
