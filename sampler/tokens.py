@@ -11,12 +11,16 @@ what ``WorkCounters.tokens_tokenized`` counts.
 from __future__ import annotations
 
 import array
+import asyncio
 import base64
 import binascii
 import codecs
 import functools
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import msgspec
 import tiktoken
@@ -55,6 +59,45 @@ def _encoding() -> tiktoken.Encoding:
     return tiktoken.get_encoding(ENCODING)
 
 
+# Large inputs are tokenized on the loop a slice at a time (``Tokenizer.prepare``), not on a worker thread:
+# after tiktoken has encoded a large text on another thread, its encoding on the loop's thread stays
+# 17–55 % slower for the rest of the process (measured: NOTES.md, Issue 10, "Large inputs"), and every
+# turn pays that. A slice is ~16 KiB (~1 ms of tiktoken): the longest the loop is held.
+SLICE_CHARS = 16 * 1024
+# Where a text can be cut so that the ids of the pieces, concatenated, are the ids of the whole: a point
+# where cl100k's pre-tokenizer starts a piece whatever comes before (its pattern has no look-behind) and
+# the piece before ends whatever comes after. After an ASCII letter followed by an ASCII non-letter (no
+# alternative of the pattern continues a letter run into one), and after a newline followed by a
+# non-space (the newline ends its piece: ``\s*[\r\n]`` or punctuation + ``[\r\n]*``).
+# ``tests/test_tokens.py`` checks the equality on code, prose and random text.
+_CUT = re.compile(r"[A-Za-z](?=[\x00-\x40\x5b-\x60\x7b-\x7f])|\n(?=\S)")
+_READY: ContextVar[dict[str, list[int]] | None] = ContextVar("responses_lab_ready_ids", default=None)
+
+
+def slices(text: str, size: int = SLICE_CHARS) -> Iterator[tuple[int, int]]:
+    """(start, end) of consecutive pieces of ``text``, each about ``size`` characters (longer where no
+    safe cut comes sooner), that tokenize to the whole text's ids."""
+    start, n = 0, len(text)
+    while n - start > size:
+        m = _CUT.search(text, start + size)
+        if m is None:
+            break
+        yield start, m.end()
+        start = m.end()
+    yield start, n
+
+
+@contextmanager
+def prepared(ready: dict[str, list[int]]) -> Iterator[None]:
+    """Within the block, ``Tokenizer.encode`` of a text in ``ready`` takes its ids from there (this
+    task's context only)."""
+    token = _READY.set(ready)
+    try:
+        yield
+    finally:
+        _READY.reset(token)
+
+
 class Tokenizer:
     def __init__(self) -> None:
         self._enc = _encoding()
@@ -63,10 +106,36 @@ class Tokenizer:
         self._filler = [self._enc.encode_single_token(word) for word in _FILLER_WORDS]
 
     def encode(self, text: str, work: WorkCounters) -> list[int]:
-        ids = self._enc.encode_ordinary(text)
+        ready = _READY.get()
+        ids = ready.get(text) if ready is not None else None
+        if ids is None:
+            ids = self._enc.encode_ordinary(text)
         work.tokenize_calls += 1
         work.tokens_tokenized += len(ids)
         return ids
+
+    async def prepare(self, texts: Iterable[str]) -> dict[str, list[int]]:
+        """The ids of ``texts``, tokenized a slice at a time with the loop free between slices (about
+        ``SLICE_CHARS`` of text each), for ``encode`` to take under ``prepared``: how a large input is
+        tokenized without holding the loop for it. Counted when ``encode`` takes them, not here."""
+        ready: dict[str, list[int]] = {}
+        budget = SLICE_CHARS
+        for text in texts:
+            if text in ready or self._holds(text):
+                continue
+            ids: list[int] = []
+            for start, end in slices(text):
+                ids.extend(self._enc.encode_ordinary(text if end - start == len(text) else text[start:end]))
+                budget -= end - start
+                if budget <= 0:
+                    budget = SLICE_CHARS
+                    await asyncio.sleep(0)
+            ready[text] = ids
+        return ready
+
+    def _holds(self, text: str) -> bool:
+        """Whether ``encode`` would find ``text``'s ids without tokenizing (a cache in a subclass)."""
+        return False
 
     def header(self, header: str) -> list[int]:
         ids = self._headers.get(header)

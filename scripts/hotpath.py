@@ -221,6 +221,7 @@ def client_frame(payload: bytes) -> bytes:
 
 DELTA = b'.delta"'  # in every *.delta event's type, in no other event of these streams
 END = b'"response.completed"'
+ENDS = (END, b'"response.incomplete"', b'"response.failed"')  # a stream that did not complete ends too (an error)
 
 
 class Counting(asyncio.Protocol):
@@ -262,9 +263,15 @@ class Counting(asyncio.Protocol):
         n = chunk.count(DELTA)
         if n:
             self.reads.append((now, n))
-        if END in chunk and not self.ended.done():
-            self.ended.set_result(None)
-        self._tail = chunk[-(len(END) - 1) :]
+        if not self.ended.done():
+            for end in ENDS:
+                if end in chunk:
+                    if end is END:
+                        self.ended.set_result(None)
+                    else:
+                        self.ended.set_exception(RuntimeError(f"the stream ended {end.decode()}"))
+                    break
+        self._tail = chunk[-(max(map(len, ENDS)) - 1) :]
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.ended.done():
@@ -676,7 +683,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--append", type=int, default=1000)
     p = sub.add_parser("stream")
-    p.add_argument("--tokens", type=int, default=20_000)
+    p.add_argument("--tokens", type=int, default=16_000, help="per stream (the models' max output is 16 384)")
     p.add_argument("--streams", type=ints, default=[1, 32])
     p.add_argument("--models", type=lambda s: s.split(","), default=["flat-out", "4000", "1000"], help="paces: flat-out or tok/s")
     p.add_argument("--loop", default="asyncio")
@@ -691,7 +698,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--contexts", type=ints, default=[1000, 10_000, 100_000])
     p.add_argument("--count", type=int, default=12)
     p = sub.add_parser("deflate")
-    p.add_argument("--tokens", type=int, default=20_000)
+    p.add_argument("--tokens", type=int, default=16_000)
     p.add_argument("--rate", action="store_true", help="at the model's 4 000 tok/s instead of flat out")
     p = sub.add_parser("profile", help="summarise py-spy raw output written by --profile")
     p.add_argument("files", nargs="+")

@@ -14,6 +14,7 @@ import pytest
 from helpers import MODEL, create, outputs, recv, running
 from websockets.asyncio.client import connect
 
+from proto.client.child import ChildEngine
 from sampler.clock import FakeClock
 from sampler.gpu import MockGPU
 from sampler.models import ModelSpec
@@ -122,3 +123,16 @@ def test_coalesced_events_are_snapshots_in_strict_sequence(both: dict[float, lis
         assert "".join(e["delta"] for e in before) == done["text"]  # the deltas so far, in order, are the text
     assert all(e["delta"] for e in events if e["type"].endswith(".delta"))  # no empty delta
     assert MODEL in both[5.0][-1]["response"]["model"]
+
+
+def test_through_an_engine_in_another_process_the_stream_is_merged_the_same_way(both: dict[float, list[dict[str, Any]]]) -> None:
+    """The engine paces (one chunk per token); the API side merges what arrives within the window."""
+    with ChildEngine(["--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"]) as engine, \
+            running(engine=engine.http_url, coalesce_ms=5.0) as server:
+        merged = asyncio.run(rollout(server.url))
+    assert merged[-1]["type"] == "response.completed"
+    kind = "response.output_text.delta"
+    assert "".join(deltas(merged, kind)) == "".join(deltas(both[0.0], kind))
+    assert 2 <= len(deltas(merged, kind)) <= TOKENS // 4
+    numbers = [e["sequence_number"] for e in merged if "sequence_number" in e]
+    assert numbers == list(range(len(numbers)))

@@ -202,5 +202,10 @@ def test_token_log_and_prompt() -> None:
     log.extend([4, 5])
     assert len(prompt) == 5 and list(prompt.tokens_from(1)) == [2, 3, 8, 9] and list(prompt.tokens_from(4)) == [9]
     assert prompt.current and log.ids.itemsize == 4
+    # A Sequence, as an engine in another process reads it (it sends the prompt's ids whole).
+    assert list(prompt) == [1, 2, 3, 8, 9] and prompt[0] == 1 and prompt[3] == 8 and prompt[-1] == 9
+    assert list(prompt[1:4]) == [2, 3, 8] and list(prompt[::2]) == [1, 3, 9] and 8 in prompt
+    with pytest.raises(IndexError):
+        prompt[5]
     log.rewrite(2)
     assert not prompt.current and list(log.ids) == [1, 2] and log.rewrites == 1

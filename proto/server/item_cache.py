@@ -135,6 +135,9 @@ class CachedTokenizer(Tokenizer):
         self._cache = cache
         self._scope = scope
 
+    def _holds(self, text: str) -> bool:
+        return self._cache._ids(self._scope, text) is not None
+
     def encode(self, text: str, work: WorkCounters) -> list[int]:
         cached = self._cache._ids(self._scope, text)
         if cached is not None:

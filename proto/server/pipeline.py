@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -43,7 +43,7 @@ from sampler.gpu import MockGPU
 from sampler.loop import Rollout
 from sampler.models import ModelSpec
 from sampler.policy import has_directives, select_policy
-from sampler.tokens import Conversation, Tokenizer, text_segments
+from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
 
 log = structlog.get_logger("proto.server.pipeline")
@@ -59,17 +59,29 @@ def timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = phases.get(name, 0.0) + (time.perf_counter() - started) * 1e3
 
 
-# Input text past which scanning and tokenizing run on a worker thread, not on the loop: below it the work
-# (~8 ms for 64 KiB: tiktoken ~65 ms/MB, the safety regexes as much) costs less than stalling nobody is
-# worth a thread hop (~0.1 ms). Above it, on the loop, a 10 MB message held every stream for ~1.1 s.
+# Input text past which its scan runs on a worker thread and its tokenization a slice at a time
+# (``tokenized``), not in one go on the loop: below it the work (~8 ms for 64 KiB: tiktoken ~65 ms/MB, the
+# safety regexes as much) costs less than stalling nobody is worth a hop. Above it, in one go on the loop, a
+# 10 MB message held every stream for ~1.1 s.
 OFF_LOOP_CHARS = 64 * 1024
 
 
 async def off_loop(chars: int, work: Callable[[], T]) -> T:
     """Work proportional to ``chars`` of a client's input: inline when small, on a worker thread when large.
-    tiktoken releases the GIL; the regex scan does not, but then the loop gets it back every switch
-    interval (5 ms) instead of waiting for the whole scan. The caller's objects are its own meanwhile."""
+    The regex scan does not release the GIL, but the loop gets it back every switch interval (5 ms) instead
+    of waiting for the whole scan. The caller's objects are its own meanwhile."""
     return work() if chars <= OFF_LOOP_CHARS else await asyncio.to_thread(work)
+
+
+async def tokenized(tokenizer: Tokenizer, chars: int, texts: Callable[[], Iterable[str]], work: Callable[[], T]) -> T:
+    """``work`` (a rendering that tokenizes ``texts``, ``chars`` of them) inline when small; when large,
+    the texts are tokenized first a slice at a time on the loop (``Tokenizer.prepare``; not on a thread:
+    see ``sampler.tokens.SLICE_CHARS``) and ``work`` takes their ids."""
+    if chars <= OFF_LOOP_CHARS:
+        return work()
+    ready = await tokenizer.prepare(texts())
+    with prepared(ready):
+        return work()
 
 
 def text_chars(items: list[Item]) -> int:
@@ -232,9 +244,10 @@ class Pipeline:
         flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions, cache_scope)
         if gpu is None:
             gpu = await self.resolve(request.model, work, phases, cache_scope)
+        tokenizer = self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
+
         def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
-                tokenizer = self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
                 conversation = Conversation(tokenizer, work)
                 if request.instructions:
                     conversation.add_instructions(request.instructions)
@@ -244,9 +257,18 @@ class Pipeline:
             conversation.add_input(new_items)
             return conversation
 
+        def texts() -> Iterator[str]:
+            if conversation is None:
+                if request.instructions:
+                    yield request.instructions
+                for item in history:
+                    yield from text_segments(item)
+            for item in new_items:
+                yield from text_segments(item)
+
         chars = text_chars(new_items) + (0 if conversation is not None else text_chars(history) + len(request.instructions or ""))
         with timed(phases, "render_tokenize"):
-            conversation = await off_loop(chars, functools.partial(render, conversation))
+            conversation = await tokenized(conversation.tokenizer if conversation is not None else tokenizer, chars, texts, functools.partial(render, conversation))
         await self.api_cost(mode, len(conversation.log), phases)
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
@@ -301,7 +323,7 @@ class Pipeline:
             work.chars_scanned += result.chars_scanned
             rollout.builder.lab.safety_flags.extend(result.rules)
         with timed(phases, "render_tokenize"):
-            await off_loop(chars, functools.partial(rollout.conversation.add_input, items))
+            await tokenized(rollout.conversation.tokenizer, chars, lambda: texts, functools.partial(rollout.conversation.add_input, items))
         for name, ms in phases.items():
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
 

@@ -1,8 +1,8 @@
 """The safety stage: a deterministic scanner for leaked secrets and prompt-injection phrases.
 
 It stands in for the classifiers the seed names as per-turn work, so its cost must follow the text it is
-given: every call reads every character of it (a lowercase copy, then one ``str.find`` pass per trigger
-word, a regex tried at each hit). The transports differ only in *what* they hand it: HTTP
+given: every call reads every character of it (a lowercase copy, then one Aho–Corasick pass that finds
+every rule's trigger words at once, a regex tried at each hit). The transports differ only in *what* they hand it: HTTP
 re-scans the whole history each turn, GA WebSocket and the long-lived response scan each new item once.
 
 Outcome policy (``mode``):
@@ -21,10 +21,12 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+import ahocorasick
 
 from proto.errors import ClientError
 
@@ -60,9 +62,10 @@ class ScanResult:
 class _Rule:
     kind: str
     name: str
-    # Every match starts with one of these (lowercase) literals. ``str.find`` locates them at C speed and
-    # the regex is only tried there: one pass per trigger instead of a regex attempt at every position,
-    # ~8x faster on mixed prose and code (NOTES.md, "Pipeline stages"), still reading every character.
+    # Every match starts with one of these (lowercase) literals. One Aho–Corasick pass over the text
+    # (pyahocorasick, in C) finds every rule's triggers at once and the regex is only tried there: ~8x
+    # faster on mixed prose and code than a regex attempt at every position (NOTES.md, "Pipeline stages"),
+    # and one pass instead of one ``str.find`` pass per trigger (39 of them: NOTES.md, Issue 10).
     triggers: tuple[str, ...]
     regex: re.Pattern[str]
 
@@ -164,17 +167,38 @@ _INJECTION_RULES = tuple(
 )
 
 
-def _matches(rule: _Rule, text: str, lowered: str | None) -> Iterator[re.Match[str]]:
-    if lowered is None:  # lower() changed the length (rare scripts): offsets would not line up
+def _automaton(rules: Iterable[_Rule]) -> ahocorasick.Automaton:
+    automaton = ahocorasick.Automaton()
+    for trigger in {t for rule in rules for t in rule.triggers}:
+        automaton.add_word(trigger, trigger)
+    automaton.make_automaton()
+    return automaton
+
+
+def _hits(lowered: str) -> dict[str, list[int]]:
+    """Start offsets of every trigger in ``lowered``, overlapping ones included, ascending per trigger."""
+    hits: dict[str, list[int]] = defaultdict(list)
+    for end, trigger in _TRIGGERS.iter(lowered):
+        hits[trigger].append(end - len(trigger) + 1)
+    return hits
+
+
+def _matches(rule: _Rule, text: str, hits: dict[str, list[int]] | None) -> Iterator[re.Match[str]]:
+    if hits is None:  # lower() changed the length (rare scripts): offsets would not line up
         yield from rule.regex.finditer(text)
         return
     for trigger in rule.triggers:
-        at = lowered.find(trigger)
-        while at >= 0:
+        resume = 0  # after a match the next attempt starts past it (as a scan with str.find from its end)
+        for at in hits.get(trigger, ()):
+            if at < resume:
+                continue
             m = rule.regex.match(text, at)
             if m is not None:
                 yield m
-            at = lowered.find(trigger, m.end() if m is not None and m.end() > at else at + 1)
+            resume = m.end() if m is not None and m.end() > at else at + 1
+
+
+_TRIGGERS = _automaton((*_SECRET_RULES, *_INJECTION_RULES, _GENERIC_RULE))
 
 
 def shannon_entropy(text: str) -> float:
@@ -193,14 +217,14 @@ def _looks_random(value: str) -> bool:
 
 def _find(text: str, index: int) -> list[Finding]:
     lowered = text.lower()
-    low = lowered if len(lowered) == len(text) else None
+    hits = _hits(lowered) if len(lowered) == len(text) else None
     found = {
         Finding(rule.kind, rule.name, m.start(), m.end(), index)
         for rule in (*_SECRET_RULES, *_INJECTION_RULES)
-        for m in _matches(rule, text, low)
+        for m in _matches(rule, text, hits)
     }
     known = [(f.start, f.end) for f in found if f.kind == "secret"]
-    for m in _matches(_GENERIC_RULE, text, low):
+    for m in _matches(_GENERIC_RULE, text, hits):
         start, end = m.span("value")
         # A known format already reported under its own name wins over the generic rule.
         if any(s < end and start < e for s, e in known) or not _looks_random(m.group("value")):

@@ -1,0 +1,93 @@
+"""Large inputs are tokenized a slice at a time on the loop (``sampler.tokens.slices``): the pieces' ids,
+concatenated, must be the whole text's ids, or a large input would cost a different token count than the
+same text sent small — and the long-lived response's appended ids would differ from HTTP's re-rendering."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proto.items import FunctionCallOutput, Message
+from proto.work import WorkCounters
+from sampler.tokens import SLICE_CHARS, Conversation, Tokenizer, _encoding, prepared, slices
+
+ROOT = Path(__file__).resolve().parent.parent
+ENC = _encoding()
+
+
+def sliced_ids(text: str, size: int) -> list[int]:
+    ids: list[int] = []
+    for start, end in slices(text, size):
+        ids.extend(ENC.encode_ordinary(text[start:end]))
+    return ids
+
+
+def test_slices_cover_the_text_in_order_and_each_but_the_last_is_at_least_the_size() -> None:
+    text = (ROOT / "sampler" / "tokens.py").read_text()
+    pieces = list(slices(text, 500))
+    assert len(pieces) > 10
+    assert pieces[0][0] == 0 and pieces[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
+    assert all(end - start >= 500 for start, end in pieces[:-1])
+
+
+def test_sliced_ids_equal_whole_ids_on_the_repos_own_code_and_notes() -> None:
+    texts = [p.read_text() for p in sorted((ROOT / "proto").rglob("*.py"))[:40]] + [(ROOT / "NOTES.md").read_text()]
+    whole = "\n".join(texts)
+    for size in (64, 1000, SLICE_CHARS):
+        assert sliced_ids(whole, size) == ENC.encode_ordinary(whole), size
+
+
+def test_sliced_ids_equal_whole_ids_on_minified_json_and_text_without_newlines() -> None:
+    json_text = '{"path":"src/a.py","lines":[' + ",".join(f'"l{i}:x=y+{i}"' for i in range(5000)) + "]}"
+    prose = " ".join(f"word{i % 7}" if i % 3 else "the" for i in range(20000))
+    for text in (json_text, prose, "a" * 50_000, "é" * 50_000 + "b"):
+        assert sliced_ids(text, 256) == ENC.encode_ordinary(text)
+
+
+# Letters, digits, ASCII and non-ASCII punctuation, apostrophes (contractions), every kind of space and
+# newline, combining marks and non-Latin scripts: the pattern's alternatives and their boundaries.
+ALPHABET = st.sampled_from(list("abcXYZ09'’ \t\n\r\n\u00a0\u3000.,;:-_{}()[]\"/\\+*#éßΩжこ漢\u0301😀\x00"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(ALPHABET, min_size=0, max_size=400).map("".join), st.integers(min_value=1, max_value=40))
+def test_sliced_ids_equal_whole_ids_on_random_text(text: str, size: int) -> None:
+    assert sliced_ids(text, size) == ENC.encode_ordinary(text)
+
+
+def test_prepare_yields_to_the_loop_between_slices_and_encode_takes_its_ids_counted_once() -> None:
+    text = (ROOT / "NOTES.md").read_text()[: 8 * SLICE_CHARS]
+    tokenizer = Tokenizer()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def main() -> dict[str, list[int]]:
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        try:
+            return await tokenizer.prepare([text, text])
+        finally:
+            task.cancel()
+
+    ready = asyncio.run(main())
+    assert ticks >= 6  # the loop ran between slices (~8 of them)
+    assert ready == {text: ENC.encode_ordinary(text)}
+    items = [Message(role="user", content=text), FunctionCallOutput(call_id="c", output=text)]
+    direct, taken = WorkCounters(), WorkCounters()
+    a = Conversation(tokenizer, direct)
+    a.add_input(items)
+    b = Conversation(tokenizer, taken)
+    with prepared(ready):
+        b.add_input(items)
+    assert list(a.log.ids) == list(b.log.ids)
+    assert (taken.tokenize_calls, taken.tokens_tokenized) == (direct.tokenize_calls, direct.tokens_tokenized) == (2, 2 * len(ready[text]))
