@@ -3,6 +3,12 @@
 One ``GpuSequence`` per response. A long-lived response keeps its sequence across turns, so its
 KV blocks (pinned while it waits for a tool) make the resumed turn's prefill cheap.
 
+Decoding runs on the batch's step clock (``MockGPU.next_step``), as a GPU's decode step serves every
+running sequence at once: a sequence's first token is due when its prefill ends, each later one at a step
+of the batch's, and the steps are the model's inter-token intervals at the batch's size. A sequence alone
+decodes exactly as ``t_first + Σ ITL``; sequences decoding together release their tokens at the same
+instants, so the clock wakes once per step for the whole batch, not once per sequence per token.
+
 A turn costs the server O(new tokens), not O(context), when its prompt is a ``Prompt`` over the
 conversation's append-only ``TokenLog`` (as the sampling loop passes it): the sequence keeps its chain's
 block keys and the few tokens past the log's part of it, so the next prompt is compared, hashed, looked
@@ -13,6 +19,7 @@ the keys are the same either way (``tests/test_gpu_hashing.py``).
 
 from __future__ import annotations
 
+import bisect
 import random
 import time
 from array import array
@@ -63,6 +70,37 @@ class MockGPU:
         self.slots = BatchSlots(spec.max_num_seqs, spec.max_waiting)
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
+        # The batch's decode steps (``next_step``): the latest ones, ascending; empty while nothing decodes.
+        self._steps: list[float] = []
+
+    def next_step(self, due: float) -> float:
+        """When the token after one due at ``due`` is due. On the batch's steps: a sequence at the front
+        (a sequence alone always is) draws the next step, one behind it takes the step after its own, and
+        one that joins between steps (its first token came at the end of its prefill) the first step at
+        least half a mean interval on, so that it waits one interval on average. Each step is drawn when
+        the batch reaches it, at the batch's size then. Steps far behind a sequence (the batch went
+        quiet) restart at it; a sequence far behind the steps kept (a reader that stopped reading) runs
+        on its own intervals until it is back among them."""
+        steps = self._steps
+        if steps and steps[-1] == due:
+            nxt = due + self.timing.itl_s(self.slots.running)
+            steps.append(nxt)
+            if len(steps) > 256:
+                del steps[:128]
+            return nxt
+        half = self.timing.itl_mean_s(self.slots.running) / 2.0
+        if not steps or due - steps[-1] > 8 * half:
+            steps[:] = [due]
+            return self.next_step(due)
+        if due < steps[0]:
+            return due + self.timing.itl_s(self.slots.running)
+        i = bisect.bisect_right(steps, due)
+        if steps[i - 1] == due:  # on a step, behind the front: the step after it
+            return steps[i]
+        at = due + half
+        while steps[-1] < at:
+            steps.append(steps[-1] + self.timing.itl_s(self.slots.running))
+        return steps[bisect.bisect_left(steps, at)]
 
     def open(self, keep_warm: bool = True) -> GpuSequence:
         """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
@@ -161,7 +199,7 @@ class GpuSequence:
                     k += 1
                     last_due = due
                     if sent + k < n:
-                        due += gpu.timing.itl_s(gpu.slots.running)
+                        due = gpu.next_step(due)
                 if k:
                     if not sent:
                         first_late_ms = (now - t_first) * 1e3

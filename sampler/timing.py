@@ -49,6 +49,10 @@ class Timing:
             mean = s.prefill_overhead_ms + uncached_tokens * s.prefill_time_per_token_ms
         return jittered(mean * load_factor(s, running), s.ttft_jitter_std, self.rng)
 
+    def itl_mean_s(self, running: int) -> float:
+        """The interval's mean at this batch size (no draw)."""
+        return self.spec.inter_token_latency_ms * load_factor(self.spec, running) / 1000.0
+
     def itl_s(self, running: int) -> float:
         """The interval to the next token, drawn when the previous one is released."""
         memo = self._itl

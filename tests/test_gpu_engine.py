@@ -1,6 +1,7 @@
 """MockGPU end to end on a FakeClock: pacing, reports, the prefix cache across turns, slots."""
 
 import asyncio
+import itertools
 import math
 from contextlib import aclosing
 
@@ -110,11 +111,41 @@ async def test_load_factor_slows_prefill_and_decode_of_concurrent_sequences() ->
     tb = asyncio.create_task(collect(clock, b, [2] * 40, 3))
     await clock.run_until_idle()
     eb = await tb
-    await ta
+    ea = await ta
     assert b.last_report is not None and b.last_report.prefill_ms == pytest.approx(40 * 1.5)
     t_first = 0.040 * 1.5
-    assert times(eb) == pytest.approx([t_first, t_first + 0.0015, t_first + 0.003], abs=1e-12)
+    tb_ = times(eb)
+    assert tb_[0] == pytest.approx(t_first, abs=1e-12)  # the first token when its prefill ends, not at a step
+    # Then on the batch's steps: a's, 1.5 ms apart (L = 1.5), the first at least half an interval on.
+    assert 0.00075 - 1e-12 <= tb_[1] - t_first < 0.00225
+    assert tb_[2] - tb_[1] == pytest.approx(0.0015, abs=1e-12)
+    assert set(tb_[1:]) <= set(times(ea))
     assert a.last_report is not None and a.last_report.prefill_ms == pytest.approx(40.0)
+
+
+async def test_sequences_decoding_together_release_their_tokens_at_the_batchs_steps() -> None:
+    """One decode step serves the whole batch: after their first tokens, concurrent sequences' tokens
+    fall due at the same instants (the clock wakes once per step for all of them), each sequence at the
+    model's rate; and a sequence alone decodes at t_first + k × ITL exactly."""
+    gpu, clock = make(prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0)
+    seqs = [gpu.open() for _ in range(4)]
+    tasks = []
+    for i, seq in enumerate(seqs):
+        tasks.append(asyncio.create_task(collect(clock, seq, [i], 200, base=100 * i)))
+        await clock.settle()
+        await clock.jump(0.00037)  # joins between two steps
+    await clock.run_until_idle()
+    streams = [times(await t) for t in tasks]
+    lo, hi = max(ts[1] for ts in streams), min(ts[-1] for ts in streams)  # every one past its first token, none done
+    together = [{t for t in ts if lo <= t <= hi} for ts in streams]
+    assert len(together[0]) > 100 and together[0] == together[1] == together[2] == together[3]
+    for ts in streams:
+        gaps = [b - a for a, b in itertools.pairwise(ts[2:])]
+        assert gaps == pytest.approx([0.001] * len(gaps), abs=1e-9)
+        assert 0.0005 - 1e-12 <= ts[1] - ts[0] < 0.0015
+    alone, clock2 = make(prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0)
+    ts = times(await run(clock2, alone.open(), [1], 50))
+    assert ts == pytest.approx([ts[0] + 0.001 * k for k in range(50)], abs=1e-9)
 
 
 async def test_resumed_turn_hits_the_prefix_cache() -> None:
