@@ -72,14 +72,17 @@ def test_one_session_is_the_sum_of_its_parts() -> None:
     assert p.ttft_ms[0] == pytest.approx(4.0 + 22.0 + spec.prefill_overhead_ms + plan.sends[0].prompt_tokens * spec.prefill_time_per_token_ms, abs=0.01)
 
 
-def test_lock_step_sessions_wait_for_each_others_server_work() -> None:
+def test_lock_step_sessions_share_the_server_core_every_round() -> None:
     spec = MODELS["mock-4000tps"]
     replay = Replay("r", "", (session(4, 0.1),), trace=False)
     alone = predict_cell(calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=1)
     pair = predict_cell(calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=2)
-    assert len(pair.e2e_s) == 2 and pair.parts_s["contention"] > 0
-    assert min(pair.e2e_s) == pytest.approx(alone.e2e_s[0], abs=1e-3)  # the first in line never waits
-    assert max(pair.e2e_s) > alone.e2e_s[0] + 0.004  # the second waits ~5 ms a round (less the load factor's shifts)
+    assert len(pair.e2e_s) == 2
+    # Processor sharing: each round of each session is slowed by the other's 5 ms of server work, so both
+    # stay in lock-step and both pay it every round (a FIFO would make the first never wait, the second
+    # fall behind once and never meet the first again).
+    assert pair.parts_s["contention"] == pytest.approx(2 * 4 * 0.005, abs=2e-3)  # less the load factor's shifts
+    assert pair.e2e_s == pytest.approx([alone.e2e_s[0] + 4 * 0.005] * 2, abs=2e-3)
 
 
 def test_a_trace_replays_its_sessions_at_their_arrivals() -> None:
@@ -149,3 +152,17 @@ def test_a_scenario_sets_up_its_comparison() -> None:
     assert "--api-cost-ms-per-1k" in vllm.server_flags  # type: ignore[attr-defined]
     with pytest.raises(SystemExit, match="unknown scenario"):
         _config("--scenario", "nope")
+
+
+def test_the_shared_core_is_processor_sharing_and_keeps_lock_step_sessions_together() -> None:
+    from proto.lab.predict import SharedCore
+
+    core = SharedCore()
+    a, b = core.arrive(0.0, 0.010), core.arrive(0.0, 0.010)  # two equal rounds at once: both end at 2 W
+    assert (a.end, b.end) == pytest.approx((0.020, 0.020)) and (a.extra, b.extra) == pytest.approx((0.010, 0.010))
+    c = core.arrive(0.0, 0.010)  # a third: all three at 3 W
+    assert (a.end, b.end, c.end) == pytest.approx((0.030, 0.030, 0.030))
+    late = core.arrive(0.025, 0.004)  # overlaps what is left of each (5 ms), up to its own work
+    assert late.extra == pytest.approx(3 * 0.004) and a.end == pytest.approx(0.034)
+    alone = core.arrive(1.0, 0.010)  # after every other has ended: no one to share with
+    assert alone.extra == 0.0 and alone.end == pytest.approx(1.010) and core.jobs == [alone]

@@ -22,8 +22,8 @@ responses a continuation loads; O: output tokens), refitted once without the rou
 the modelled parts come from the very engine the server runs (``sampler.gpu.MockGPU``, its KV cache and
 batch slots, on a virtual clock), so queueing, load factor and cache hits are the server's own; with one
 session a round is the sum, with several (lock-step copies or a trace's arrivals) the sessions run
-concurrently on one simulated GPU. Overhead is a delay, not a shared CPU: contention between sessions on
-the server's core is not modelled (NOTES.md (Issue 11) says where that shows).
+concurrently on one simulated GPU, and the server's own work of rounds served at the same time shares its
+event loop's core (processor sharing, ``SharedCore``): each is slowed by what the others do meanwhile.
 """
 
 from __future__ import annotations
@@ -174,6 +174,34 @@ def _lstsq(x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> tuple[list[float
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     return [float(v) for v in coef], y - x @ coef
 
+
+@dataclass
+class _Job:
+    end: float  # when its share of the core has done its work (later as other rounds arrive)
+    extra: float = 0.0  # how much later than alone
+
+
+class SharedCore:
+    """The server's event loop as one core shared by the rounds it serves at once (processor sharing): a
+    round arriving while others are served overlaps them, and each is slowed by what the other does
+    meanwhile. Lock-step sessions stay in lock-step (each waits for the other's work every round), where a
+    first-come-first-served queue would let the second fall behind once and never meet the first again."""
+
+    def __init__(self) -> None:
+        self.jobs: list[_Job] = []
+
+    def arrive(self, t: float, work: float) -> _Job:
+        job = _Job(t + work)
+        for other in self.jobs:
+            if other.end > t:
+                overlap = min(other.end - t, work)
+                other.end += overlap
+                other.extra += overlap
+                job.end += overlap
+                job.extra += overlap
+        self.jobs = [j for j in self.jobs if j.end > t]
+        self.jobs.append(job)
+        return job
 
 # Each calibration round is measured this many times (the whole replay again, every mode in turn) and its
 # median kept: a stall of the shared machine lands on one pass of a round, not on the fit. With one pass
@@ -329,9 +357,10 @@ def _ids(rng: random.Random, n: int) -> list[int]:
 
 
 async def _session(cal: Calibration, mode: str, plan: RolloutPlan, gpu: MockGPU, clock: Any, hops: Hops,
-                   start_at: float, seed: int, out: Prediction, core: list[float]) -> None:
-    """One session's rollout on the simulated GPU. ``core`` ([when the server's event loop is next free])
-    is shared by the cell's sessions: a round's own server work (``busy``) waits for the others' (FIFO)."""
+                   start_at: float, seed: int, out: Prediction, core: SharedCore) -> None:
+    """One session's rollout on the simulated GPU. ``core`` is shared by the cell's sessions: a round's own
+    server work (``busy``, the part of ``o`` the server's timed phases take) shares it with the rounds
+    served at the same time (``SharedCore``)."""
     rng = random.Random(seed)
     await clock.sleep_until(start_at)
     t0 = clock.now()
@@ -348,11 +377,11 @@ async def _session(cal: Calibration, mode: str, plan: RolloutPlan, gpu: MockGPU,
             o = min(f.at(f.o, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, c)
             hop = (f.safety_hops * hops.safety_ms + f.resolutions * hops.resolve_ms + hops.api(mode, send.prompt_tokens)) / 1e3
             sent = clock.now()
-            busy = min(f.at(f.busy, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, o)
-            wait = max(core[0] - sent, 0.0)  # another session's server work first
-            core[0] = sent + wait + busy
-            await clock.sleep_until(sent + wait + o + hop)
-            parts["contention"] = parts.get("contention", 0.0) + wait
+            work = min(f.at(f.busy, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, o)
+            job = core.arrive(sent, work)
+            while clock.now() < sent + o + hop + job.extra:  # rounds arriving meanwhile slow it further
+                await clock.sleep_until(sent + o + hop + job.extra)
+            parts["contention"] = parts.get("contention", 0.0) + job.extra
             kept = send.prompt_tokens - send.appended_tokens
             prompt = context[:kept] + _ids(rng, send.prompt_tokens - min(kept, len(context)))
             prompt = prompt[: send.prompt_tokens]
@@ -389,7 +418,7 @@ def predict_cell(cal: Calibration, mode: str, replay: Replay, spec: ModelSpec, h
         clock: Any = FakeClock(settle_rounds=2) if concurrent else _InstantClock()
         gpu = MockGPU(spec, clock)
         for rep in range(rollouts):
-            core = [0.0]
+            core = SharedCore()
             tasks = [asyncio.ensure_future(_session(cal, mode, plan, gpu, clock, hops, clock.now() + arrival, 7919 * rep + i, out, core))
                      for i, (plan, arrival) in enumerate(plans)]
             if concurrent:

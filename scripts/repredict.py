@@ -1,0 +1,86 @@
+"""Predict a kept run's real-clock cells again with today's fast model, from the run's own calibration.
+
+    .venv/bin/python scripts/repredict.py notes/lab-results/issue11/*/results.json [--check]
+
+Every real-clock run carries its cell's prediction (``predicted_e2e_s_p50``, ``predicted_ttft_ms_p50``,
+``predicted_parts_s``, ``prediction_error``), composed when the run ended by the fast model of that day
+(``proto/lab/predict.py``) from the calibration the run measured. When the composing changes (not the
+measuring), this rewrites those fields from the same calibration and cell config, and records it under
+``predictions_recomputed`` (commit, time); nothing measured is touched. ``--check`` writes nothing and
+prints each cell's error before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from proto.lab.predict import Calibration, Fit, predict_cell, profile_hops
+from proto.lab.traces import load_replay
+from sampler.catalogue import apply_knobs
+from sampler.models import MODELS
+
+
+def calibration(data: dict[str, Any]) -> Calibration:
+    fits = {mode: {kind: Fit(f["c_ms"], f["o_ms"], f["busy_ms"], f["safety_hops"], f["model_resolutions"], f["rounds"], f["dropped"])
+                   for kind, f in kinds.items()} for mode, kinds in data["fits"].items()}
+    return Calibration(fits, [], data["wall_s"], data["h_max"])
+
+
+def repredict(result: dict[str, Any]) -> list[tuple[dict[str, Any], float | None, float | None]]:
+    """(run, error before, error after) for every run that has a prediction; the runs are updated in place."""
+    if not result.get("calibration"):
+        return []
+    cal = calibration(result["calibration"])
+    cfg = result["config"]
+    config = SimpleNamespace(server_flags=cfg.get("server_flags", []))
+    out = []
+    for run in result["runs"]:
+        if run.get("predicted_e2e_s_p50") is None or run["model"] not in MODELS:
+            continue
+        spec = MODELS[run["model"]]
+        for text in cfg.get("model_overrides", []):
+            name, _, knobs = text.partition(":")
+            if name == run["model"]:
+                spec = apply_knobs(spec, knobs)
+        # A shortened workload is named NAME[:TURNS] in the runs.
+        replay = load_replay(run["workload"].split("[")[0]).shortened(cfg.get("turns"))
+        p = predict_cell(cal, run["mode"], replay, spec, profile_hops(run.get("profile", "local"), config),  # type: ignore[arg-type]
+                         sessions=cfg["sessions"], rollouts=cfg["rollouts_per_session"], tool_time_scale=cfg["tool_time_scale"])
+        before = run.get("prediction_error")
+        run["predicted_e2e_s_p50"] = p.e2e_s_p50
+        run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
+        run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}
+        measured = run.get("e2e_s_p50")
+        run["prediction_error"] = (p.e2e_s_p50 / measured - 1) if measured else None
+        out.append((run, before, run["prediction_error"]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--check", action="store_true", help="print, write nothing")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    for path in args.files:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        rows = repredict(result)
+        worst = max((abs(after) for _, _, after in rows if after is not None), default=0.0)
+        print(f"{path}: {len(rows)} cells, largest |error| {worst * 100:.1f} %")
+        for run, before, after in rows:
+            b = "–" if before is None else f"{before * 100:+.1f} %"
+            a = "–" if after is None else f"{after * 100:+.1f} %"
+            print(f"  {run.get('profile', ''):<16}{run['workload'][:30]:<32}{run['model']:<14}{run['mode']:<12}{b:>9} → {a}")
+        if rows and not args.check:
+            result["predictions_recomputed"] = {"commit": commit, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
