@@ -39,6 +39,7 @@ def repredict(result: dict[str, Any]) -> list[tuple[dict[str, Any], float | None
     cal = calibration(result["calibration"])
     cfg = result["config"]
     config = SimpleNamespace(server_flags=cfg.get("server_flags", []))
+    replays = {replay.name: replay for replay in map(load_replay, cfg["workloads"])}  # by name: a file's too
     out = []
     for run in result["runs"]:
         if run.get("predicted_e2e_s_p50") is None or run["model"] not in MODELS:
@@ -49,7 +50,7 @@ def repredict(result: dict[str, Any]) -> list[tuple[dict[str, Any], float | None
             if name == run["model"]:
                 spec = apply_knobs(spec, knobs)
         # A shortened workload is named NAME[:TURNS] in the runs.
-        replay = load_replay(run["workload"].split("[")[0]).shortened(cfg.get("turns"))
+        replay = replays[run["workload"].split("[")[0]].shortened(cfg.get("turns"))
         p = predict_cell(cal, run["mode"], replay, spec, profile_hops(run.get("profile", "local"), config),  # type: ignore[arg-type]
                          sessions=cfg["sessions"], rollouts=cfg["rollouts_per_session"], tool_time_scale=cfg["tool_time_scale"])
         before = run.get("prediction_error")

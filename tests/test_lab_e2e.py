@@ -127,6 +127,22 @@ def test_every_run_reports_its_prediction_and_the_sweep_its_curves(bench_out: Pa
         assert (row["mode"] == "http") == (row["predicted_e2e_vs_http"] == 0.0)
 
 
+def test_repredict_composes_a_kept_run_again_from_its_own_calibration_alone(bench_out: Path) -> None:
+    """scripts/repredict.py rebuilds the fast model from results.json (fits, config) and, with the code
+    that wrote the file, gets every prediction the run itself reported."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from repredict import repredict
+
+    results = json.loads((bench_out / "results.json").read_text(encoding="utf-8"))
+    kept = [x for run in results["runs"] for x in (run["predicted_e2e_s_p50"], run["predicted_ttft_ms_p50"])]
+    rows = repredict(results)
+    assert len(rows) == len(MODES)
+    assert [x for run in results["runs"] for x in (run["predicted_e2e_s_p50"], run["predicted_ttft_ms_p50"])] == pytest.approx(kept, rel=1e-9)
+    assert all(before == pytest.approx(after, rel=1e-9) for _, before, after in rows)
+
+
 def test_trace_json_has_a_track_per_rollout_with_client_server_and_gpu_spans(bench_out: Path) -> None:
     trace = json.loads((bench_out / "trace.json").read_text(encoding="utf-8"))
     events = trace["traceEvents"]
