@@ -70,7 +70,7 @@ class MockGPU:
         self.slots = BatchSlots(spec.max_num_seqs, spec.max_waiting)
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
-        # The batch's decode steps (``next_step``): the latest ones, ascending; empty while nothing decodes.
+        # The batch's decode steps (``next_step``): the latest ones, ascending (they restart after a quiet spell).
         self._steps: list[float] = []
 
     def next_step(self, due: float) -> float:
