@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import tempfile
 import time
 import uuid
@@ -345,6 +346,11 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                     for mode in config.modes:
                         if on_cell:
                             on_cell(f"{profile} · {w.name} · {model} · {mode}")
+                        # The cells so far are garbage or results kept to the end: collect the one, freeze the
+                        # other, so a full collection during this cell walks only its own objects (unfrozen, a
+                        # long run's gen-2 pause grew with every cell and landed inside a measured round).
+                        gc.collect()
+                        gc.freeze()
                         traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn, others)
                         sessions = len(w.sessions) if w.trace else config.sessions
                         result.cells.append(CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w))
