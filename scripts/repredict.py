@@ -20,9 +20,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from proto.lab.predict import Calibration, Fit, predict_cell, profile_hops
+from proto.lab.predict import Calibration, Fit
+from proto.lab.results import predict_run
 from proto.lab.traces import load_replay
-from sampler.catalogue import apply_knobs
 from sampler.models import MODELS
 
 
@@ -48,21 +48,11 @@ def repredict(result: dict[str, Any]) -> list[tuple[dict[str, Any], float | None
     for run in result["runs"]:
         if run.get("predicted_e2e_s_p50") is None or run["model"] not in MODELS:
             continue
-        spec = MODELS[run["model"]]
-        for text in cfg.get("model_overrides", []):
-            name, _, knobs = text.partition(":")
-            if name == run["model"]:
-                spec = apply_knobs(spec, knobs)
         # A shortened workload is named NAME[:TURNS] in the runs.
         replay = replays[run["workload"].split("[")[0]].shortened(cfg.get("turns"))
-        p = predict_cell(cal, run["mode"], replay, spec, profile_hops(run.get("profile", "local"), config),  # type: ignore[arg-type]
-                         sessions=cfg["sessions"], rollouts=cfg["rollouts_per_session"], tool_time_scale=cfg["tool_time_scale"])
         before = run.get("prediction_error")
-        run["predicted_e2e_s_p50"] = p.e2e_s_p50
-        run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
-        run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}
-        measured = run.get("e2e_s_p50")
-        run["prediction_error"] = (p.e2e_s_p50 / measured - 1) if measured else None
+        predict_run(run, cal, replay, cfg.get("model_overrides", []), config,
+                    sessions=cfg["sessions"], rollouts=cfg["rollouts_per_session"], tool_time_scale=cfg["tool_time_scale"])
         out.append((run, before, run["prediction_error"]))
     return out
 

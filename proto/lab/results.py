@@ -23,6 +23,7 @@ import psutil
 
 from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.runner import PROFILES, BenchResult, CellResult
+from proto.lab.traces import Replay
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
 
@@ -92,26 +93,36 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
 
 def predictions(result: BenchResult, runs: list[dict[str, Any]]) -> None:
     """Each real-clock run's cell, predicted by the fast model with the run's calibration (in place)."""
-    from proto.lab.predict import predict_cell, profile_hops
-    from sampler.catalogue import apply_knobs
     from sampler.models import MODELS
 
     config = result.config
     for cell, run in zip(result.cells, runs, strict=True):
         if result.calibration is None or cell.replay is None or cell.model not in MODELS:
             continue
-        spec = MODELS[cell.model]
-        for text in config.model_overrides:
-            name, _, knobs = text.partition(":")
-            if name == cell.model:
-                spec = apply_knobs(spec, knobs)
-        p = predict_cell(result.calibration, cell.mode, cell.replay, spec, profile_hops(cell.profile, config),
-                         sessions=config.sessions, rollouts=config.rollouts, tool_time_scale=config.tool_time_scale)
-        run["predicted_e2e_s_p50"] = p.e2e_s_p50
-        run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
-        run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}  # per rollout
-        measured = run.get("e2e_s_p50")
-        run["prediction_error"] = (p.e2e_s_p50 / measured - 1) if measured else None
+        predict_run(run, result.calibration, cell.replay, config.model_overrides, config,
+                    sessions=config.sessions, rollouts=config.rollouts, tool_time_scale=config.tool_time_scale)
+
+
+def predict_run(run: dict[str, Any], calibration: Any, replay: Replay, model_overrides: Sequence[str], config: Any,
+                sessions: int, rollouts: int, tool_time_scale: float) -> None:
+    """Compose ``run``'s cell (its mode, model, profile) with the fast model and write its prediction
+    fields (in place): what every real-clock run reports, and what ``scripts/repredict.py`` rewrites."""
+    from proto.lab.predict import predict_cell, profile_hops
+    from sampler.catalogue import apply_knobs
+    from sampler.models import MODELS
+
+    spec = MODELS[run["model"]]
+    for text in model_overrides:
+        name, _, knobs = text.partition(":")
+        if name == run["model"]:
+            spec = apply_knobs(spec, knobs)
+    p = predict_cell(calibration, run["mode"], replay, spec, profile_hops(run.get("profile", "local"), config),
+                     sessions=sessions, rollouts=rollouts, tool_time_scale=tool_time_scale)
+    run["predicted_e2e_s_p50"] = p.e2e_s_p50
+    run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
+    run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}  # per rollout
+    measured = run.get("e2e_s_p50")
+    run["prediction_error"] = (p.e2e_s_p50 / measured - 1) if measured else None
 
 
 def results_json(result: BenchResult, command: str, sweep_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -84,11 +84,6 @@ async def tokenized(tokenizer: Tokenizer, chars: int, texts: Callable[[], Iterab
         return work()
 
 
-def text_chars(items: list[Item]) -> int:
-    """How much text ``items`` bring (what decides whether their scan and tokenization go off the loop)."""
-    return sum(len(text) for item in items for text in text_segments(item))
-
-
 @contextmanager
 def typed_faults() -> Iterator[None]:
     """Faults of the pre-inference work (a store read, a bug) as the typed error every transport answers
@@ -257,18 +252,15 @@ class Pipeline:
             conversation.add_input(new_items)
             return conversation
 
-        def texts() -> Iterator[str]:
-            if conversation is None:
-                if request.instructions:
-                    yield request.instructions
-                for item in history:
-                    yield from text_segments(item)
-            for item in new_items:
-                yield from text_segments(item)
-
-        chars = text_chars(new_items) + (0 if conversation is not None else text_chars(history) + len(request.instructions or ""))
+        # The bodies the rendering tokenizes (instructions, and the history unless continuing a rendered
+        # conversation): how large the work is, and what ``tokenized`` prepares when it is large.
+        texts = [request.instructions] if request.instructions and conversation is None else []
+        for item in (history + new_items if conversation is None else new_items):
+            texts.extend(text_segments(item))
+        chars = sum(map(len, texts))
         with timed(phases, "render_tokenize"):
-            conversation = await tokenized(conversation.tokenizer if conversation is not None else tokenizer, chars, texts, functools.partial(render, conversation))
+            conversation = await tokenized(conversation.tokenizer if conversation is not None else tokenizer, chars, lambda: texts,
+                                           functools.partial(render, conversation))
         await self.api_cost(mode, len(conversation.log), phases)
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
