@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -29,6 +30,41 @@ class Clock(Protocol):
     async def sleep_until(self, t: float) -> None:
         """Return at or after ``t``; immediately when ``t`` is already past."""
         ...
+
+    def timer(self) -> Timer | None:
+        """What calls functions at deadlines on this clock, for the running loop; ``None`` where only
+        ``sleep_until`` is offered. Asked once by whoever paces many deadlines (the mock GPU's turn)."""
+        ...
+
+
+class Timer(Protocol):
+    def call_at(self, t: float, fn: Callable[[], None]) -> TimerCall:
+        """Call ``fn()`` at or after ``t`` (never before), from the event loop, with no task woken for it:
+        what a sleeper's wake-up costs is a future, a task step and every frame of its coroutine chain;
+        this is one call. ``fn`` must not block; it may schedule the next call."""
+        ...
+
+
+class TimerCall:
+    """A pending ``Timer.call_at``: ``cancel()`` makes sure it is not called (idempotent; a no-op once
+    called). ``done()`` as a sleeper's future says it: the timers' heaps hold both."""
+
+    __slots__ = ("entry", "fn", "owner", "settled")
+
+    def __init__(self, fn: Callable[[], None], owner: LoopTimer | None = None) -> None:
+        self.fn = fn
+        self.settled = False  # called or cancelled
+        self.owner = owner  # a LoopTimer takes a cancelled call out of its heap at once (it re-arms)
+        self.entry: tuple[float, int, asyncio.Future[None] | TimerCall] | None = None
+
+    def cancel(self) -> None:
+        if not self.settled:
+            self.settled = True
+            if self.owner is not None and self.entry is not None:
+                self.owner._discard(self.entry)
+
+    def done(self) -> bool:
+        return self.settled
 
 
 class RealClock:
@@ -66,6 +102,9 @@ class RealClock:
             await _sleep_coarse(t)
         else:
             await timer.wait(loop, t)
+
+    def timer(self) -> LoopTimer | None:
+        return loop_timer(asyncio.get_running_loop()) if self.timerfd else None
 
 
 # A remainder shorter than this is slept as this on the fallback path (see RealClock).
@@ -177,7 +216,7 @@ class LoopTimer:
             os.close(self.fd)
             raise
         weakref.finalize(self, os.close, self.fd).atexit = False  # at exit the OS closes it
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._heap: list[tuple[float, int, asyncio.Future[None] | TimerCall]] = []
         self._ids = itertools.count()
         self._armed: float | None = None  # the deadline the kernel timer is set for, if any
         self._spec = _Itimerspec()  # reused: it_interval stays 0 (one-shot)
@@ -191,6 +230,16 @@ class LoopTimer:
     def armed_ns(self) -> int:
         """Nanoseconds until the kernel timer fires, 0 when it is disarmed (asks the kernel)."""
         return self._calls.gettime_ns(self.fd)
+
+    def call_at(self, t: float, fn: Callable[[], None]) -> TimerCall:
+        """``Timer.call_at``: ``fn`` is called from ``_fire``, in deadline order with the sleepers."""
+        call = TimerCall(fn, self)
+        entry: tuple[float, int, asyncio.Future[None] | TimerCall] = (t, next(self._ids), call)
+        call.entry = entry
+        heapq.heappush(self._heap, entry)
+        if self._heap[0] is entry:
+            self._arm()
+        return call
 
     async def wait(self, loop: asyncio.AbstractEventLoop, t: float) -> None:
         fut: asyncio.Future[None] = loop.create_future()
@@ -213,12 +262,18 @@ class LoopTimer:
         self._armed = None  # a one-shot timer that fired is disarmed (and a re-armed one is re-set below)
         heap, now = self._heap, time.perf_counter()
         while heap and heap[0][0] <= now:
-            fut = heapq.heappop(heap)[2]
-            if not fut.done():
-                fut.set_result(None)  # in deadline order: the woken tasks run in that order
+            waiter = heapq.heappop(heap)[2]
+            if isinstance(waiter, TimerCall):
+                waiter.settled = True
+                try:  # a call scheduled by it that is already due runs in this same loop
+                    waiter.fn()
+                except Exception as exc:  # one caller's bug must not stop the others' wake-ups
+                    asyncio.get_running_loop().call_exception_handler({"message": "Timer.call_at callback failed", "exception": exc})
+            elif not waiter.done():
+                waiter.set_result(None)  # in deadline order: the woken tasks run in that order
         self._arm()
 
-    def _discard(self, entry: tuple[float, int, asyncio.Future[None]]) -> None:
+    def _discard(self, entry: tuple[float, int, asyncio.Future[None] | TimerCall]) -> None:
         heap = self._heap
         if heap and heap[0] is entry:
             heapq.heappop(heap)
@@ -284,11 +339,20 @@ class FakeClock:
     def __init__(self, start: float = 0.0, settle_rounds: int = 8) -> None:
         self._now = start
         self._settle_rounds = settle_rounds
-        self._timers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._timers: list[tuple[float, int, asyncio.Future[None] | TimerCall]] = []
         self._ids = itertools.count()
 
     def now(self) -> float:
         return self._now
+
+    def timer(self) -> FakeClock:
+        return self
+
+    def call_at(self, t: float, fn: Callable[[], None]) -> TimerCall:
+        """Called when the test advances time past ``t`` (``Timer.call_at``), in deadline order with the sleepers."""
+        call = TimerCall(fn)
+        heapq.heappush(self._timers, (t, next(self._ids), call))
+        return call
 
     async def sleep_until(self, t: float) -> None:
         if t <= self._now:
@@ -314,10 +378,7 @@ class FakeClock:
         await self.settle()
         while (nxt := self.next_deadline()) is not None and nxt <= t:
             self._now = max(self._now, nxt)
-            while self._timers and self._timers[0][0] <= self._now:
-                _, _, fut = heapq.heappop(self._timers)
-                if not fut.done():
-                    fut.set_result(None)
+            self._wake_due()
             await self.settle()
         self._now = max(self._now, t)
         await self.settle()
@@ -330,10 +391,7 @@ class FakeClock:
         busy event loop or a millisecond-granular selector produces."""
         await self.settle()
         self._now += dt
-        while self._timers and self._timers[0][0] <= self._now:
-            _, _, fut = heapq.heappop(self._timers)
-            if not fut.done():
-                fut.set_result(None)
+        self._wake_due()
         await self.settle()
 
     async def run_until_idle(self) -> None:
@@ -341,6 +399,17 @@ class FakeClock:
         await self.settle()
         while (nxt := self.next_deadline()) is not None:
             await self.advance_to(nxt)
+
+    def _wake_due(self) -> None:
+        while self._timers and self._timers[0][0] <= self._now:
+            _, _, waiter = heapq.heappop(self._timers)
+            if waiter.done():
+                continue
+            if isinstance(waiter, TimerCall):
+                waiter.settled = True
+                waiter.fn()
+            else:
+                waiter.set_result(None)
 
     def _drop_cancelled(self) -> None:
         while self._timers and self._timers[0][2].done():

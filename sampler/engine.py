@@ -9,7 +9,7 @@ its turns, so the engine can keep the prefix warm while the response waits for a
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
 from sampler.gpu import EngineFailure, EngineOverloaded, EngineReport
@@ -29,11 +29,16 @@ class EngineSequence(Protocol):
         """The model's context window and max output per call: the loop bounds every turn by them."""
         ...
 
-    def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
+    def run_turn(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0, take: Callable[[int], bool] | None = None
+    ) -> AsyncGenerator[int, None]:
         """Yield how many of ``output_ids`` are due at each wake-up (each ≥ 1, summing to their count);
         iterate under ``contextlib.aclosing`` so an abandoned turn frees the engine's slot at once.
         ``every_s`` > 0: no two yields closer than that (``--coalesce-ms``: what falls due meanwhile is
         yielded together; the first tokens are not held back).
+        ``take``: an engine that wakes on a timer of its own may offer a wake-up's tokens to ``take(k)``
+        first, from that timer, without waking the iterating task; ``True``: they are taken and not
+        yielded. Never before the first yield; an engine may ignore it and yield everything.
         Raises ``EngineOverloaded`` (the engine refused: queue full) or ``EngineFailure`` (it failed,
         crashed, timed out or broke the protocol), before or during the stream."""
         ...

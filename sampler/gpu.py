@@ -19,15 +19,16 @@ the keys are the same either way (``tests/test_gpu_hashing.py``).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import random
 import time
 from array import array
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from sampler.batch import BatchSlots, EngineOverloaded
-from sampler.clock import Clock, RealClock
+from sampler.clock import Clock, RealClock, Timer, TimerCall
 from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, tokens_from
 from sampler.models import ContextLengthExceeded, Limits, ModelSpec, check_prompt
 from sampler.timing import Timing
@@ -82,12 +83,18 @@ class MockGPU:
         quiet) restart at it; a sequence far behind the steps kept (a reader that stopped reading) runs
         on its own intervals until it is back among them."""
         steps = self._steps
-        if steps and steps[-1] == due:
-            nxt = due + self.timing.itl_s(self.slots.running)
-            steps.append(nxt)
-            if len(steps) > 256:
-                del steps[:128]
-            return nxt
+        if steps:
+            last = steps[-1]
+            if last == due:
+                nxt = due + self.timing.itl_s(self.slots.running)
+                steps.append(nxt)
+                if len(steps) > 256:
+                    del steps[:128]
+                return nxt
+            if steps[0] <= due < last:  # the common case first: on a step behind the front (as below)
+                i = bisect.bisect_right(steps, due)
+                if steps[i - 1] == due:
+                    return steps[i]
         half = self.timing.itl_mean_s(self.slots.running) / 2.0
         if not steps or due - steps[-1] > 8 * half:
             steps[:] = [due]
@@ -143,7 +150,9 @@ class GpuSequence:
         self._busy = False
         self._closed = False
 
-    async def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
+    async def run_turn(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0, take: Callable[[int], bool] | None = None
+    ) -> AsyncGenerator[int, None]:
         """Yield how many output tokens became due at each wake-up (each ≥ 1, summing to
         ``len(output_ids)``); ``last_report`` is set when the turn completes. Iterate it under
         ``contextlib.aclosing`` so an abandoned turn gives its slot back at once.
@@ -152,6 +161,12 @@ class GpuSequence:
         sequence of ids (hashed whole). ``every_s`` > 0: after a wake-up the next one comes no sooner than
         ``every_s`` later, so the tokens that fall due meanwhile are released together (the server's
         ``--coalesce-ms``); the first token is not delayed and the deadlines themselves do not move.
+
+        ``take`` (the sampling loop's, see ``EngineSequence.run_turn``): after the first wake-up, the
+        tokens of a wake-up are offered to ``take(k)`` first, called from the clock's timer
+        (``Timer.call_at``) while the iterating task stays parked; ``True``: taken, not yielded. Only
+        what ``take`` declines, and the turn's end, wake the task. Not with ``every_s`` or a clock
+        without a timer: then every wake-up is yielded.
 
         Raises ContextLengthExceeded (the prompt can never fit) and EngineOverloaded (queue full) before
         anything is yielded, EngineFailure (injected fault) at any point.
@@ -180,32 +195,25 @@ class GpuSequence:
 
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
-            sent, due, last_due, first_late_ms = 0, t_first, t_first, 0.0
-            floor = t_first  # the next wake-up comes no sooner (every_s after the last one)
+            pace = _Pace(gpu, n, fail_at, t_first, every_s, live)
+            timer = clock.timer() if take is not None and not every_s else None
             if n == 0:
                 await clock.sleep_until(t_first)
-            while sent < n:
-                if sent == fail_at:
-                    raise EngineFailure(f"injected engine failure after {sent} of {n} tokens")
+            while pace.sent < n:
+                if self._closed:
+                    return  # closed under our feet: the caller wants nothing more
+                if pace.sent == fail_at:
+                    raise EngineFailure(f"injected engine failure after {pace.sent} of {n} tokens")
                 now = clock.now()
-                wake = due if due > floor else floor
-                if wake > now:
+                wake = pace.wake()
+                if wake <= now:
+                    k = pace.release(now)
+                elif timer is not None and take is not None and pace.sent:
+                    k = await self._offer(timer, take, pace, wake)  # the task parks while `take` streams
+                else:
                     await clock.sleep_until(wake)
                     continue
-                k = 0
-                # Release every token whose deadline has passed; the next interval is drawn with
-                # the load factor of the moment, so a batch that fills up slows decoding down.
-                while sent + k < n and due <= now and sent + k != fail_at:
-                    k += 1
-                    last_due = due
-                    if sent + k < n:
-                        due = gpu.next_step(due)
                 if k:
-                    if not sent:
-                        first_late_ms = (now - t_first) * 1e3
-                    sent += k
-                    floor = now + every_s
-                    live.output_tokens, live.decode_ms = sent, (last_due - t_first) * 1000.0
                     yield k
                     if self._closed:
                         return  # closed under our feet: the caller wants nothing more
@@ -216,13 +224,45 @@ class GpuSequence:
                 cached_tokens=cached,
                 prefill_ms=prefill_ms,
                 queue_wait_ms=(t_start - t_arrive) * 1000.0,
-                decode_ms=(last_due - t_first) * 1000.0,
+                decode_ms=(pace.last_due - t_first) * 1000.0,
                 output_tokens=n,
                 lookup_ms=lookup_ms,
-                first_late_ms=first_late_ms,
+                first_late_ms=pace.first_late_ms,
             )
         finally:
             self._end_turn()
+
+    async def _offer(self, timer: Timer, take: Callable[[int], bool], pace: _Pace, wake: float) -> int:
+        """From ``wake`` on, at each wake-up: release what is due and offer it to ``take``, on the timer,
+        while the task waits here; return what ``take`` declined, or 0 once the turn's last tokens were
+        taken (its end is the task's), a failure is next, or the sequence was closed."""
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        call: TimerCall | None = None
+
+        now = self._gpu.clock.now
+
+        def due_now() -> None:
+            nonlocal call
+            if self._closed:
+                done.set_result(0)  # closed under our feet: nothing more is released
+                return
+            try:
+                k = pace.release(now())
+                if k and take(k):
+                    if pace.sent < pace.n and pace.sent != pace.fail_at:
+                        call = timer.call_at(pace.wake(), due_now)
+                        return
+                    k = 0
+            except BaseException as exc:  # a bug in take: the turn fails in its task
+                done.set_exception(exc)
+                return
+            done.set_result(k)
+
+        call = timer.call_at(wake, due_now)
+        try:
+            return await done
+        finally:
+            call.cancel()  # the task was cancelled meanwhile: nothing more is offered
 
     @property
     def limits(self) -> Limits:
@@ -293,6 +333,40 @@ class GpuSequence:
             self._has_slot = False
             self._gpu.slots.release()
         self._busy = False
+
+
+class _Pace:
+    """One turn's decode: which tokens are out, when the next is due (on the batch's steps)."""
+
+    __slots__ = ("due", "every_s", "fail_at", "first_late_ms", "floor", "gpu", "last_due", "live", "n", "sent", "t_first")
+
+    def __init__(self, gpu: MockGPU, n: int, fail_at: int, t_first: float, every_s: float, live: EngineReport) -> None:
+        self.gpu, self.n, self.fail_at, self.t_first, self.every_s, self.live = gpu, n, fail_at, t_first, every_s, live
+        self.sent = 0
+        self.due = self.last_due = self.floor = t_first  # floor: the next wake-up comes no sooner (every_s after the last)
+        self.first_late_ms = 0.0
+
+    def wake(self) -> float:
+        return self.due if self.due > self.floor else self.floor
+
+    def release(self, now: float) -> int:
+        """Release every token whose deadline has passed (up to an injected failure); the next interval
+        is drawn with the load factor of the moment, so a batch that fills up slows decoding down."""
+        sent, n, fail_at, due = self.sent, self.n, self.fail_at, self.due
+        k = 0
+        while sent + k < n and due <= now and sent + k != fail_at:
+            k += 1
+            self.last_due = due
+            if sent + k < n:
+                due = self.gpu.next_step(due)
+        if k:
+            if not sent:
+                self.first_late_ms = (now - self.t_first) * 1e3
+            self.sent = sent = sent + k
+            self.due = due
+            self.floor = now + self.every_s
+            self.live.output_tokens, self.live.decode_ms = sent, (self.last_due - self.t_first) * 1000.0
+        return k
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -12,6 +12,14 @@ and its owner (``proto.server.driver``) decides what each step means:
   already; local ones go to the *client*, just another service. Resumed with the items the owner
   ingested (the outputs, then any user messages), or ``None`` when the response ends here (HTTP and GA
   WebSocket end a response at its first local call).
+
+One exception, for the hot path: the stream's plain case. A decode step releases one token per running
+sequence, and most of them are a delta inside an item already open. Those the owner takes directly
+(``Rollout.direct``, a ``Direct``): the GPU offers a wake-up's tokens from its clock's timer (``run_turn``'s
+``take``), the loop frames their deltas and the owner writes them, while the response's task stays
+parked — no task wake-up, no trip up and down the generators, per token. Anything else (an item opening
+or ending, a burst, a full send queue, a turn's end) is declined and goes the ``Emit`` way, unchanged: the
+same events, the same order, the same billing count (``rollout.streamed``).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from proto.builder import CallStream, CustomCallStream, MessageStream, ReasoningStream, ResponseBuilder
 from proto.events import ServerEvent
@@ -73,6 +82,21 @@ class Suspend:
 Step = Emit | Boundary | Suspend
 
 
+class Direct(Protocol):
+    """How the owner takes a wake-up's deltas without its task: the common case of a stream (one token
+    per decode step, inside an item already open) is framed and sent from the GPU's timer, so a token
+    costs no task wake-up and no trip through the generators (``_sample``'s ``take``). The owner's
+    ``Emit`` path stays the only one for everything else."""
+
+    def ready(self, count: int) -> bool:
+        """Up to ``count`` events can be sent now, with no wait."""
+        ...
+
+    def emit(self, events: tuple[ServerEvent, ...]) -> None:
+        """Send them now (``ready`` said so, in this same step); must not block."""
+        ...
+
+
 @dataclass
 class Rollout:
     builder: ResponseBuilder
@@ -94,6 +118,9 @@ class Rollout:
     # Output tokens emitted (handed to the owner as events) in the turn in progress; None between turns.
     # With the engine's live report it is what a turn cut short bills (``cut_turn``).
     streamed: int | None = None
+    # The owner's way to send a wake-up's deltas at once, from the GPU's timer (see ``Direct``); None:
+    # every event goes through ``Emit``.
+    direct: Direct | None = None
 
 
 @dataclass
@@ -271,7 +298,33 @@ async def _sample(
     rollout.streamed = 0
     coalesce = rollout.coalesce_s > 0
     held: list[str] = []  # coalescing: this chunk's text of the current item, not yet in a delta
-    async with aclosing(rollout.sequence.run_turn(prompt, ids, rollout.coalesce_s)) as ticks:
+    direct = rollout.direct
+
+    def take(count: int) -> bool:
+        """The GPU's wake-up, from its timer (``run_turn``'s ``take``): the plain case — tokens inside
+        one item already open, none its last, an owner that can send their deltas now — is framed and
+        sent here, with no task woken; anything else (an item opening or ending, a burst past a chunk,
+        a full send queue) is declined and goes the task's way below, unchanged."""
+        nonlocal due, span_index
+        stop = due + count
+        while spans[span_index][2] <= due:
+            span_index += 1
+        _out, first, end = spans[span_index]
+        if count > EMIT_CHUNK or due == first or stop >= end or stop >= len(ids) or direct is None or not direct.ready(count):
+            return False
+        stream = streams[span_index]
+        if isinstance(stream, _TEXT_STREAMS):
+            push, delta = text.push, stream.delta
+            batch = tuple([delta(piece) for token in ids[due:stop] if (piece := push(token))])
+        else:
+            batch = ()  # reasoning and hosted calls say nothing until their end
+        due = stop
+        rollout.streamed = due  # counted before they are sent, as below
+        if batch:
+            direct.emit(batch)
+        return True
+
+    async with aclosing(rollout.sequence.run_turn(prompt, ids, rollout.coalesce_s, take if direct is not None and not coalesce else None)) as ticks:
         async for count in ticks:
             burst = due + count
             while due < burst:

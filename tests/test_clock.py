@@ -287,3 +287,118 @@ def test_falls_back_where_the_loop_cannot_watch_a_timerfd() -> None:
 
     with asyncio.Runner(loop_factory=LoopWithoutReaders) as runner:
         runner.run(main())
+
+
+# ---- Timer.call_at: what the mock GPU streams a batch's tokens on, with no task woken per token ------------
+
+
+@pytest.mark.skipif(not LINUX, reason="the timerfd exists on Linux only")
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_calls_are_never_early_and_keep_deadline_order_with_the_sleepers(loop_kind: str) -> None:
+    clock, rng = RealClock(), random.Random(5)
+
+    async def main() -> tuple[list[tuple[str, float, float]], int]:
+        timer = clock.timer()
+        assert timer is not None and timer is loop_timer(asyncio.get_running_loop())
+        woken: list[tuple[str, float, float]] = []
+
+        async def sleeper(t: float) -> None:
+            await clock.sleep_until(t)
+            woken.append(("sleeper", t, clock.now()))
+
+        base = clock.now() + 0.05
+        deadlines = [base + rng.uniform(0.0, 0.02) for _ in range(200)]
+        tasks = []
+        for i, t in enumerate(deadlines):
+            if i % 2:
+                timer.call_at(t, lambda t=t: woken.append(("call", t, clock.now())))
+            else:
+                tasks.append(asyncio.create_task(sleeper(t)))
+        await asyncio.gather(*tasks)
+        await clock.sleep_until(max(deadlines))
+        await asyncio.sleep(0.001)
+        return woken, timer.pending
+
+    woken, pending = run(loop_kind, main())
+    assert pending == 0 and len(woken) == 200
+    assert all(now >= t for _, t, now in woken)
+    calls = [t for kind, t, _ in woken if kind == "call"]
+    assert len(calls) == 100 and calls == sorted(calls)  # calls run in the timer's own fire, in order
+
+
+@pytest.mark.skipif(not LINUX, reason="the timerfd exists on Linux only")
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_chain_of_calls_paces_like_sleeps_and_a_cancelled_one_leaves_no_timer(loop_kind: str) -> None:
+    """Each call schedules the next (as the GPU's ``take`` does): every one on time, none early; then a
+    cancelled call (the earliest, then the last) moves or disarms the kernel timer at once."""
+    clock = RealClock()
+
+    async def main() -> None:
+        timer = clock.timer()
+        assert timer is not None
+        times: list[tuple[float, float]] = []
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        start = clock.now() + 0.01
+
+        def tick(i: int) -> None:
+            t = start + i * 0.001
+            times.append((t, clock.now()))
+            if i < 49:
+                timer.call_at(start + (i + 1) * 0.001, lambda: tick(i + 1))
+            else:
+                done.set_result(None)
+
+        timer.call_at(start, lambda: tick(0))
+        await done
+        assert len(times) == 50 and all(now >= t for t, now in times)
+        assert timer.pending == 0 and timer.armed_ns() == 0
+
+        soon = timer.call_at(clock.now() + 0.5, lambda: pytest.fail("a cancelled call ran"))
+        later = timer.call_at(clock.now() + 5.0, lambda: pytest.fail("a cancelled call ran"))
+        assert timer.pending == 2 and 0 < timer.armed_ns() <= 500_000_000
+        soon.cancel()
+        assert timer.pending == 1 and timer.armed_ns() > 1_000_000_000
+        later.cancel()
+        later.cancel()  # idempotent
+        assert timer.pending == 0 and timer.armed_ns() == 0 and later.done()
+
+    run(loop_kind, main())
+
+
+@pytest.mark.skipif(not LINUX, reason="the timerfd exists on Linux only")
+def test_a_call_that_raises_is_reported_and_the_others_still_run() -> None:
+    clock = RealClock()
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        timer = clock.timer()
+        assert timer is not None
+        ran: list[str] = []
+        t = clock.now() + 0.005
+
+        def boom() -> None:
+            raise RuntimeError("a bug in a caller")
+
+        timer.call_at(t, boom)
+        timer.call_at(t, lambda: ran.append("after"))
+        await clock.sleep_until(t + 0.002)
+        assert timer.pending == 0
+        return ran
+
+    assert run("asyncio", main()) == ["after"]
+    assert len(reported) == 1 and isinstance(reported[0]["exception"], RuntimeError)
+
+
+def test_no_timer_where_the_clock_falls_back() -> None:
+    async def main() -> None:
+        assert RealClock(timerfd=False).timer() is None
+
+    run("asyncio", main())
+    with asyncio.Runner(loop_factory=LoopWithoutReaders) as runner:
+        runner.run(_no_timer())
+
+
+async def _no_timer() -> None:
+    assert RealClock().timer() is None

@@ -39,6 +39,13 @@ class QueuedTransport:
         for event in events:
             self.queue.put_nowait(event)
 
+    def room(self) -> int:
+        return 1_000_000
+
+    def send_now(self, events: Sequence[ServerEvent]) -> None:
+        for event in events:
+            self.queue.put_nowait(event)
+
     def queued(self) -> list[Item]:
         return []
 

@@ -3,6 +3,7 @@
 import asyncio
 import itertools
 import math
+from collections.abc import Callable
 from contextlib import aclosing
 
 import pytest
@@ -331,3 +332,123 @@ async def test_real_clock_never_returns_before_the_deadline(timerfd: bool) -> No
         t = clock.now() + dt
         await clock.sleep_until(t)
         assert clock.now() >= t
+
+
+# ---- take: a wake-up's tokens offered from the clock's timer, with no task woken ---------------------------
+
+
+async def collect_taking(clock: FakeClock, seq: GpuSequence, prompt: list[int], n_out: int, take: Callable[[int], bool]) -> Emits:
+    got: Emits = []
+    async with aclosing(seq.run_turn(prompt, list(range(10_000, 10_000 + n_out)), take=take)) as it:
+        async for k in it:
+            got.append((clock.now(), k))
+    return got
+
+
+async def test_take_gets_every_wake_up_after_the_first_at_the_same_times_and_the_report_is_the_same() -> None:
+    plain_gpu, plain_clock = make(itl_jitter_std=0.2, seed=7)
+    plain = plain_gpu.open()
+    expected = times(await run(plain_clock, plain, list(range(100)), 40))
+    gpu, clock = make(itl_jitter_std=0.2, seed=7)
+    seq = gpu.open()
+    taken: Emits = []
+
+    def take(k: int) -> bool:
+        taken.append((clock.now(), k))
+        return True
+
+    task = asyncio.create_task(collect_taking(clock, seq, list(range(100)), 40, take))
+    await clock.run_until_idle()
+    yielded = await task
+    assert yielded == [(expected[0], 1)]  # the first token wakes the task (it opens the item); nothing after
+    assert times(yielded) + times(taken) == pytest.approx(expected, abs=1e-12)
+    assert seq.last_report is not None and plain.last_report is not None
+    assert {**seq.last_report.to_dict(), "lookup_ms": 0} == pytest.approx({**plain.last_report.to_dict(), "lookup_ms": 0})
+    assert clock.pending == 0 and gpu.metrics()["running"] == 0
+
+
+async def test_what_take_declines_is_yielded_when_it_was_due() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    offers: list[int] = []
+
+    def take(k: int) -> bool:
+        offers.append(k)
+        return len(offers) % 3 != 0  # every third wake-up goes to the task
+
+    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 30, take))
+    await clock.run_until_idle()
+    yielded = await task
+    t_first = 0.040
+    assert times(yielded)[0] == pytest.approx(t_first)
+    declined = times(yielded)[1:]
+    assert len(declined) == len(offers) // 3
+    assert declined == pytest.approx([t_first + 0.001 * (3 * i) for i in range(1, len(declined) + 1)], abs=1e-9)
+    assert 1 + sum(offers) == 30  # every token offered once, or yielded once; none twice
+
+
+async def test_a_task_cancelled_while_take_streams_leaves_no_timer_and_no_slot() -> None:
+    gpu, clock = make(max_num_seqs=1)
+    seq = gpu.open()
+    taken: list[int] = []
+    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 1000, lambda k: taken.append(k) is None))
+    await clock.advance(0.060)
+    assert 15 <= sum(taken) <= 25 and clock.pending == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert clock.pending == 0 and gpu.metrics()["running"] == 0
+    before = sum(taken)
+    await clock.advance(0.050)
+    assert sum(taken) == before  # nothing offered after the cancel
+
+
+async def test_take_that_raises_fails_the_turn_in_its_task() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+
+    def take(k: int) -> bool:
+        raise ValueError("a bug in the consumer")
+
+    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 10, take))
+    await clock.run_until_idle()
+    with pytest.raises(ValueError, match="a bug in the consumer"):
+        await task
+    assert gpu.metrics()["running"] == 0 and clock.pending == 0
+
+
+async def test_an_injected_failure_and_a_close_reach_the_task_while_take_streams() -> None:
+    gpu, clock = make(fail_rate=1.0, seed=3)
+    seq = gpu.open()
+    taken: list[int] = []
+    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 200, lambda k: taken.append(k) is None))
+    await clock.run_until_idle()
+    with pytest.raises(EngineFailure, match=r"after (\d+) of 200"):
+        await task
+    assert gpu.metrics()["running"] == 0
+
+    gpu2, clock2 = make()
+    closing = gpu2.open()
+    task = asyncio.create_task(collect_taking(clock2, closing, list(range(40)), 200, lambda k: True))
+    await clock2.advance(0.050)
+    closing.close()
+    await clock2.run_until_idle()
+    assert await task == [(pytest.approx(0.040), 1)]
+    assert gpu2.metrics()["running"] == 0 and closing.last_report is None
+
+
+async def test_take_is_not_offered_with_every_s_or_without_a_timer() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    offered: list[int] = []
+    emits: Emits = []
+
+    async def coalesced() -> None:
+        async with aclosing(seq.run_turn(list(range(40)), list(range(20)), 0.005, take=lambda k: offered.append(k) is None)) as it:
+            async for k in it:
+                emits.append((clock.now(), k))
+
+    task = asyncio.create_task(coalesced())
+    await clock.run_until_idle()
+    await task
+    assert offered == [] and sum(k for _, k in emits) == 20

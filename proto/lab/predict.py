@@ -352,6 +352,9 @@ class _InstantClock:
     async def sleep_until(self, t: float) -> None:
         self.t = max(self.t, t)
 
+    def timer(self) -> None:
+        return None  # sleeps only: nothing else runs meanwhile
+
 
 def _ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(1, 100_000) for _ in range(n)]

@@ -18,6 +18,10 @@ leaves (so a client that chains on it at once finds it) — happens here, once.
 Appended items enter the context here: scanned, rendered and tokenized once, on arrival
 (``Pipeline.ingest``), before the sampler resumes with them.
 
+The driver is also the rollout's ``sampler.loop.Direct``: the deltas of a decode step inside an item go
+to ``Transport.send_now`` from the GPU's timer while the response's task stays parked, as long as the
+transport has ``room()`` for them without waiting (else they go the ``Emit`` way and may wait).
+
 Billing counts what was delivered. A response leaves a durable trace when it starts (``UsageLedger.started``)
 and updates it with what it delivered so far at every turn end and at most every ``--progress-interval-s``
 while a turn streams (``progress``: cumulative, coalesced), so that a crash can be reconciled at the next
@@ -59,6 +63,13 @@ class Transport(Protocol):
 
     async def send(self, events: Sequence[ServerEvent]) -> None:
         """Frame these events (in order) and queue them for the client; may wait (back-pressure)."""
+
+    def room(self) -> int:
+        """How many events ``send_now`` may take now without any wait (0: none; ``send`` them)."""
+
+    def send_now(self, events: Sequence[ServerEvent]) -> None:
+        """``send`` without waiting, for at most ``room()`` events, asked for in the same step: from the
+        GPU's timer (``sampler.loop.Direct``), so it must not block. Same framing, same order."""
 
     @property
     def suspends(self) -> bool:
@@ -207,7 +218,24 @@ class ResponseDriver:
         except LedgerError as exc:
             log.warning("ledger.progress_refused", response_id=self.response_id, error=str(exc))
 
+    # The rollout's ``Direct``: a wake-up's deltas sent from the GPU's timer, as ``Emit`` sends them.
+    def ready(self, count: int) -> bool:
+        return self.transport.room() >= count
+
+    def emit(self, events: tuple[ServerEvent, ...]) -> None:
+        self.transport.send_now(events)
+        if time.monotonic() >= self._progress_due:
+            self._progress()
+
     async def _sample(self) -> None:
+        rollout = self.prepared.rollout
+        rollout.direct = self  # no cycle outlives the sampling
+        try:
+            await self._steps()
+        finally:
+            rollout.direct = None
+
+    async def _steps(self) -> None:
         rollout = self.prepared.rollout
         async with aclosing(sample(rollout)) as steps:
             reply: list[Item] | None = None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -79,6 +80,17 @@ class _OneRequest:
         if self.queue is not None:
             for event in events:
                 await self.queue.put(sse_frame(event))
+
+    def room(self) -> int:
+        queue = self.queue
+        if queue is None:
+            return sys.maxsize  # a JSON reply: nothing is framed
+        return queue.maxsize - queue.qsize() if queue.maxsize > 0 else sys.maxsize
+
+    def send_now(self, events: Sequence[ServerEvent]) -> None:
+        if self.queue is not None:
+            for event in events:
+                self.queue.put_nowait(sse_frame(event))
 
     suspends = False  # a response ends at its first local call: the calls are in its output
 

@@ -131,7 +131,11 @@ class LabWSProtocol(WSProtocol):
             # wsproto keeps every extension the server offered, negotiated or not; only enabled ones act.
             plain = self._plain = not any(ext.enabled() for ext in proto.extensions)
         if plain:
-            self.transport.write(b"".join([part for data in frames for part in (_text_header(len(data)), data)]))
+            if len(frames) == 1:  # a token's delta, the common case
+                data = frames[0]
+                self.transport.write(_text_header(len(data)) + data)
+            else:
+                self.transport.write(b"".join([part for data in frames for part in (_text_header(len(data)), data)]))
         else:
             serialize = proto._serialize_frame  # whole messages only: no fragmented one is open
             self.transport.write(b"".join([serialize(Opcode.TEXT, data) for data in frames]))

@@ -7,7 +7,9 @@ transport takes data now, the frames are written at once by whoever framed them 
 else — before the driver stores, bills and encodes the terminal event after the final answer's last tokens
 — with no hop to another task and no deadline (a write that cannot wait cannot time out). Otherwise they
 are queued, and one writer task drains the queue: each of its wake-ups takes *every* frame queued so far
-and writes them in one go (one ASGI message), under one deadline. Policy for a *slow reader* (a client
+and writes them in one go (one ASGI message), under one deadline. ``put_now`` is the same without any
+wait, for frames framed from the GPU's timer (``sampler.loop.Direct``): only as many as the queue has
+``room()`` for, so it never needs to wait for the writer. Policy for a *slow reader* (a client
 that stops reading while the model streams):
 
 * back-pressure first: the writer awaits the transport (uvicorn pauses writing past asyncio's high-water
@@ -104,6 +106,22 @@ class Outbox:
             return
         for data in frames:
             await self.put(data)
+
+    def room(self) -> int:
+        """How many frames ``put_now`` may take now (0 once the client is gone: ``put`` discards them)."""
+        return 0 if self.gone else self.bound - self._queue.qsize()
+
+    def put_now(self, frames: Sequence[bytes]) -> None:
+        """``put_many`` that never waits, for at most ``room()`` frames: written at once when nothing is
+        ahead of them, else queued behind what is (the writer takes them, under its deadline)."""
+        if self.write_now(frames):
+            return
+        queue = self._queue
+        for data in frames:
+            queue.put_nowait(data)
+        size = queue.qsize()
+        if size > self.peak:
+            self.peak = size
 
     def write_now(self, frames: Sequence[bytes]) -> bool:
         """Write ``frames`` now, if nothing is queued or being written (every frame framed before them has

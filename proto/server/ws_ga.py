@@ -73,6 +73,13 @@ class _LaneResponse:
         lane = self.start.stream_id
         await self.session.out.put_many([lane_frame(codec.encode(event), lane) for event in events])
 
+    def room(self) -> int:
+        return self.session.out.room()
+
+    def send_now(self, events: Sequence[ServerEvent]) -> None:
+        lane = self.start.stream_id
+        self.session.out.put_now([lane_frame(codec.encode(event), lane) for event in events])
+
     suspends = False  # a response ends at its first local call: the calls are in its output
 
     def queued(self) -> list[Item]:

@@ -161,6 +161,13 @@ class LongLivedSession(WebSocketSession):
         frame = self.core.frame
         await self.out.put_many([frame(event) for event in events])
 
+    def room(self) -> int:
+        return self.out.room()
+
+    def send_now(self, events: Sequence[ServerEvent]) -> None:
+        frame = self.core.frame
+        self.out.put_now([frame(event) for event in events])
+
     suspends = True  # see Transport
 
     def queued(self) -> list[Item]:
