@@ -243,6 +243,8 @@ class GpuSequence:
 
         def due_now() -> None:
             nonlocal call
+            if done.done():
+                return  # the task was cancelled (its wait with it) and has not run yet: it is on its way out
             if self._closed:
                 done.set_result(0)  # closed under our feet: nothing more is released
                 return
@@ -253,10 +255,12 @@ class GpuSequence:
                         call = timer.call_at(pace.wake(), due_now)
                         return
                     k = 0
-            except BaseException as exc:  # a bug in take: the turn fails in its task
-                done.set_exception(exc)
+            except Exception as exc:  # a bug in take: the turn fails in its task
+                if not done.done():
+                    done.set_exception(exc)
                 return
-            done.set_result(k)
+            if not done.done():
+                done.set_result(k)
 
         call = timer.call_at(wake, due_now)
         try:

@@ -15,7 +15,7 @@ and its owner (``proto.server.driver``) decides what each step means:
 
 One exception, for the hot path: the stream's plain case. A decode step releases one token per running
 sequence, and most of them are a delta inside an item already open. Those the owner takes directly
-(``Rollout.direct``, a ``Direct``): the GPU offers a wake-up's tokens from its clock's timer (``run_turn``'s
+(``sample``'s ``direct``, a ``Direct``): the GPU offers a wake-up's tokens from its clock's timer (``run_turn``'s
 ``take``), the loop frames their deltas and the owner writes them, while the response's task stays
 parked — no task wake-up, no trip up and down the generators, per token. Anything else (an item opening
 or ending, a burst, a full send queue, a turn's end) is declined and goes the ``Emit`` way, unchanged: the
@@ -118,9 +118,6 @@ class Rollout:
     # Output tokens emitted (handed to the owner as events) in the turn in progress; None between turns.
     # With the engine's live report it is what a turn cut short bills (``cut_turn``).
     streamed: int | None = None
-    # The owner's way to send a wake-up's deltas at once, from the GPU's timer (see ``Direct``); None:
-    # every event goes through ``Emit``.
-    direct: Direct | None = None
 
 
 @dataclass
@@ -134,9 +131,11 @@ class _Output:
     summary: str | None = None  # reasoning: its summary text, when one is asked for
 
 
-async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
+async def sample(rollout: Rollout, direct: Direct | None = None) -> AsyncGenerator[Step, list[Item] | None]:
     """Sample until the model gives its final answer (see the module's steps); the owner frames the
-    terminal event. Raises ``MaxOutputTokens``; the GPU sequence is the owner's to close."""
+    terminal event. Raises ``MaxOutputTokens``; the GPU sequence is the owner's to close. ``direct``:
+    the owner's way to take a wake-up's plain deltas from the GPU's timer (``Direct``); ``None``: every
+    event is an ``Emit``."""
     while True:
         yield Boundary(final=False)  # items queued before this turn join now (the owner added them)
         plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
@@ -144,7 +143,7 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
         room = _room(rollout, len(prompt))
         outputs = _materialize(rollout, plan, room)
         produced: list[Item] = []
-        async with aclosing(_sample(rollout, prompt, outputs, room, produced)) as batches:
+        async with aclosing(_sample(rollout, prompt, outputs, room, produced, direct)) as batches:
             async for batch in batches:
                 yield Emit(batch)
         rollout.turn += 1
@@ -276,7 +275,7 @@ def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[_Output]:
 
 
 async def _sample(
-    rollout: Rollout, prompt: Sequence[int], outputs: list[_Output], room: int, produced: list[Item]
+    rollout: Rollout, prompt: Sequence[int], outputs: list[_Output], room: int, produced: list[Item], direct: Direct | None
 ) -> AsyncGenerator[tuple[ServerEvent, ...], None]:
     """One turn on the GPU: yield each wake-up's events (every output item token by token), fill
     ``produced``, record the engine's report. ``rollout.streamed`` counts the tokens handed over."""
@@ -298,7 +297,6 @@ async def _sample(
     rollout.streamed = 0
     coalesce = rollout.coalesce_s > 0
     held: list[str] = []  # coalescing: this chunk's text of the current item, not yet in a delta
-    direct = rollout.direct
 
     def take(count: int) -> bool:
         """The GPU's wake-up, from its timer (``run_turn``'s ``take``): the plain case — tokens inside

@@ -20,7 +20,8 @@ floor it is compared with, measured in the same run:
 * ``cpu`` — server CPU per turn at a large context: the long-lived response (only the new items cross
   the wire) against HTTP with the full history re-sent each turn (``http`` mode, SSE), same workload.
 * ``stream`` — server CPU per streamed token (one ``output_text.delta`` each) against a bare starlette +
-  uvicorn(wsproto) app sending a frame of the same size flat out (``await ws.send_text`` in a loop).
+  uvicorn(wsproto) app sending a frame of the same size flat out (``await ws.send_text`` in a loop), and,
+  at a paced rate, against what a process that only wakes once per decode step costs (per token).
 * ``capacity`` — N long-lived streams at once, each ``--rate`` tok/s: every stream's achieved rate ÷
   configured, and the longest gap between two reads that carried deltas.
 * ``rss`` — server RSS per suspended long-lived response, by context size (each context distinct).
@@ -452,18 +453,47 @@ async def count_streams(port: int, path: str, first: dict[str, Any] | None, stre
     return cpu, sum(c.deltas for c in conns), wall
 
 
+def _idle_wakes(period: float, n: int, out: Any) -> None:
+    """A process that does nothing but sleep on the clock, ``n`` times ``period`` apart: its CPU per wake-up."""
+    from sampler.clock import RealClock
+
+    async def main() -> float:
+        clock = RealClock()
+        t0, c0 = clock.now(), cpu_seconds(psutil.Process())
+        for i in range(n):
+            await clock.sleep_until(t0 + (i + 1) * period)
+        return (cpu_seconds(psutil.Process()) - c0) / n
+
+    out.send(asyncio.run(main()))
+
+
+def idle_wake_us(period: float, n: int = 3000) -> float:
+    """CPU µs a wake-up costs a process that only sleeps on the timerfd clock, ``period`` apart (in a child):
+    what any paced sender pays per decode step before it sends anything."""
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_idle_wakes, args=(period, n, theirs), daemon=True)
+    child.start()
+    try:
+        return float(mine.recv()) * 1e6
+    finally:
+        child.join(10)
+
+
 def cmd_stream(args: argparse.Namespace) -> None:
     loop = args.loop
     print(f"server CPU per streamed token (one delta event each), {args.tokens} tokens per stream, loop {loop};")
     print("floor: a bare starlette+uvicorn(wsproto) app, one `await ws.send_text` per frame of the same size, at the")
-    print("same pace and number of streams (flat out: as fast as it goes; else paced on the same timerfd clock)")
-    print(f"{'server':<10}{'pace':<12}{'streams':>8}{'µs/token':>10}{'floor µs':>10}{'ratio':>8}{'tok/s':>11}")
+    print("same pace and number of streams (flat out: as fast as it goes; else paced on the same timerfd clock);")
+    print("wake: the CPU of a process that only wakes once per decode step (1 / pace) on that clock, ÷ streams")
+    print(f"{'server':<10}{'pace':<12}{'streams':>8}{'µs/token':>10}{'floor µs':>10}{'ratio':>8}{'wake µs':>9}{'tok/s':>11}")
     for pace, streams in [(m, s) for m in args.models for s in args.streams]:
         query = f"n={args.tokens}" + ("" if pace == "flat-out" else f"&rate={pace}")
         with floor_server(loop) as (port, process):
             asyncio.run(count_streams(port, "/floor?n=2000", GO, 2, process))  # warm-up
             cpu, frames, _ = asyncio.run(count_streams(port, f"/floor?{query}", GO, streams, process))
         floor = cpu / frames * 1e6
+        wake = "—" if pace == "flat-out" else f"{idle_wake_us(1.0 / float(pace)) / streams:.2f}"
         for label, path in servers(args):
             rate = "inter-token-latency=0.001," if pace == "flat-out" else f"tokens-per-second={pace},"
             flags = ["--model-override", f"{MODEL}:{rate}{FAST},time-factor-under-load=1", "--loop", loop, *args.flags]
@@ -472,7 +502,7 @@ def cmd_stream(args: argparse.Namespace) -> None:
                 cpu, tokens, wall = asyncio.run(count_streams(server.port, "/v1/responses?protocol=longlived", say_tokens(args.tokens), streams, server.process))
             us = cpu / tokens * 1e6
             name = pace if pace == "flat-out" else f"{pace} tok/s"
-            print(f"{label:<10}{name:<12}{streams:>8}{us:>10.2f}{floor:>10.2f}{us / floor:>7.2f}×{tokens / wall:>11,.0f}")
+            print(f"{label:<10}{name:<12}{streams:>8}{us:>10.2f}{floor:>10.2f}{us / floor:>7.2f}×{wake:>9}{tokens / wall:>11,.0f}")
 
 
 # ---- capacity: N streams × rate ------------------------------------------------------------------------

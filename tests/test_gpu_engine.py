@@ -3,12 +3,13 @@
 import asyncio
 import itertools
 import math
+import time
 from collections.abc import Callable
 from contextlib import aclosing
 
 import pytest
 
-from sampler.clock import FakeClock, RealClock
+from sampler.clock import Clock, FakeClock, RealClock
 from sampler.gpu import EngineFailure, EngineOverloaded, GpuSequence, MockGPU
 from sampler.models import ModelSpec
 
@@ -337,7 +338,7 @@ async def test_real_clock_never_returns_before_the_deadline(timerfd: bool) -> No
 # ---- take: a wake-up's tokens offered from the clock's timer, with no task woken ---------------------------
 
 
-async def collect_taking(clock: FakeClock, seq: GpuSequence, prompt: list[int], n_out: int, take: Callable[[int], bool]) -> Emits:
+async def collect_taking(clock: Clock, seq: GpuSequence, prompt: list[int], n_out: int, take: Callable[[int], bool]) -> Emits:
     got: Emits = []
     async with aclosing(seq.run_turn(prompt, list(range(10_000, 10_000 + n_out)), take=take)) as it:
         async for k in it:
@@ -452,3 +453,27 @@ async def test_take_is_not_offered_with_every_s_or_without_a_timer() -> None:
     await clock.run_until_idle()
     await task
     assert offered == [] and sum(k for _, k in emits) == 20
+
+
+async def test_a_cancel_that_lands_before_a_due_call_in_the_same_loop_turn_stops_it() -> None:
+    """The client's cancel is handled just before the timer's fire in one loop iteration: the task's wait
+    is cancelled but the task has not run yet. The due call must offer nothing more, and fail nothing."""
+    spec = make(prefill_overhead_ms=1.0, prefill_time_per_token_ms=0.0)[0].spec
+    gpu = MockGPU(spec, RealClock())
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    seq = gpu.open()
+    taken: list[int] = []
+    task = asyncio.create_task(collect_taking(gpu.clock, seq, [1, 2, 3], 1000, lambda k: taken.append(k) is None))
+    while sum(taken) < 5:  # noqa: ASYNC110 - the tokens are the GPU's own pace: nothing to wait on but time
+        await asyncio.sleep(0.001)
+    time.sleep(0.003)  # noqa: ASYNC251 - block the loop past the next step: the timerfd is readable at the next poll
+    loop.call_soon(task.cancel)  # runs before the fire the poll will queue behind it
+    before = sum(taken)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.005)
+    assert sum(taken) == before and reported == []
+    timer = gpu.clock.timer()
+    assert timer is not None and timer.pending == 0 and gpu.metrics()["running"] == 0

@@ -229,15 +229,7 @@ class ResponseDriver:
 
     async def _sample(self) -> None:
         rollout = self.prepared.rollout
-        rollout.direct = self  # no cycle outlives the sampling
-        try:
-            await self._steps()
-        finally:
-            rollout.direct = None
-
-    async def _steps(self) -> None:
-        rollout = self.prepared.rollout
-        async with aclosing(sample(rollout)) as steps:
+        async with aclosing(sample(rollout, self)) as steps:
             reply: list[Item] | None = None
             sampled = False  # a turn has streamed: the next boundary is between turns
             while True:
