@@ -66,15 +66,15 @@ def main() -> None:
     for path in args.files:
         result = json.loads(path.read_text(encoding="utf-8"))
         rows = repredict(result)
+        if rows and not args.check:  # written before anything is printed: a closed pipe (`| head`) cannot cut it short
+            result["predictions_recomputed"] = {"commit": commit, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         worst = max((abs(after) for _, _, after in rows if after is not None), default=0.0)
         print(f"{path}: {len(rows)} cells, largest |error| {worst * 100:.1f} %")
         for run, before, after in rows:
             b = "–" if before is None else f"{before * 100:+.1f} %"
             a = "–" if after is None else f"{after * 100:+.1f} %"
             print(f"  {run.get('profile', ''):<16}{run['workload'][:30]:<32}{run['model']:<14}{run['mode']:<12}{b:>9} → {a}")
-        if rows and not args.check:
-            result["predictions_recomputed"] = {"commit": commit, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
