@@ -236,24 +236,25 @@ class LoopTimer:
     def call_at(self, t: float, fn: Callable[[], None]) -> TimerCall:
         """``Timer.call_at``: ``fn`` is called from ``_fire``, in deadline order with the sleepers."""
         call = TimerCall(fn, self)
-        entry: tuple[float, int, asyncio.Future[None] | TimerCall] = (t, next(self._ids), call)
-        call.entry = entry
-        heapq.heappush(self._heap, entry)
-        if self._heap[0] is entry:
-            self._arm()
+        call.entry = self._push(t, call)
         return call
 
     async def wait(self, loop: asyncio.AbstractEventLoop, t: float) -> None:
         fut: asyncio.Future[None] = loop.create_future()
-        entry = (t, next(self._ids), fut)
-        heapq.heappush(self._heap, entry)
-        if self._heap[0] is entry:
-            self._arm()
+        entry = self._push(t, fut)
         try:
             await fut
         except BaseException:  # cancelled (or closed): take the sleeper and its timer away
             self._discard(entry)
             raise
+
+    def _push(self, t: float, waiter: asyncio.Future[None] | TimerCall) -> tuple[float, int, asyncio.Future[None] | TimerCall]:
+        """A sleeper or a call into the heap; the kernel timer moves when it is the earliest."""
+        entry = (t, next(self._ids), waiter)
+        heapq.heappush(self._heap, entry)
+        if self._heap[0] is entry:
+            self._arm()
+        return entry
 
     def _fire(self) -> None:
         self.fires += 1

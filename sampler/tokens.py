@@ -69,7 +69,7 @@ SLICE_CHARS = 16 * 1024
 # the piece before ends whatever comes after. After an ASCII letter followed by an ASCII non-letter (no
 # alternative of the pattern continues a letter run into one), and after a newline followed by a
 # non-space (the newline ends its piece: ``\s*[\r\n]`` or punctuation + ``[\r\n]*``).
-# ``tests/test_tokens.py`` checks the equality on code, prose and random text.
+# ``tests/test_tokenize_slices.py`` checks the equality on code, JSON, prose and random text.
 _CUT = re.compile(r"[A-Za-z](?=[\x00-\x40\x5b-\x60\x7b-\x7f])|\n(?=\S)")
 _READY: ContextVar[dict[str, list[int]] | None] = ContextVar("responses_lab_ready_ids", default=None)
 

@@ -2,10 +2,10 @@
 
     .venv/bin/python scripts/hotpath.py turn      [--contexts 1000,100000] [--turns 50] [--append 1000]
     .venv/bin/python scripts/hotpath.py cpu       [--context 100000] [--turns 20]
-    .venv/bin/python scripts/hotpath.py stream    [--tokens 20000] [--streams 1,32]
+    .venv/bin/python scripts/hotpath.py stream    [--tokens 16000] [--streams 1,32] [--models flat-out,4000,1000]
     .venv/bin/python scripts/hotpath.py capacity  [--streams 64,96,128,160] [--rate 1000] [--seconds 8]
     .venv/bin/python scripts/hotpath.py rss       [--contexts 1000,10000,100000] [--count 12]
-    .venv/bin/python scripts/hotpath.py deflate   [--tokens 20000]
+    .venv/bin/python scripts/hotpath.py deflate   [--tokens 16000]
 
 Every server runs in a child process (``responses-lab serve``; psutil reads *its* CPU time and RSS), on
 loopback, with a 1 ms prefill so the modelled GPU time stays small. ``--server-path DIR`` runs the server
@@ -487,13 +487,16 @@ def cmd_stream(args: argparse.Namespace) -> None:
     print("same pace and number of streams (flat out: as fast as it goes; else paced on the same timerfd clock);")
     print("wake: the CPU of a process that only wakes once per decode step (1 / pace) on that clock, ÷ streams")
     print(f"{'server':<10}{'pace':<12}{'streams':>8}{'µs/token':>10}{'floor µs':>10}{'ratio':>8}{'wake µs':>9}{'tok/s':>11}")
+    wakes: dict[str, float] = {}
     for pace, streams in [(m, s) for m in args.models for s in args.streams]:
         query = f"n={args.tokens}" + ("" if pace == "flat-out" else f"&rate={pace}")
         with floor_server(loop) as (port, process):
             asyncio.run(count_streams(port, "/floor?n=2000", GO, 2, process))  # warm-up
             cpu, frames, _ = asyncio.run(count_streams(port, f"/floor?{query}", GO, streams, process))
         floor = cpu / frames * 1e6
-        wake = "—" if pace == "flat-out" else f"{idle_wake_us(1.0 / float(pace)) / streams:.2f}"
+        if pace != "flat-out" and pace not in wakes:
+            wakes[pace] = idle_wake_us(1.0 / float(pace))  # once per pace: it does not depend on the streams
+        wake = "—" if pace == "flat-out" else f"{wakes[pace] / streams:.2f}"
         for label, path in servers(args):
             rate = "inter-token-latency=0.001," if pace == "flat-out" else f"tokens-per-second={pace},"
             flags = ["--model-override", f"{MODEL}:{rate}{FAST},time-factor-under-load=1", "--loop", loop, *args.flags]

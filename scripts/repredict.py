@@ -20,23 +20,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from proto.lab.predict import Calibration, Fit
+from proto.lab.predict import Calibration
 from proto.lab.results import predict_run
 from proto.lab.traces import load_replay
 from sampler.models import MODELS
-
-
-def calibration(data: dict[str, Any]) -> Calibration:
-    fits = {mode: {kind: Fit(f["c_ms"], f["o_ms"], f["busy_ms"], f["safety_hops"], f["model_resolutions"], f["rounds"], f["dropped"])
-                   for kind, f in kinds.items()} for mode, kinds in data["fits"].items()}
-    return Calibration(fits, [], data["wall_s"], data["h_max"])
 
 
 def repredict(result: dict[str, Any]) -> list[tuple[dict[str, Any], float | None, float | None]]:
     """(run, error before, error after) for every run that has a prediction; the runs are updated in place."""
     if not result.get("calibration"):
         return []
-    cal = calibration(result["calibration"])
+    cal = Calibration.from_json(result["calibration"])
     cfg = result["config"]
     config = SimpleNamespace(server_flags=cfg.get("server_flags", []))
     try:

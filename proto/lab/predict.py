@@ -259,6 +259,13 @@ class Calibration:
         base = total.get("http") or 1.0
         return {mode: v / base for mode, v in total.items()}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Calibration:
+        """The fits ``to_json`` wrote (a kept run's ``calibration``); its samples are not kept there."""
+        fits = {mode: {kind: Fit(f["c_ms"], f["o_ms"], f["busy_ms"], f["safety_hops"], f["model_resolutions"], f["rounds"], f["dropped"])
+                       for kind, f in kinds.items()} for mode, kinds in data["fits"].items()}
+        return cls(fits, [], data["wall_s"], data["h_max"])
+
     def to_json(self) -> dict[str, Any]:
         return {
             "wall_s": self.wall_s,

@@ -96,18 +96,16 @@ class ItemCache:
         self._models[(scope, model)] = engine
 
     # ---------------------------------------------------------------------------------- internals
-    def _ids(self, scope: str, text: str) -> array[int] | None:
-        key = self.key(scope, text)
+    def _ids(self, key: tuple[str, bytes]) -> array[int] | None:
         entry = self._entries.get(key)
         if entry is None or entry.ids is None:
             return None
         self._entries.move_to_end(key)
         return entry.ids
 
-    def _store_ids(self, scope: str, text: str, ids: list[int]) -> None:
+    def _store_ids(self, key: tuple[str, bytes], ids: list[int]) -> None:
         if len(ids) > self.max_tokens:
             return
-        key = self.key(scope, text)
         entry = self._entries.get(key)
         if entry is None:  # tokenized without a scan first (a hosted tool's result): findings unknown, not kept
             return
@@ -134,12 +132,22 @@ class CachedTokenizer(Tokenizer):
         self.__dict__.update(base.__dict__)
         self._cache = cache
         self._scope = scope
+        # Each body's cache key, once per request: a large body is asked about by ``prepare`` (``_holds``),
+        # then ``encode``, then stored on a miss — one digest, not three.
+        self._keys: dict[str, tuple[str, bytes]] = {}
+
+    def _key(self, text: str) -> tuple[str, bytes]:
+        key = self._keys.get(text)
+        if key is None:
+            key = self._keys[text] = ItemCache.key(self._scope, text)
+        return key
 
     def _holds(self, text: str) -> bool:
-        return self._cache._ids(self._scope, text) is not None
+        return self._cache._ids(self._key(text)) is not None
 
     def encode(self, text: str, work: WorkCounters) -> list[int]:
-        cached = self._cache._ids(self._scope, text)
+        key = self._key(text)
+        cached = self._cache._ids(key)
         if cached is not None:
             self._cache.hits += 1
             work.item_cache_hits += 1
@@ -147,5 +155,5 @@ class CachedTokenizer(Tokenizer):
         ids = super().encode(text, work)
         self._cache.misses += 1
         work.item_cache_misses += 1
-        self._cache._store_ids(self._scope, text, ids)
+        self._cache._store_ids(key, ids)
         return ids

@@ -299,8 +299,8 @@ class Pipeline:
         await knob(phases, "api_cost", ms)
 
     async def ingest(self, rollout: Rollout, items: list[Item]) -> None:
-        """Items appended to an open response: scanned, rendered and tokenized once, on arrival (off the
-        loop when large, ``off_loop``)."""
+        """Items appended to an open response: scanned, rendered and tokenized once, on arrival (when large,
+        the scan on a worker thread, ``off_loop``, and the tokenization a slice at a time, ``tokenized``)."""
         phases = rollout.pending_phases
         lab = rollout.builder.lab
         work = lab.work
