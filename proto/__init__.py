@@ -1,10 +1,15 @@
-"""responses-lab's wire: the long-lived Response and the Responses API, sans-IO.
+"""responses-lab: the long-lived Response and the Responses API it is compared against, on a mock GPU.
 
-The modules directly in this package (``items``, ``response``, ``events``, ``errors``, ``state``,
-``longlived``, ``builder``, ``codec``) contain no networking code at all: no sockets, no awaits, no event
-loop. They consume decoded client events and produce server events and decisions, so tests drive them
-directly. ``tests/test_boundaries.py`` keeps this true.
+The package's layout is its architecture (docs/architecture.md, "Layers"):
 
-The I/O lives in the subpackages, as thin adapters: ``proto.server`` (starlette routes served by uvicorn)
-and ``proto.client`` (the asyncio client the demo, the tests and the latency lab share).
+- ``proto.core`` — the sans-IO core: items, events, the Response builder, both state tables, the
+  long-lived and GA WebSocket connection cores. No networking code at all.
+- ``proto.server`` — the server: the response driver, the API pipeline and its ``stages``, ``storage``
+  (store and ledger on SQLite or PostgreSQL), and the ``transports`` (HTTP/SSE, GA WebSocket, long-lived).
+- ``proto.engine`` — the engine hop: the mock GPU as its own process, behind vLLM's completions API.
+- ``proto.client`` — the client library; ``proto.demo``, ``proto.lab``, ``proto.load`` and ``proto.perf``
+  are built on it.
+- ``proto.processes`` — our servers as child processes, for the client tools and the server's workers.
+
+Inference (the sampling loop, the mock GPU, the mock model) is the sibling package ``sampler``.
 """

@@ -20,19 +20,26 @@ def main(argv: list[str] | None = None) -> int:
     # bench's flags live in proto/lab/bench.py; everything after `bench` is handed to it.
     commands.add_parser("bench", help="the latency lab: one workload over the four transports", add_help=False)
     commands.add_parser("engine", help="the mock GPU as its own process, behind vLLM's completions API (proto/engine)", add_help=False)
-    commands.add_parser("soak", help="load and soak: N connections x M turns, RSS, leaks (proto/client/soak.py)", add_help=False)
+    commands.add_parser("soak", help="load and soak: N connections x M turns, RSS, leaks (proto/load/soak.py)", add_help=False)
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         from proto.server.config import from_args
-        from proto.server.run import serve as run_server
 
-        run_server(from_args(args))
+        settings = from_args(args)
+        if settings.workers > 1:
+            from proto.server.workers import serve_workers
+
+            serve_workers(settings)
+        else:
+            from proto.server.serve import serve as run_server
+
+            run_server(settings)
         return 0
     if args.command == "demo":
-        from proto.client.demo import main as demo_main
+        from proto.demo import main as demo_main
 
         return demo_main([*(["--url", args.url] if args.url else []), "--model", args.model, *rest])
     if args.command == "bench":
@@ -40,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(rest)
     if args.command == "engine":
-        from proto.engine.run import main as engine_main
+        from proto.engine.serve import main as engine_main
 
         return engine_main(rest)
     if args.command == "soak":
-        from proto.client.soak import main as soak_main
+        from proto.load.soak import main as soak_main
 
         return soak_main(rest)
     parser.error(f"unknown command {args.command!r}")

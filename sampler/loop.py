@@ -33,9 +33,9 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proto.builder import CallStream, CustomCallStream, MessageStream, ReasoningStream, ResponseBuilder
-from proto.events import ServerEvent
-from proto.items import (
+from proto.core.builder import CallStream, CustomCallStream, MessageStream, ReasoningStream, ResponseBuilder
+from proto.core.events import ServerEvent
+from proto.core.items import (
     CALL_ITEMS,
     HOSTED_TOOL_NAMES,
     CallItem,
@@ -47,7 +47,7 @@ from proto.items import (
     function_tool_names,
     namespace_of,
 )
-from proto.response import TurnReport
+from proto.core.response import TurnReport
 from sampler.engine import EngineSequence
 from sampler.models import check_prompt
 from sampler.policy import Policy, TurnPlan

@@ -25,8 +25,8 @@ from contextvars import ContextVar
 import msgspec
 import tiktoken
 
-from proto import openai_types as oa
-from proto.items import (
+from proto.core import openai_types as oa
+from proto.core.items import (
     IMAGE_PARTS,
     CustomToolCall,
     CustomToolCallOutput,
@@ -45,7 +45,7 @@ from proto.items import (
     message_text,
     output_text,
 )
-from proto.work import WorkCounters
+from proto.core.work import WorkCounters
 from sampler import media
 from sampler.kvcache import Prompt, TokenLog
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildEngine, ChildServer, cpu_seconds
+from proto.processes import ChildEngine, ChildServer, cpu_seconds
 
 MODEL = "mock-4000tps"
 OVERRIDE = f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"  # 1 ms prefill: decoding dominates

@@ -1,4 +1,4 @@
-"""The long chaos run: every scenario of ``proto/client/chaos.py``, round after round with a new seed each,
+"""The long chaos run: every scenario of ``proto/load/chaos.py``, round after round with a new seed each,
 until ``--minutes`` have passed, each round on a fresh ``responses-lab serve``; prints the table of faults
 and violations (the figures of NOTES.md, "Issue 13") and exits 1 if any invariant broke.
 
@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from proto.client.chaos import Outcome, Sizes, round_of_chaos, table
+from proto.load.chaos import Outcome, Sizes, round_of_chaos, table
 
 
 async def main(minutes: float, seed: int, short: bool) -> list[Outcome]:

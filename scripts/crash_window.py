@@ -23,7 +23,7 @@ from pathlib import Path
 
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildServer
+from proto.processes import ChildServer
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 

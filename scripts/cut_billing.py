@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildServer
+from proto.processes import ChildServer
 from sampler.tokens import Tokenizer
 
 DELTAS = {"response.output_text.delta", "response.function_call_arguments.delta"}

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # the suite's throwaway PostgreSQL
 
 from databases import PostgresServer  # noqa: E402
 
-from proto.client.child import ChildServer, cpu_seconds  # noqa: E402
-from proto.server.run import free_port  # noqa: E402
+from proto.processes import ChildServer, cpu_seconds  # noqa: E402
+from proto.server.serve import free_port  # noqa: E402
 
 
 def postgres_cpu(pg: PostgresServer) -> float:

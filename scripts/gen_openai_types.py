@@ -1,8 +1,8 @@
-"""Generate ``proto/openai_types.py``: the Responses API's request schema as msgspec structs, taken from the
+"""Generate ``proto/core/openai_types.py``: the Responses API's request schema as msgspec structs, taken from the
 official ``openai`` Python SDK's generated request types (``openai/types/responses/*_param.py``, themselves
 generated from OpenAI's OpenAPI spec).
 
-    python scripts/gen_openai_types.py            # rewrite proto/openai_types.py
+    python scripts/gen_openai_types.py            # rewrite proto/core/openai_types.py
     python scripts/gen_openai_types.py --check    # exit 1 when the file differs from what the SDK gives
 
 Roots: every field of ``ResponseCreateParamsBase`` (the body of ``POST /v1/responses``), which reaches the
@@ -421,7 +421,7 @@ def generate() -> str:
     roots = {
         "Tool": gen.type_source(ToolParam),
         "InputItem": gen.type_source(ResponseInputItemParam),
-        # The whole create body but ``input``, which proto.events.CreateBody keeps raw so that each item
+        # The whole create body but ``input``, which proto.core.events.CreateBody keeps raw so that each item
         # decodes on its own (an error names its index); CreateBody also narrows the defaults.
         "CreateParams": gen.struct_for(response_create_params.ResponseCreateParamsBase),
     }

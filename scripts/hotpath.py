@@ -57,8 +57,8 @@ import httpx
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
-from proto.client.child import ChildServer
-from proto.server.run import free_port
+from proto.processes import ChildServer
+from proto.server.serve import free_port
 
 MODEL = "mock-4000tps"
 FAST = "prefill-overhead=1,prefill-time-per-token=0"  # a 1 ms prefill

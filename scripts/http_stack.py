@@ -19,7 +19,7 @@ import httpx
 import psutil
 
 from proto.server.config import Settings
-from proto.server.run import LabServer, free_port, uvicorn_config
+from proto.server.serve import LabServer, free_port, uvicorn_config
 
 MODEL = "mock-4000tps"
 

@@ -21,8 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from proto.core.response import MODES
 from proto.lab.results import cells, load, ratio
-from proto.response import MODES
 
 TOLERANCE = 0.05  # ratios must repeat within ±5 %
 # (figure, key, what we compare) — the ratios the repeatability check covers.

@@ -23,7 +23,7 @@ import time
 import aiohttp
 import httpx
 
-from proto.server.run import free_port
+from proto.server.serve import free_port
 
 SERVER = r"""
 import asyncio, sys

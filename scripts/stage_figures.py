@@ -10,8 +10,8 @@ import tempfile
 import time
 
 from proto.server import safety as S
-from proto.server.ledger import LedgerRow, UsageLedger
-from proto.server.store import ResponseStore
+from proto.server.storage.ledger import LedgerRow, UsageLedger
+from proto.server.storage.store import ResponseStore
 
 rng = random.Random(1)
 words = ["the", "model", "reads", "a", "token", "and", "the", "tokenizer", "writes", "code", "def", "return", "value", "=", "key", "secret", "for", "while", "you", "do", "print", "show"]

@@ -28,7 +28,7 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 from proto.server.config import Settings
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 from sampler.models import MODELS
 
 STEADY = "mock-65tps"

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the suite's throwaway PostgreSQL
 from databases import PostgresServer  # noqa: E402
 
 from proto.lab.metrics import percentile  # noqa: E402
-from proto.server.store import ResponseStore  # noqa: E402
+from proto.server.storage.store import ResponseStore  # noqa: E402
 
 
 async def measure(url: str, links: int, kb: int, calls: int) -> dict[str, tuple[float, float]]:

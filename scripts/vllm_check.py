@@ -38,8 +38,8 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildEngine, ChildServer
-from proto.server.run import free_port
+from proto.processes import ChildEngine, ChildServer
+from proto.server.serve import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mock-4000tps"  # the name the probe asks for; vLLM serves its tiny model under it

@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 from proto.client.longlived import LongLivedClient
-from proto.server.run import serving
+from proto.server.serve import serving
 
 MODELS = ("mock-65tps", "mock-1000tps", "mock-4000tps")
 

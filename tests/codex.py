@@ -26,7 +26,7 @@ import httpx
 import pytest
 from helpers import GUARD, MODEL, auth, clean_env, cli_command, wait_healthy
 
-from proto.server.run import free_port
+from proto.processes import free_port
 
 CLIENTS = Path(__file__).resolve().parent.parent / ".cache" / "clients"
 KEY = "sk-codex-test-0001"
@@ -78,7 +78,7 @@ async def lab_server(tmp_path: Path, *extra: str) -> AsyncIterator[LabServer]:
 
 def provider_config(server: LabServer, *, websockets: bool = False, catalog: bool = True, extra: str = "") -> str:
     """What a new user writes for a custom provider (Codex's docs, "Custom model providers"), plus the two
-    settings that make Codex read the provider's model catalog (proto/server/catalog.py)."""
+    settings that make Codex read the provider's model catalog (proto/server/model_list.py)."""
     lines = [
         f'model = "{MODEL}"',
         'model_provider = "lab"',

@@ -11,7 +11,7 @@ import pytest
 from databases import Backend, PostgresServer, PostgresUnavailable, TableLock
 from helpers import ServerFactory, running
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 
 @pytest.fixture(scope="session")

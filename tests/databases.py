@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from proto.server.run import free_port
+from proto.processes import free_port
 
 GUARD = 30.0  # seconds for PostgreSQL to start or stop: a guard against hangs, not a timing assertion
 

@@ -27,10 +27,11 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from proto.client.longlived import LongLivedClient
-from proto.errors import ERROR_CODES
+from proto.core.errors import ERROR_CODES
+from proto.processes import free_port
 from proto.server.app import Server
 from proto.server.config import Settings
-from proto.server.run import ThreadedServer, free_port
+from proto.server.serve import ThreadedServer
 
 # ------------------------------------------------------------------------------------ models and guards
 MODEL = "mock-4000tps"  # SETTINGS gives it a 1 ms prefill: a rollout costs milliseconds of modelled GPU time

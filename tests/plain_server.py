@@ -9,7 +9,7 @@ import httpx
 import pytest
 from helpers import running
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from codex import CLIENTS, environ_has_node
 from helpers import MODEL, auth, clean_env, running
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 KEY = "sk-aisdk-test-0001"
 SCRIPT = 'Look for it.\n!tokens 12 !call grep {"pattern": "def mean"}\n!call grep {"pattern": "def median"}\n!say Found both.'

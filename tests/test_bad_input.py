@@ -36,8 +36,8 @@ from raw_socket import raw_invalid_utf8_close_code
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from proto.errors import ERROR_CODES
-from proto.server.run import ThreadedServer
+from proto.core.errors import ERROR_CODES
+from proto.server.serve import ThreadedServer
 
 MAX_FRAME = 2**20  # the module's server: small enough to cross cheaply, large enough for a big message
 MAX_TOOLS = 8

@@ -37,8 +37,8 @@ from helpers import (
 )
 from websockets.asyncio.client import ClientConnection, connect
 
-from proto.client.child import ChildServer
-from proto.server.run import ThreadedServer
+from proto.processes import ChildServer
+from proto.server.serve import ThreadedServer
 from sampler.models import MODELS
 
 FAST = f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"

@@ -1,4 +1,4 @@
-"""The short chaos run (issue 13, item 4): every scenario of ``proto/client/chaos.py`` once, seeded, bounded,
+"""The short chaos run (issue 13, item 4): every scenario of ``proto/load/chaos.py`` once, seeded, bounded,
 against a real ``responses-lab serve`` on loopback, each checked against the invariants — no leak (tasks,
 GPU slots, KV pins), one ledger row per response with the delivered usage, one terminal event per response.
 The long run is ``scripts/chaos.py --minutes N``; figures in NOTES.md, "Issue 13".
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from proto.client.chaos import Sizes, round_of_chaos, table
+from proto.load.chaos import Sizes, round_of_chaos, table
 
 SEED = int(os.environ.get("CHAOS_SEED", "13"))  # a failure names its seed: rerun with CHAOS_SEED=… to replay it
 

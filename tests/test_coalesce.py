@@ -14,7 +14,7 @@ import pytest
 from helpers import MODEL, create, outputs, recv, running
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildEngine
+from proto.processes import ChildEngine
 from sampler.clock import FakeClock
 from sampler.gpu import MockGPU
 from sampler.models import ModelSpec

@@ -15,8 +15,8 @@ import pytest
 import zstandard
 from helpers import MODEL, TOOLS, running
 
-from proto.errors import ERROR_CODES
-from proto.server.run import ThreadedServer
+from proto.core.errors import ERROR_CODES
+from proto.server.serve import ThreadedServer
 
 LIMIT = 2**20
 BODY = {"model": MODEL, "input": 'Go.\n!call grep {"q": 1}\n!say done', "tools": TOOLS}

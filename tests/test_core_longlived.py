@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from helpers import CORE_MODEL, output, user_message
 
-from proto import codec
-from proto.builder import ResponseBuilder
-from proto.errors import ClientError, LocalProtocolError
-from proto.events import (
+from proto.core import codec
+from proto.core.builder import ResponseBuilder
+from proto.core.errors import ClientError, LocalProtocolError
+from proto.core.events import (
     AnyServerEvent,
     ErrorDetail,
     ErrorEvent,
@@ -31,9 +31,9 @@ from proto.events import (
     ResponseDone,
     ServerEvent,
 )
-from proto.items import FunctionCall, FunctionCallOutput, Message
-from proto.longlived import Action, Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
-from proto.state import CLIENT_EVENTS, REFUSALS, TRANSITIONS, Event, State
+from proto.core.items import FunctionCall, FunctionCallOutput, Message
+from proto.core.longlived import Action, Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
+from proto.core.state import CLIENT_EVENTS, REFUSALS, TRANSITIONS, Event, State
 
 
 class Pipe:

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from proto import codec
-from proto.builder import ResponseBuilder
-from proto.errors import ClientError
-from proto.events import (
+from proto.core import codec
+from proto.core.builder import ResponseBuilder
+from proto.core.errors import ClientError
+from proto.core.events import (
     ErrorEvent,
     InjectCreated,
     InjectFailed,
@@ -35,9 +35,9 @@ from proto.events import (
     ResponseIncomplete,
     ServerEvent,
 )
-from proto.items import FunctionCall
-from proto.longlived import Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
-from proto.state import State
+from proto.core.items import FunctionCall
+from proto.core.longlived import Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
+from proto.core.state import State
 
 OPEN_STATES = {State.OPENING, State.STREAMING, State.SUSPENDED}
 

@@ -23,7 +23,7 @@ from helpers import GUARD, SLOW_MODEL, query, serve_process, sse_read
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from proto.server.ledger import UsageLedger
+from proto.server.storage.ledger import UsageLedger
 from sampler.tokens import Tokenizer
 
 LONG = "Write at length.\n!tokens 5000 !say never"

@@ -46,8 +46,8 @@ from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from proto.server.ledger import LedgerRow
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
+from proto.server.storage.ledger import LedgerRow
 from sampler.loop import EMIT_CHUNK
 from sampler.tokens import Tokenizer
 

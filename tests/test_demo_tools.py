@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from proto.client.demo.fixture import BUGGY_STATS, FIX_PATCH, FIXED_STATS, make_repo
-from proto.client.demo.patch import apply_hunks, parse_unified_diff
-from proto.client.demo.script import SCRIPT, demo_request
-from proto.client.demo.timeline import Timeline
-from proto.client.demo.workspace import Workspace
 from proto.client.longlived import ClientEvent, RolloutResult
+from proto.demo.fixture import BUGGY_STATS, FIX_PATCH, FIXED_STATS, make_repo
+from proto.demo.patch import apply_hunks, parse_unified_diff
+from proto.demo.script import SCRIPT, demo_request
+from proto.demo.timeline import Timeline
+from proto.demo.workspace import Workspace
 from sampler.policy import parse_script
 
 
@@ -220,6 +220,6 @@ def test_the_timeline_shows_suspension_tool_and_resumption_but_not_every_delta()
 
 def test_the_demo_completes_against_a_real_server() -> None:
     """The whole demo once, end to end (about a second): `make demo` must keep passing."""
-    from proto.client.demo import main
+    from proto.demo import main
 
     assert main(["--model", "mock-4000tps"]) == 0

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from proto import codec
-from proto.events import OutputTextDelta, OutputTextDone, ServerEvent
+from proto.core import codec
+from proto.core.events import OutputTextDelta, OutputTextDone, ServerEvent
+from proto.core.work import WorkCounters
 from proto.server.config import Settings
 from proto.server.driver import ResponseDriver
-from proto.server.http import _OneRequest
 from proto.server.pipeline import Pipeline
-from proto.work import WorkCounters
+from proto.server.transports.http import _OneRequest
 
 MODEL = "mock-4000tps"
 TEXT = " ".join(f"word{i}" for i in range(60))

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 import proto.server.driver
-from proto import codec
-from proto.events import ServerEvent
-from proto.items import Item
-from proto.longlived import Cancel
+from proto.core import codec
+from proto.core.events import ServerEvent
+from proto.core.items import Item
+from proto.core.longlived import Cancel
+from proto.core.work import WorkCounters
 from proto.server.config import Settings
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline
-from proto.work import WorkCounters
 
 MODEL = "mock-4000tps"
 

@@ -34,9 +34,9 @@ from virtual import virtual
 from websockets.exceptions import InvalidStatus
 
 from proto.client.longlived import TERMINAL, ClientEvent, LongLivedClient
-from proto.items import Tool
-from proto.server.run import ThreadedServer
-from proto.state import State
+from proto.core.items import Tool
+from proto.core.state import State
+from proto.server.serve import ThreadedServer
 from sampler.tokens import tools_text
 
 

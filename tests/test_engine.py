@@ -34,12 +34,12 @@ from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from proto.client.child import ChildEngine, ChildServer
 from proto.engine.client import _failure, _report
 from proto.engine.wire import EventStream, StreamChunk
 from proto.lab.bench import main as bench_main
+from proto.processes import ChildEngine, ChildServer, free_port
 from proto.server.config import Settings
-from proto.server.run import ThreadedServer, free_port
+from proto.server.serve import ThreadedServer
 from sampler.gpu import EngineFailure, EngineOverloaded
 
 FAST = "mock-4000tps"  # a 1 ms prefill, 0.25 ms per token

@@ -28,8 +28,9 @@ from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from proto.processes import free_port
 from proto.server.app import Server
-from proto.server.run import ThreadedServer, free_port
+from proto.server.serve import ThreadedServer
 
 FAST = "mock-4000tps"  # conftest: a 1 ms prefill
 SLOW = "mock-65tps"  # `!tokens 5000` streams for over a minute unless cancelled

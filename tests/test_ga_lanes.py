@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 from openai.lib.responses_websocket import AsyncResponsesWebSocketSession, ResponsesWebSocketLimits
 from websockets.asyncio.client import ClientConnection, connect
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 LONG = "!tokens 3000"  # ~0.75 s of decode at 4000 tokens/s: long enough to interleave (the text is
 # padded with filler words after what the line says)

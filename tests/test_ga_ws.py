@@ -14,7 +14,7 @@ from virtual import virtual
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 SCRIPT = 'Go.\n!call grep {"p": 1}\n!call read_file {"path": "a.py"}\n!say done'
 

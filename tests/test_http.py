@@ -10,7 +10,7 @@ import httpx
 import pytest
 from helpers import MODEL, ROLLOUT_TOOLS, auth, outputs_for, running, state
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 SCRIPT = 'Go.\n!call grep {"p": 1}\n!say done'
 KEYS = ["sk-test-alice-0001", "sk-test-bob-0002"]

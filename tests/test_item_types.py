@@ -1,6 +1,6 @@
 """Every tool and input item type OpenAI documents (issue 12, item 1), over a real server.
 
-The types are the members of the SDK-generated unions (``proto.openai_types``, from the ``openai`` package's
+The types are the members of the SDK-generated unions (``proto.core.openai_types``, from the ``openai`` package's
 ``openai/types/responses``), so a type OpenAI adds shows up here. Each gets a sample: the shapes real clients
 send (``REAL``: Codex's namespace and freeform ``apply_patch`` tools, ``view_image`` output with an image,
 the AI SDK's item references…) and, for the rest, the smallest value the schema accepts, built from the
@@ -37,8 +37,8 @@ from openai.types.responses.response_input_item_param import ResponseInputItemPa
 from openai.types.responses.tool_param import ToolParam
 from websockets.asyncio.client import connect
 
-from proto import openai_types as oa
-from proto.server.run import ThreadedServer
+from proto.core import openai_types as oa
+from proto.server.serve import ThreadedServer
 from sampler import media
 
 srv, http = plain_server.srv, plain_server.http  # the module's server and its httpx client (fixtures)
@@ -161,9 +161,9 @@ def test_every_sdk_type_is_a_member() -> None:
 
 
 def test_generated_schema_is_current() -> None:
-    """proto/openai_types.py is what scripts/gen_openai_types.py makes from the SDK it names."""
+    """proto/core/openai_types.py is what scripts/gen_openai_types.py makes from the SDK it names."""
     if openai.__version__ != oa.SDK_VERSION:
-        pytest.fail(f"proto/openai_types.py was generated from openai {oa.SDK_VERSION}, {openai.__version__} is installed: "
+        pytest.fail(f"proto/core/openai_types.py was generated from openai {oa.SDK_VERSION}, {openai.__version__} is installed: "
                     "run scripts/gen_openai_types.py and review the diff")
     spec = importlib.util.spec_from_file_location("gen_openai_types", GENERATOR)
     assert spec is not None and spec.loader is not None

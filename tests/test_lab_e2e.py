@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from proto.core.response import MODES
 from proto.lab.bench import main as bench_main
-from proto.response import MODES
 
 TINY = {
     "format": 1,

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from proto.core.response import MODES
 from proto.lab.bench import main as bench_main
 from proto.lab.plan import build_plan
 from proto.lab.report import WIDTH, print_table
 from proto.lab.traces import TRACELAB, TraceError, load_replay, read_csv, replay_names
-from proto.response import MODES
 
 TRACES = ("tracelab-claude-session", "tracelab-multi_session_example", "tracelab-multi_session_large",
           "tracelab-session_workload_example")

@@ -11,7 +11,7 @@ import pytest
 from databases import Backend
 from structlog.testing import capture_logs
 
-from proto.server.ledger import (
+from proto.server.storage.ledger import (
     MIGRATIONS,
     LedgerError,
     LedgerRow,

@@ -23,8 +23,9 @@ from databases import Backend
 from helpers import GUARD
 from structlog.testing import capture_logs
 
-from proto.server.database import open_database
-from proto.server.ledger import (
+from proto.core.work import WorkCounters
+from proto.server.storage.database import open_database
+from proto.server.storage.ledger import (
     CRASHED,
     INCOMPLETE,
     MIGRATIONS,
@@ -33,7 +34,6 @@ from proto.server.ledger import (
     LedgerRow,
     UsageLedger,
 )
-from proto.work import WorkCounters
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,7 +231,7 @@ def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from proto.server.ledger import UsageLedger
+    from proto.server.storage.ledger import UsageLedger
     led = UsageLedger(sys.argv[1])
     led.start()
     led.started("resp_killed", "key_a", "mock-65tps", "longlived", 1e9)

@@ -26,7 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from proto.server.config import Settings, add_arguments, from_args
-from proto.server.timers import ConnectionTimers
+from proto.server.transports.timers import ConnectionTimers
 
 THREE_CALLS = 'Go.\n!call grep {"a": 1} | !call grep {"b": 2} | !call read_file {"c": 3}\n!say done'
 LIMITS = {

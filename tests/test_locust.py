@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 from helpers import MODEL
 
-from proto.client.child import ChildServer
-from proto.server.run import free_port
+from proto.processes import ChildServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = ROOT / "scripts" / "locustfile.py"

@@ -9,7 +9,7 @@ import httpx
 from helpers import MODEL, ServerFactory
 
 from proto.client.longlived import LongLivedClient
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 LOOKUP_TOOLS = [{"type": "function", "name": "lookup"}]
 

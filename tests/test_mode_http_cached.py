@@ -1,5 +1,5 @@
 """``http-cached``: one independent HTTP request per turn, the server's item cache skipping what it has seen
-(``proto/server/item_cache.py``), counted per response and on /metrics; the ledger takes the new mode, also
+(``proto/server/stages/item_cache.py``), counted per response and on /metrics; the ledger takes the new mode, also
 in a database file created before it existed; the HTTP modes' API-cost knob.
 
 Named to run after tests/test_ledger*.py: the ledger migration logs through the ledger's logger, and
@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from helpers import MODEL, http_rollout, running, state, ten_turn_script
 
-from proto.response import MODES
-from proto.server.ledger import LedgerRow, UsageLedger
+from proto.core.response import MODES
+from proto.server.storage.ledger import LedgerRow, UsageLedger
 
 HEADER = {"X-Responses-Lab-Cache": "items"}
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proto.server.config import Settings
-from proto.server.session import FRAMES_EXTENSION, Outbox
+from proto.server.transports.websocket import FRAMES_EXTENSION, Outbox
 from sampler.clock import FakeClock
 
 

@@ -9,8 +9,8 @@ import string
 
 import pytest
 
-from proto.errors import ClientError
-from proto.server.safety import Finding, SafetyScanner, ScanResult, shannon_entropy
+from proto.core.errors import ClientError
+from proto.server.stages.safety import Finding, SafetyScanner, ScanResult, shannon_entropy
 
 
 def _rand(n: int, alphabet: str = string.ascii_letters + string.digits, seed: int = 7) -> str:

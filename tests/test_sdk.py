@@ -8,7 +8,7 @@ import pytest
 from helpers import MODEL, running
 from openai import AsyncOpenAI, NotFoundError
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 
 KEY = "sk-test-sdk-0001"
 SCRIPT = 'Go.\n!call grep {"pattern": "def mean"}\n!call read_file {"path": "a.py"}\n!say All good.'

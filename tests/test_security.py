@@ -18,8 +18,8 @@ from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from proto.processes import free_port
 from proto.server.logs import configure
-from proto.server.run import free_port
 
 KEYS = ["sk-alice-0123456789abcdef", "sk-bob-fedcba9876543210"]
 SECRET_TEXT = "the launch code is PLUTONIUM-42"

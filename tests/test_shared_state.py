@@ -36,9 +36,9 @@ from helpers import (
 )
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildServer
 from proto.client.longlived import LongLivedClient
-from proto.server.ledger import LedgerRow, UsageLedger
+from proto.processes import ChildServer
+from proto.server.storage.ledger import LedgerRow, UsageLedger
 
 FAST_FLAGS = ["--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", "--log-level", "warning"]
 

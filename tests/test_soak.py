@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proto.client.soak import main
+from proto.load.soak import main
 
 
 def test_soak_smoke_leaves_no_session_and_no_task(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 from databases import Backend
 
-from proto.server.ledger import MIGRATIONS as LEDGER_MIGRATIONS
-from proto.server.ledger import LedgerRow, UsageLedger
-from proto.server.store import ResponseStore, StoreError
+from proto.server.storage.ledger import MIGRATIONS as LEDGER_MIGRATIONS
+from proto.server.storage.ledger import LedgerRow, UsageLedger
+from proto.server.storage.store import ResponseStore, StoreError
 
 KEY, OTHER = "key_alice", "key_mallory"
 

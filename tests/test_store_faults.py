@@ -17,8 +17,8 @@ import pytest
 from databases import Backend, PostgresServer
 from helpers import GUARD
 
-from proto.server.run import free_port
-from proto.server.store import ResponseStore, StoreError, StoreUnavailable
+from proto.processes import free_port
+from proto.server.storage.store import ResponseStore, StoreError, StoreUnavailable
 
 KEY = "key_alice"
 

@@ -19,7 +19,7 @@ import httpx
 from helpers import GUARD, MODEL, TERMINAL_OR_ERROR, assert_error, running, state, until
 from websockets.asyncio.client import ClientConnection, connect
 
-from proto.errors import ERROR_CODES
+from proto.core.errors import ERROR_CODES
 
 BUSY_S = 0.05
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proto.items import FunctionCallOutput, Message
-from proto.work import WorkCounters
+from proto.core.items import FunctionCallOutput, Message
+from proto.core.work import WorkCounters
 from sampler.tokens import SLICE_CHARS, Conversation, Tokenizer, _encoding, prepared, slices
 
 ROOT = Path(__file__).resolve().parent.parent

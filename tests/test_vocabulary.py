@@ -13,7 +13,7 @@ import pytest
 from helpers import MODEL, TERMINAL, until
 from websockets.asyncio.client import ClientConnection, connect
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 from sampler.policy import PlannedCall, ScriptError, parse_directive, parse_script
 
 srv, http = plain_server.srv, plain_server.http  # the module's server and its httpx client (fixtures)

@@ -20,7 +20,7 @@ from helpers import (
     ten_turn_script,
 )
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 from sampler.tokens import Tokenizer
 
 MODES = ("longlived", "ws", "http", "http-prev")

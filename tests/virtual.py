@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from helpers import SETTINGS
 
-from proto.server.run import ThreadedServer
+from proto.server.serve import ThreadedServer
 from sampler.clock import FakeClock
 
 

@@ -11,13 +11,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from proto.core.response import MODES
+from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.report import print_table, write_plots
 from proto.lab.results import results_json, write_csv, write_json
-from proto.lab.runner import PROFILES, BenchConfig, run_bench
+from proto.lab.runner import run_bench
 from proto.lab.scenarios import SCENARIOS
 from proto.lab.sweep import sweep
 from proto.lab.timeline import results_traces, write_trace
-from proto.response import MODES
 
 
 def _csv(value: str) -> tuple[str, ...]:

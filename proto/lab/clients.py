@@ -47,10 +47,10 @@ import httpx
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.core.response import MODES
 from proto.lab.metrics import RECONNECT, SEND, TERMINAL, Mark, Trace
 from proto.lab.plan import RolloutPlan, Send
-from proto.response import MODES
-from proto.server.http import CACHE_HEADER
+from proto.server.transports.http import CACHE_HEADER
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from proto.items import Tool
+from proto.core.items import Tool
 from proto.lab.traces import Round, Session
 from sampler.tokens import Tokenizer, tools_text
 

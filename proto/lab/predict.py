@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from proto.client.child import ChildServer
 from proto.lab.clients import make_client
+from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce
 from proto.lab.metrics import Trace, round_times
 from proto.lab.plan import RolloutPlan, build_plan
-from proto.lab.runner import PROFILES, WARM, BenchConfig, Profile, nonce
 from proto.lab.traces import Replay, Round, Session
+from proto.processes import ChildServer
 from sampler.clock import FakeClock
 from sampler.gpu import MockGPU
 from sampler.models import ModelSpec

@@ -11,8 +11,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from proto.core.response import MODES
 from proto.lab.results import BASELINE, cells, ratio
-from proto.response import MODES
 
 MODE_ORDER: tuple[str, ...] = MODES  # the order the designs are compared in: each removes work the one before redoes
 MODE_COLORS = {"http": "#d62728", "http-cached": "#9467bd", "http-prev": "#ff7f0e", "ws": "#1f77b4", "longlived": "#2ca02c"}

@@ -21,8 +21,9 @@ from typing import Any
 
 import psutil
 
+from proto.lab.config import PROFILES
 from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
-from proto.lab.runner import PROFILES, BenchResult, CellResult
+from proto.lab.runner import BenchResult, CellResult
 from proto.lab.traces import Replay
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
@@ -108,8 +109,8 @@ def predict_run(run: dict[str, Any], calibration: Any, replay: Replay, model_ove
     """Compose ``run``'s cell (its mode, model, profile) with the fast model and write its prediction
     fields (in place): what every real-clock run reports, and what ``scripts/repredict.py`` rewrites."""
     from proto.lab.predict import predict_cell, profile_hops
-    from sampler.catalogue import apply_knobs
     from sampler.models import MODELS
+    from sampler.overrides import apply_knobs
 
     spec = MODELS[run["model"]]
     for text in model_overrides:

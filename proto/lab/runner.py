@@ -20,81 +20,20 @@ import functools
 import gc
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
 from websockets.asyncio.client import connect
 
-from proto.client.child import ChildEngine, ChildServer, cpu_seconds
 from proto.lab.clients import Transport, make_client
+from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce
 from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan
-from proto.lab.traces import Replay, Round, Session, load_replay
-from sampler.policy import PlannedCall
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Hop latencies of the remote services the seed's design removed or shortened (server flags)."""
-
-    name: str
-    safety_hop_ms: float
-    resolve_hop_ms: float
-
-
-# Values argued in NOTES.md (the lab's "Profiles"): a BERT-scale safety classifier behind an in-region RPC
-# (10–50 ms per check in published guardrail budgets; we take 20 ms), and one in-region RPC to a
-# routing/config service for model resolution (inter-AZ RTT 1.3–2.1 ms measured on EC2; we take 2 ms).
-PROFILES: dict[str, Profile] = {
-    "local": Profile("local", 0.0, 0.0),
-    "production-like": Profile("production-like", 20.0, 2.0),
-    # The hop curve's third real-clock point: a safety classifier at the top of the published 10-50 ms
-    # range, and the resolve hop at a tenth of it as in production-like (NOTES.md (Issue 11)).
-    "remote": Profile("remote", 50.0, 5.0),
-}
-
-
-@dataclass
-class BenchConfig:
-    modes: tuple[str, ...] = ("http", "http-cached", "http-prev", "ws", "longlived")
-    workloads: tuple[str, ...] = ("coding-agent",)
-    models: tuple[str, ...] = ("mock-1000tps",)
-    profiles: tuple[str, ...] = ("local", "production-like")
-    sessions: int = 4
-    rollouts: int = 2  # measured, per session
-    warmup: int = 1  # per session, before the measured ones
-    warmup_turns: int = 3  # warm-up rollouts are this short: they warm code paths and connections only
-    turns: int | None = None  # shorten the workload to this many turns (None: all)
-    tool_time_scale: float = 1.0
-    pings: int = 500
-    url: str | None = None
-    api_key: str | None = None
-    quick: bool = False
-    # Passed to every server the lab starts (``--model-override``): ask "what if prefill were 10x faster?"
-    # or "what if suspended responses lost their KV pins?" (``pin-suspended=false``) on the same workload.
-    model_overrides: tuple[str, ...] = ()
-    server_flags: tuple[str, ...] = ()  # more ``responses-lab serve`` flags (a scenario's API-cost knob)
-    predict: bool = True  # calibrate the fast model first and report each cell's prediction
-    calibration_rounds: int = 240  # per mode (--predict-rounds)
-    reconnect: int = 0  # ws: a reconnect to the other server every K turns (0: never)
-    db: str | None = None  # the lab's servers' --db (default: a memory database; reconnect, workers: a shared file)
-    # The topology of the servers the lab starts: the engine (None: in process; a URL: that engine;
-    # "spawn": a `responses-lab engine` the lab starts and every profile's server shares) and the API
-    # processes in front of it (`serve --workers N`; N > 1 without an engine starts one of its own).
-    engine: str | None = None
-    workers: int = 1
-
-    @classmethod
-    def quick_preset(cls) -> BenchConfig:
-        """< 3 min on 2 cores: 15 of coding-agent's 30 turns (history 6 k → 31 k tokens), mock-4000tps,
-        tool waits ×0.1, 2 sessions × 1 measured rollout, 200 pings. Tool waits are identical in every mode
-        and only dilute E2E ratios; the full run keeps them as recorded."""
-        return cls(models=("mock-4000tps",), sessions=2, rollouts=1, turns=15, tool_time_scale=0.1, pings=200, quick=True,
-                   calibration_rounds=120)
+from proto.lab.predict import Calibration, calibrate
+from proto.lab.traces import Replay, Session, load_replay
+from proto.processes import ChildEngine, ChildServer, cpu_seconds
 
 
 @dataclass
@@ -117,7 +56,7 @@ class BenchResult:
     cells: list[CellResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     wall_s: float = 0.0
-    calibration: Any = None  # proto.lab.predict.Calibration, when the run calibrated the fast model
+    calibration: Calibration | None = None  # when the run calibrated the fast model
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -155,14 +94,6 @@ async def ping_rtts_ms(ws_url: str, count: int, api_key: str | None = None) -> l
 
 # ---- one cell -----------------------------------------------------------------------------------
 
-# A trace cell's warm-up: code paths and connections, not the trace's sizes (its first prompt may be 30 k).
-WARM = Session("warm-up", 0.0, (
-    Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
-    Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
-    Round(16, (), 0.0, text="Warm."),
-), first_tokens=600)
-
-
 async def run_cell(
     mode: str,
     replay: Replay,
@@ -199,12 +130,6 @@ async def run_cell(
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     return traces, cpu_s, wall
-
-
-def nonce() -> str:
-    # A fresh nonce per rollout keeps KV prefixes unshared. Twelve digits: cl100k splits digits in threes, so
-    # every nonce is 4 tokens and usage stays comparable.
-    return f"{uuid.uuid4().int % 10**12:012d}"
 
 
 async def _rollouts(client: Transport, session: Session, model: str, config: BenchConfig, n: int) -> list[Trace]:
@@ -323,8 +248,6 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                     on_cell: Callable[[str], None] | None = None, cells: bool = True) -> BenchResult:
     """The run: the fast model's calibration (unless ``config.predict`` is off), then every cell (unless
     ``cells`` is off: ``--predict`` alone)."""
-    from proto.lab.predict import calibrate
-
     result = BenchResult(config)
     t0 = time.perf_counter()
     workloads = replays_of(config)

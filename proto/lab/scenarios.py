@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.predict import Calibration, Hops, predict_cell
-from proto.lab.runner import PROFILES, BenchConfig
 from proto.lab.sweep import coding
 from proto.lab.traces import Replay, Round, Session, register
 from sampler.models import MODELS, ModelSpec

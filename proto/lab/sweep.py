@@ -12,8 +12,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from proto.lab.config import PROFILES
 from proto.lab.predict import Calibration, Hops, predict_cell
-from proto.lab.runner import PROFILES
 from proto.lab.synthetic import coding_agent
 from proto.lab.traces import Replay, from_workload
 from sampler.models import MODELS, ModelSpec

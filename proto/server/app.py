@@ -19,17 +19,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from proto.errors import ClientError
+from proto.core.errors import ClientError
 from proto.server.auth import Auth, error_response, unauthorized
-from proto.server.catalog import models_list
 from proto.server.config import Settings
-from proto.server.http import HttpResponses
-from proto.server.item_cache import ItemCache
 from proto.server.logs import configure as configure_logs
+from proto.server.model_list import models_list
 from proto.server.pipeline import Pipeline
-from proto.server.session import SHUTDOWN
-from proto.server.ws_ga import GaSession
-from proto.server.ws_longlived import LongLivedSession
+from proto.server.stages.item_cache import ItemCache
+from proto.server.transports.http import HttpResponses
+from proto.server.transports.websocket import SHUTDOWN
+from proto.server.transports.ws_ga import GaSession
+from proto.server.transports.ws_longlived import LongLivedSession
 from sampler.clock import Clock
 
 log = structlog.get_logger("proto.server")

@@ -10,8 +10,8 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proto.errors import ClientError, HttpErrorEnvelope
-from proto.server.ledger import fingerprint_api_key
+from proto.core.errors import ClientError, HttpErrorEnvelope
+from proto.server.storage.ledger import fingerprint_api_key
 
 KeyedEndpoint = Callable[[Request, str], Awaitable[Response]]
 _encoder = msgspec.json.Encoder()

@@ -18,7 +18,7 @@ class Settings:
     port: int = 8000
     api_key: list[str] = field(default_factory=list)  # none: the server runs open (loopback only)
     # Usage ledger + response store: a SQLite file (embedded), ":memory:" for throwaway runs, or a
-    # postgresql://… URL shared by every worker and host (proto/server/database.py).
+    # postgresql://… URL shared by every worker and host (proto/server/storage/database.py).
     db: str = "responses-lab.db"
     # How long one SQLite statement waits for another writer's lock before it fails: a store write then
     # ends its response `store_unavailable`; the ledger retries with backoff (NOTES.md, "Issue 13").

@@ -40,14 +40,14 @@ from typing import Protocol
 
 import structlog
 
-from proto.errors import ClientError
-from proto.events import ServerEvent
-from proto.items import Item
-from proto.longlived import Cancel
-from proto.server.chain import persist_response
-from proto.server.ledger import LedgerError, LedgerFullError
+from proto.core.errors import ClientError
+from proto.core.events import ServerEvent
+from proto.core.items import Item
+from proto.core.longlived import Cancel
 from proto.server.pipeline import Pipeline, Prepared
-from proto.server.timers import deadline
+from proto.server.stages.chain import persist_response
+from proto.server.storage.ledger import LedgerError, LedgerFullError
+from proto.server.transports.timers import deadline
 from sampler.gpu import ContextLengthExceeded, EngineFailure, EngineOverloaded
 from sampler.loop import Boundary, Emit, MaxOutputTokens, Suspend, cut_turn, delivered, sample
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from proto.builder import ResponseBuilder
+from proto.core.builder import ResponseBuilder
 
 # Sub-millisecond stages (tokenizing a tool output) up to multi-second ones (re-rendering 100 k tokens).
 _STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

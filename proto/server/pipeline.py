@@ -23,25 +23,25 @@ from typing import TypeVar
 
 import structlog
 
-from proto.builder import ResponseBuilder
+from proto.core.builder import ResponseBuilder
+from proto.core.errors import ClientError
+from proto.core.events import CreateBody
+from proto.core.items import CALL_ITEMS, Item, Message, Reasoning, WebSearchCall, message_text
+from proto.core.response import Mode, Response
+from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
-from proto.errors import ClientError
-from proto.events import CreateBody
-from proto.items import CALL_ITEMS, Item, Message, Reasoning, WebSearchCall, message_text
-from proto.response import Mode, Response
 from proto.server.config import Settings
-from proto.server.item_cache import ItemCache
-from proto.server.ledger import LedgerRow, UsageLedger
 from proto.server.metrics import PipelineMetrics
-from proto.server.safety import SafetyScanner
-from proto.server.store import ResponseStore, StoreUnavailable
-from proto.work import WorkCounters
-from sampler.catalogue import model_specs
+from proto.server.stages.item_cache import ItemCache
+from proto.server.stages.safety import SafetyScanner
+from proto.server.storage.ledger import LedgerRow, UsageLedger
+from proto.server.storage.store import ResponseStore, StoreUnavailable
 from sampler.clock import Clock, RealClock
 from sampler.engine import Engine
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
 from sampler.models import ModelSpec
+from sampler.overrides import model_specs
 from sampler.policy import has_directives, select_policy
 from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
@@ -234,7 +234,7 @@ class Pipeline:
         ``scan_history``. A GA WebSocket cache hit passes the previous response's ``conversation`` (its
         rendered tokens: only ``new_items`` are tokenized onto it; the caller hands it over, it is
         mutated) and its resolved ``gpu`` (no model resolution). ``cache_scope`` (``http-cached``: the API
-        key id) scans, tokenizes and resolves through the item cache (``proto/server/item_cache.py``)."""
+        key id) scans, tokenizes and resolves through the item cache (``proto/server/stages/item_cache.py``)."""
         phases = phases if phases is not None else {}
         flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions, cache_scope)
         if gpu is None:

@@ -32,10 +32,11 @@ import structlog
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
-from proto.client.child import ChildEngine
-from proto.server.config import Settings
-from proto.server.database import is_postgres
+from proto.processes import ChildEngine
+from proto.server.config import Settings, check_bind
 from proto.server.logs import configure
+from proto.server.serve import LabServer, freeze_startup_objects, uvicorn_config
+from proto.server.storage.database import is_postgres
 
 log = structlog.get_logger("proto.server.workers")
 POLL_S = 0.5  # how often the supervisor looks at its children
@@ -43,6 +44,8 @@ JOIN_MARGIN_S = 15.0  # past the shutdown grace, before a worker that has not ex
 
 
 def serve_workers(settings: Settings) -> None:
+    check_bind(settings)
+    configure(settings.log_level)
     if settings.db in ("", ":memory:"):
         raise SystemExit("--workers N shares the store between processes: give --db a file, not a memory database")
     engine = None
@@ -73,7 +76,7 @@ def serve_workers(settings: Settings) -> None:
 
 def reconcile_ledger(db: str) -> int:
     """Bill the responses a dead server left open in ``db``'s ledger (``UsageLedger.reconcile``)."""
-    from proto.server.ledger import UsageLedger
+    from proto.server.storage.ledger import UsageLedger
 
     ledger = UsageLedger(db)
     try:
@@ -131,10 +134,7 @@ class Supervisor:
 
 
 def run_worker(settings: Settings, sock: socket.socket) -> None:
-    """One worker process: a ``LabServer`` on the inherited socket (imported here: the spawned interpreter
-    imports this module first)."""
-    from proto.server.run import LabServer, freeze_startup_objects, uvicorn_config
-
+    """One worker process: a ``LabServer`` on the inherited socket."""
     configure(settings.log_level)
     server = LabServer(uvicorn_config(settings, reconcile=is_postgres(settings.db)))
     freeze_startup_objects()

@@ -1,0 +1,162 @@
+"""Decoding client frames and items, encoding server events. Every encoder/decoder is built once."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from proto.core.errors import ClientError, param_from_validation
+from proto.core.events import CLIENT_EVENT_TYPES, AnyServerEvent, ClientEvent, CreateBody
+from proto.core.items import Item, ItemReference, Message
+
+_event_decoder = msgspec.json.Decoder(ClientEvent)
+_body_decoder = msgspec.json.Decoder(CreateBody)
+_item_decoder = msgspec.json.Decoder(Item)
+_message_decoder = msgspec.json.Decoder(Message)
+_reference_decoder = msgspec.json.Decoder(ItemReference)
+_any_decoder = msgspec.json.Decoder()
+_server_decoder = msgspec.json.Decoder(AnyServerEvent)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_client_event(data: str | bytes) -> ClientEvent:
+    """One WebSocket text frame → one typed client event, or a ``ClientError`` naming what is wrong."""
+    try:
+        return _event_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _classify(data, exc) from None
+    except msgspec.DecodeError as exc:
+        raise ClientError("invalid_json", f"frame is not valid JSON: {exc}") from None
+    except RecursionError:
+        # msgspec raises RecursionError (not DecodeError) past its nesting limit: still the peer's input.
+        raise ClientError("invalid_json", "frame is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise ClientError("invalid_json", "frame is not valid UTF-8 (lone surrogate)") from None
+
+
+_MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
+
+
+def _param(exc: msgspec.ValidationError, prefix: str = "") -> str | None:
+    # msgspec names the object that lacks a field, not the field: point ``param`` at the field itself.
+    param = param_from_validation(exc, prefix)
+    missing = _MISSING_FIELD.search(str(exc))
+    return f"{param or '$'}.{missing.group(1)}" if missing else param
+
+
+def _classify(data: str | bytes, exc: msgspec.ValidationError) -> ClientError:
+    # Only on the error path: look at the raw object to tell "unknown type" from "bad field".
+    # The typed decoder stops at the first misfit, so the rest of the frame may not even be JSON.
+    try:
+        raw: Any = _any_decoder.decode(data)
+    except msgspec.ValidationError:
+        # Valid JSON that no Python value holds (a number out of range): still a bad field.
+        param = _param(exc)
+        return ClientError(event_fault_code(_kind_prefix(data), param), str(exc), param)
+    except msgspec.DecodeError as bad:
+        return ClientError("invalid_json", f"frame is not valid JSON: {bad}")
+    except RecursionError:
+        return ClientError("invalid_json", "frame is nested too deeply")
+    if not isinstance(raw, dict):
+        return ClientError("invalid_event", f"an event must be a JSON object, got {type(raw).__name__}")
+    event_type = raw.get("type")
+    if not isinstance(event_type, str):
+        return ClientError("invalid_event", "an event needs a string field `type`", "$.type")
+    if event_type not in CLIENT_EVENT_TYPES:
+        return ClientError("unknown_event_type", f"unknown event type {event_type!r}", "$.type")
+    param = _param(exc)
+    return ClientError(event_fault_code(event_type, param), _message(exc), param)
+
+
+_ENVELOPE = frozenset({"$.type", "$.event_id", "$.stream_id"})
+_KIND = re.compile(rb'"type"\s*:\s*"([a-z._]+)"')
+
+
+def _kind_prefix(data: str | bytes) -> str:
+    """The event type of a frame no decoder can hold (its first ``"type"`` is the event's own)."""
+    m = _KIND.search(data.encode() if isinstance(data, str) else data)
+    return m[1].decode() if m else ""
+
+
+def event_fault_code(kind: str, param: str | None) -> str:
+    """A fault in the body a ``response.create`` carries, or in an item of any event, is the same fault
+    as in an HTTP body: ``invalid_request`` on every transport (issue 12). ``invalid_event`` is for
+    the event's own envelope: its ``type``, ``event_id``, an append's ``input`` that is not a list."""
+    if param is None or param in _ENVELOPE:
+        return "invalid_event"
+    if kind == "response.create" or param.startswith("$.input["):
+        return "invalid_request"
+    return "invalid_event"
+
+
+_TAG = re.compile(r"Invalid value '([^']*)' - at `\$[^`]*\.type`")
+
+
+def _message(exc: msgspec.ValidationError) -> str:
+    """msgspec's message, with an unknown ``type`` named as what it is: an undocumented type."""
+    text = str(exc)
+    if m := _TAG.search(text):
+        return f"undocumented type {m[1]!r} (not a type of the Responses API) - {text.rsplit(' - ', 1)[-1]}"
+    return text
+
+
+def decode_body(data: str | bytes) -> CreateBody:
+    """The body of ``POST /v1/responses``; ``param`` in OpenAI's spelling (``input[0].call_id``)."""
+    try:
+        return _body_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise ClientError("invalid_request", _message(exc), body_param(_param(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ClientError("invalid_json", "body is nested too deeply") from None
+
+
+def body_param(param: str | None) -> str | None:
+    """``$.input[0].call_id`` → ``input[0].call_id``: HTTP and GA WebSocket name fields as OpenAI does
+    (the long-lived protocol keeps the JSONPath of the event)."""
+    if param is None or param == "$":
+        return None
+    return param[2:] if param.startswith("$.") else param
+
+
+def decode_items(raw_items: str | list[msgspec.Raw], path: str = "$.input", code: str = "invalid_request") -> list[Item]:
+    """Items one by one, so an error names its index; a bare string is one user message. A malformed
+    item is ``invalid_request`` on every transport (``code`` lets a caller say otherwise)."""
+    if isinstance(raw_items, str):
+        return [Message(role="user", content=raw_items)]
+    items: list[Item] = []
+    for index, raw in enumerate(raw_items):
+        items.append(_decode_item(raw, f"{path}[{index}]", code))
+    return items
+
+
+def _decode_item(raw: msgspec.Raw, path: str, code: str) -> Item:
+    try:
+        return _item_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        if "missing required field `type`" not in str(exc):
+            raise ClientError(code, _message(exc), _param(exc, path)) from None
+    except RecursionError:
+        raise ClientError(code, "item is nested too deeply", path) from None
+    # No ``type``: OpenAI accepts a message as ``{"role", "content"}`` and an item reference as ``{"id"}``.
+    try:
+        shape = _any_decoder.decode(raw)
+        decoder = _message_decoder if isinstance(shape, dict) and ("role" in shape or "id" not in shape) else _reference_decoder
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise ClientError(code, _message(exc), _param(exc, path)) from None
+    except RecursionError:
+        raise ClientError(code, "item is nested too deeply", path) from None
+
+
+def encode(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def decode_server_event(data: str | bytes) -> AnyServerEvent:
+    """For clients and tests: one server frame → its typed event."""
+    return _server_decoder.decode(data)
+

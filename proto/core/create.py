@@ -1,0 +1,91 @@
+"""Validation of one create body (``POST /v1/responses``, a GA or a long-lived ``response.create``), sans-IO.
+
+The checks live here, once, for every transport, with the same code on each (a bad item or field is
+``invalid_request`` everywhere); only the spelling of ``param`` differs: HTTP and GA name fields as OpenAI
+does (``input[0].call_id``), the long-lived protocol by the event's JSONPath (``$.input[0].call_id``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass
+
+from proto.core import codec
+from proto.core.errors import ClientError
+from proto.core.events import CreateBody
+from proto.core.items import (
+    CALL_ITEMS,
+    OUTPUT_ITEMS,
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    ItemReference,
+)
+from proto.core.work import WorkCounters
+
+
+@dataclass(frozen=True)
+class CreateLimits:
+    """Per-request limits; each is a server flag (``--max-input-items`` …)."""
+
+    max_input_items: int = 2048
+    max_tools: int = 128
+
+
+def validate_create(
+    body: CreateBody,
+    known_models: Container[str],
+    limits: CreateLimits,
+    root: str = "",
+    item_code: str = "invalid_request",
+    refuse_background: bool = True,
+) -> tuple[list[Item], WorkCounters]:
+    """The body's input items, decoded one by one, and the work counted doing it; ``ClientError`` with
+    the failing path as ``param`` otherwise (``root`` prefixes it: ``"$."`` for an event's JSONPath).
+
+    ``background: true`` is refused (HTTP, GA WebSocket: no background responses here, and a client that
+    asked for one must not believe it got one); the long-lived ``response.create`` ignores the field, as
+    SPEC §3 has it (``refuse_background=False``).
+
+    Without ``previous_response_id`` every ``function_call_output`` must answer a call in the same input
+    (OpenAI checks this too); a continuation's outputs, and an input with ``item_reference`` items, are
+    checked once the history is loaded and the references resolved (``check_outputs``), because only then
+    are their calls known.
+    """
+    if refuse_background and body.background:
+        raise ClientError("invalid_request", "background responses are not supported", f"{root}background")
+    if body.model not in known_models:
+        raise ClientError("model_not_found", f"the model {body.model!r} does not exist", f"{root}model")
+    if len(body.tools) > limits.max_tools:
+        raise ClientError("too_many_tools", f"at most {limits.max_tools} tools", f"{root}tools")
+    if not isinstance(body.input, str) and len(body.input) > limits.max_input_items:
+        raise ClientError("too_many_items", f"at most {limits.max_input_items} input items", f"{root}input")
+    work = WorkCounters(requests_validated=1)
+    items = codec.decode_items(body.input, f"{root}input", item_code)
+    work.items_validated += len(items)
+    if body.previous_response_id is None and not any(isinstance(item, ItemReference) for item in items):
+        check_outputs([], items, root)
+    return items, work
+
+
+def check_outputs(history: list[Item], items: list[Item], root: str = "") -> None:
+    """Each ``function_call_output`` / ``custom_tool_call_output`` in ``items`` answers a call of the
+    same kind in ``history + items``, at most once."""
+    calls = {(type(item), item.call_id) for item in (*history, *items) if isinstance(item, CALL_ITEMS)}
+    answered = {item.call_id for item in history if isinstance(item, OUTPUT_ITEMS)}
+    for index, item in enumerate(items):
+        if not isinstance(item, OUTPUT_ITEMS):
+            continue
+        kind = ANSWERS[type(item)]
+        if (kind, item.call_id) not in calls:
+            raise ClientError("unknown_call_id", f"no {_CALL_NAMES[kind]} with call_id {item.call_id!r}", f"{root}input[{index}].call_id")
+        if item.call_id in answered:
+            raise ClientError("duplicate_call_output", f"call {item.call_id!r} already has an output", f"{root}input[{index}].call_id")
+        answered.add(item.call_id)
+
+
+# Which call an output answers.
+ANSWERS: dict[type, type] = {FunctionCallOutput: FunctionCall, CustomToolCallOutput: CustomToolCall}
+_CALL_NAMES: dict[type, str] = {FunctionCall: "function_call", CustomToolCall: "custom_tool_call"}

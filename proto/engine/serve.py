@@ -1,0 +1,50 @@
+"""``responses-lab engine``: the command line of the mock engine (``proto.engine.app``)."""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from proto.engine.app import create_engine_app
+from proto.server.config import check_host, resolve_http, resolve_loop
+from proto.server.logs import configure
+from sampler.overrides import model_specs
+
+DEFAULT_PORT = 8100
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--model-override", action="append", default=None, metavar="MODEL:KNOB=V,…",
+                        help="the models' knobs, as `serve --model-override` takes them (repeatable)")
+    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (as `vllm serve --api-key`)")
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--loop", default="auto", help="auto | uvloop | asyncio")
+    parser.add_argument("--http", default="auto", help="auto | httptools | h11")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="responses-lab engine", description="the mock GPU as its own process, behind vLLM's completions API")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    check_host(args.host, bool(args.api_key))
+    configure(args.log_level)
+    try:
+        specs = model_specs(args.model_override)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    uvicorn.run(
+        create_engine_app(specs, api_key=args.api_key),
+        host=args.host,
+        port=args.port,
+        loop=resolve_loop(args.loop),
+        http=resolve_http(args.http),
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        # A stream still open at shutdown is cut (its API side sees a disconnect: engine_failure) after this.
+        timeout_graceful_shutdown=2,
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Load tools against a running server: soak and chaos."""

@@ -1,0 +1,1 @@
+"""API pipeline stages: the safety scan, the item cache, stored chains."""

@@ -1,0 +1,113 @@
+"""Stored responses as a conversation: writing one response to the store, and rebuilding the item list
+of a stored chain (``previous_response_id``) in the order its items entered the context.
+
+Every transport that stores or continues a chain uses these (HTTP ``previous_response_id``, GA WebSocket's
+store fallback, a long-lived ``response.create`` that continues a stored response).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from proto.core.builder import new_item_id
+from proto.core.errors import ClientError
+from proto.core.items import Item, ItemReference, item_type
+from proto.core.response import Response
+from proto.core.work import WorkCounters
+from proto.server.pipeline import Pipeline
+
+_items_decoder = msgspec.json.Decoder(list[Item])
+_item_decoder = msgspec.json.Decoder(Item)
+_response_decoder = msgspec.json.Decoder(Response)
+_encoder = msgspec.json.Encoder()
+
+
+async def persist_response(pipeline: Pipeline, response: Response, api_key_id: str, input_items: list[Item]) -> None:
+    """``input_items`` are this response's own inputs (a continuation links to its previous response
+    instead of copying the chain)."""
+    assert response.lab is not None
+    response.lab.work.store_writes += 1
+    inputs = [_with_id(item) for item in input_items]
+    by_id = [(item_id, _encoder.encode(item)) for item in (*inputs, *response.output) if (item_id := _id_of(item))]
+    await pipeline.store.put(
+        response.id,
+        api_key_id,
+        _encoder.encode(response),
+        _encoder.encode(inputs),
+        response.previous_response_id,
+        response.model,
+        created_at=float(response.created_at),
+        items=by_id,
+    )
+
+
+_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
+           "custom_tool_call_output": "ctco", "reasoning": "rs"}
+
+
+def _id_of(item: Item) -> str | None:
+    value = getattr(item, "id", None)
+    return value if isinstance(value, str) else None
+
+
+def _with_id(item: Item) -> Item:
+    """Stored input items carry ids, as OpenAI's ``input_items`` list does (the rendering ignores them)."""
+    if "id" not in item.__struct_fields__ or _id_of(item) is not None or isinstance(item, ItemReference):
+        return item
+    return msgspec.structs.replace(item, id=new_item_id(_PREFIX.get(item_type(item), "item")))
+
+
+async def resolve_references(pipeline: Pipeline, items: list[Item], api_key_id: str, work: WorkCounters, root: str = "") -> list[Item]:
+    """Each ``item_reference`` replaced by the stored item it names (OpenAI resolves them the same way:
+    the AI SDK sends its earlier output items as references when ``store`` is on). ``item_not_found``
+    names the first one missing (another key's items do not exist for this key)."""
+    wanted = [item.id for item in items if isinstance(item, ItemReference)]
+    if not wanted:
+        return items
+    found = await pipeline.store.find_items(wanted, api_key_id)
+    resolved: list[Item] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, ItemReference):
+            resolved.append(item)
+        elif item.id in found:
+            resolved.append(_item_decoder.decode(found[item.id]))
+            work.references_resolved += 1
+        else:
+            raise ClientError("item_not_found", f"item with id {item.id!r} not found", f"{root}input[{index}].id")
+    return resolved
+
+
+async def load_history(pipeline: Pipeline, previous_response_id: str, api_key_id: str, work: WorkCounters) -> list[Item]:
+    """The stored chain ending at ``previous_response_id`` as one item list: for each response, oldest
+    first, its input items then its output items. ``previous_response_not_found`` when any link is gone."""
+    chain = await pipeline.store.chain(previous_response_id, api_key_id)
+    if chain is None:
+        raise ClientError(
+            "previous_response_not_found",
+            f"previous response with id {previous_response_id!r} not found",
+            "previous_response_id",
+        )
+    work.store_reads += len(chain)
+    history: list[Item] = []
+    for stored in chain:
+        response = _response_decoder.decode(stored.response_json)
+        history.extend(interleave(_items_decoder.decode(stored.input_items_json), response))
+    return history
+
+
+def interleave(inputs: list[Item], response: Response) -> list[Item]:
+    """One stored response's items in conversation order: each input item goes before the output item
+    that followed it (``lab.input_positions``); without positions, every input precedes the output."""
+    positions = response.lab.input_positions if response.lab is not None else None
+    if positions is None or len(positions) != len(inputs):
+        positions = [0] * len(inputs)
+    merged: list[Item] = []
+    pending = iter(zip(positions, inputs, strict=True))
+    nxt = next(pending, None)
+    for index, out in enumerate([*response.output, None]):
+        while nxt is not None and nxt[0] <= index:
+            merged.append(nxt[1])
+            nxt = next(pending, None)
+        if out is not None:
+            merged.append(out)
+    return merged

@@ -1,0 +1,298 @@
+"""``POST /v1/responses`` (JSON or SSE) and the stored-response endpoints: a thin adapter.
+
+Three modes, told apart by the body and one header:
+
+* ``http`` — the client re-sends the whole history: every request validates, scans, renders and
+  tokenizes all of it, and resolves the model.
+* ``http-cached`` — the same request with the header ``X-Responses-Lab-Cache: items``: the server's item
+  cache (``proto/server/stages/item_cache.py``) skips the scan and tokenization of every body it has seen, and
+  the model resolution after the first request (the seed's step before WebSockets). Ignored with
+  ``previous_response_id`` (that is ``http-prev``).
+* ``http-prev`` — ``previous_response_id`` plus only the new items: the chain is loaded from the store
+  (one row per earlier response), re-rendered and re-tokenized in full (as vLLM does); only the new items
+  are validated and scanned.
+
+The response ends at the first local function call (``completed`` with the calls in its output), as in
+OpenAI's API; the client answers with a new request.
+
+Faults: a JSON reply whose response *failed* has sent nothing yet, so it answers as OpenAI does for a
+request that failed — the OpenAI error body with the code's status (``store_unavailable`` 503,
+``engine_failure`` 500, ``context_length_exceeded`` 400, …), never a plain-text 500; a fault of the
+pre-inference work (a store read) likewise. A JSON client that goes away before its reply cancels the
+response (billed for what it produced), as an SSE client does.
+
+Shutdown (``stop``, from ``Server.drain``): every response in flight is cut at once, as the WebSocket
+sessions' are, billed for what it delivered, and answered typed — a JSON reply is the 503
+``server_shutting_down`` error body, an SSE stream ends with one ``error`` event of that code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from proto.core.actions import error_reply, new_response_id
+from proto.core.codec import decode_body
+from proto.core.create import CreateLimits, check_outputs, validate_create
+from proto.core.errors import ClientError
+from proto.core.events import CreateBody, ServerEvent
+from proto.core.items import Item
+from proto.core.longlived import Cancel
+from proto.core.response import Mode
+from proto.server.auth import Auth, error_response
+from proto.server.driver import ResponseDriver
+from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
+from proto.server.stages.chain import load_history, resolve_references
+from proto.server.transports import encoding
+
+_encoder = msgspec.json.Encoder()
+_items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
+JSON = "application/json"
+CACHE_HEADER = "x-responses-lab-cache"  # "items": the http-cached mode
+
+
+def sse_frame(event: ServerEvent) -> bytes:
+    kind = type(event).__struct_config__.tag
+    return b"event: " + str(kind).encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
+
+
+class _OneRequest:
+    """The ``Transport`` of one HTTP response: it ends at its first local call, nothing is appended to
+    it, and it is cut only when the client goes away. ``queue`` is where SSE frames go (``None``: a JSON
+    reply, nothing is framed — the Response object is the reply)."""
+
+    def __init__(self, queue: asyncio.Queue[bytes | None] | None) -> None:
+        self.queue = queue
+
+    def opened(self) -> bool:
+        return True
+
+    async def send(self, events: Sequence[ServerEvent]) -> None:
+        if self.queue is not None:
+            for event in events:
+                await self.queue.put(sse_frame(event))
+
+    def room(self) -> int:
+        queue = self.queue
+        if queue is None:
+            return sys.maxsize  # a JSON reply: nothing is framed
+        return queue.maxsize - queue.qsize() if queue.maxsize > 0 else sys.maxsize
+
+    def send_now(self, events: Sequence[ServerEvent]) -> None:
+        if self.queue is not None:
+            for event in events:
+                self.queue.put_nowait(sse_frame(event))
+
+    suspends = False  # a response ends at its first local call: the calls are in its output
+
+    def queued(self) -> list[Item]:
+        return []
+
+    def cut(self) -> Cancel | None:
+        return None
+
+    def end_at_boundary(self) -> str | None:
+        return None
+
+
+class HttpResponses:
+    def __init__(self, auth: Auth, pipeline: Pipeline) -> None:
+        self.auth = auth
+        self.pipeline = pipeline
+        settings = pipeline.settings
+        self.limits = CreateLimits(settings.max_input_items, settings.max_tools)
+        self.running: set[asyncio.Task[ServerEvent]] = set()  # every response in flight (its driver's task)
+        self.stopping = False
+
+    def stop(self) -> None:
+        """The server shuts down: cut every response in flight (each is billed and answered typed)."""
+        self.stopping = True
+        for task in list(self.running):
+            task.cancel()
+
+    def _run(self, driver: ResponseDriver, name: str) -> asyncio.Task[ServerEvent]:
+        task = asyncio.create_task(driver.run(), name=name)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        if self.stopping:
+            task.cancel()  # started as the server stops: it ends at once, billed and answered like the rest
+        return task
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/responses", self.auth.guard(self.create), methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.auth.guard(self.retrieve), methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.auth.guard(self.delete), methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", self.auth.guard(self.input_items), methods=["GET"]),
+        ]
+
+    # ------------------------------------------------------------------------------------ create
+    async def create(self, request: Request, key: str) -> Response:
+        created = time.time()
+        try:
+            raw = await self._read_body(request)
+            body = decode_body(await encoding.decode(raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes))
+            with typed_faults():
+                cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
+                prepared = await self._prepare(body, key, cached)
+        except ClientError as exc:
+            return error_response(exc)
+        if body.stream:
+            return self._stream(prepared, key, created)
+        driver = ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created)
+        await _unless_disconnected(request, self._run(driver, "http-response"))
+        response = prepared.rollout.builder.response  # the reply is the Response object itself, as it ended
+        if response.status == "failed" and response.error is not None:
+            return error_response(ClientError(response.error.code, response.error.message))
+        if response.status == "cancelled" and self.stopping:
+            return error_response(_shutting_down())
+        return Response(_encoder.encode(response), media_type=JSON)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused past ``--max-frame-bytes`` (the WebSocket frame limit, so one request is
+        accepted or refused alike in every transport) without buffering more than that."""
+        limit = self.pipeline.settings.max_frame_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:  # chunked, or a content-length that lied
+                raise _too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _prepare(self, body: CreateBody, key: str, cached: bool = False) -> Prepared:
+        items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
+        phases: dict[str, float] = {}
+        history: list[Item] = []
+        mode: Mode = "http-cached" if cached else "http"
+        with timed(phases, "store_load"):
+            items = await resolve_references(self.pipeline, items, key, work)
+            if body.previous_response_id is not None:
+                mode = "http-prev"
+                history = await load_history(self.pipeline, body.previous_response_id, key, work)
+        check_outputs(history, items)
+        return await self.pipeline.prepare(
+            new_response_id(), body, history, items, work, mode, scan_history=mode != "http-prev", phases=phases,
+            cache_scope=key if mode == "http-cached" else None,
+        )
+
+    def _stream(self, prepared: Prepared, key: str, created: float) -> Response:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.pipeline.settings.send_queue)
+
+        async def produce() -> None:
+            try:
+                await self._run(ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver")
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if not self.stopping or (me is not None and me.cancelling()):
+                    raise  # the client went away: nobody waits for the end marker (a full queue would hang here)
+                # Shutdown cut the response (its driver's task), the client still reads: it hears why.
+                await queue.put(b"event: error\ndata: " + error_reply(_shutting_down()).data + b"\n\n")
+            except BaseException:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+                raise
+            await queue.put(None)
+
+        async def frames() -> AsyncIterator[bytes]:
+            task = asyncio.create_task(produce(), name=f"sse-{prepared.rollout.builder.response.id}")
+            try:
+                while (chunk := await queue.get()) is not None:
+                    yield chunk
+            finally:
+                if not task.done():  # the client went away: stop sampling (the driver bills what was done)
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        return StreamingResponse(frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    # ------------------------------------------------------------------------------------ stored
+    async def retrieve(self, request: Request, key: str) -> Response:
+        response_id = request.path_params["response_id"]
+        stored = await self.pipeline.store.get(response_id, key)
+        if stored is None:
+            return error_response(_not_found(response_id))
+        return Response(stored.response_json, media_type=JSON)
+
+    async def delete(self, request: Request, key: str) -> Response:
+        response_id = request.path_params["response_id"]
+        if not await self.pipeline.store.delete(response_id, key):
+            return error_response(_not_found(response_id))
+        return Response(_encoder.encode({"id": response_id, "object": "response", "deleted": True}), media_type=JSON)
+
+    async def input_items(self, request: Request, key: str) -> Response:
+        """OpenAI's list shape; ``order`` (default ``desc``, as OpenAI), ``limit`` (1–100, default 20),
+        ``after`` (an item id)."""
+        response_id = request.path_params["response_id"]
+        raw = await self.pipeline.store.input_items(response_id, key)
+        if raw is None:
+            return error_response(_not_found(response_id))
+        items = _items_decoder.decode(raw)
+        query = request.query_params
+        if query.get("order", "desc") == "desc":
+            items.reverse()
+        after = query.get("after")
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            items = items[ids.index(after) + 1 :] if after in ids else []
+        try:
+            limit = max(1, min(100, int(query.get("limit", "20"))))
+        except ValueError:
+            return error_response(ClientError("invalid_request", "limit must be an integer", "limit"))
+        page = items[:limit]
+        body = {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        }
+        return Response(_encoder.encode(body), media_type=JSON)
+
+
+async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]) -> None:
+    """Wait for the response, cancelling it if the client goes away first (the driver bills what was done).
+    The body was read in full: the only ASGI message left to receive is ``http.disconnect``."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.create_task(disconnected(), name="http-disconnect-watch")
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        with contextlib.suppress(asyncio.CancelledError):  # nobody hears a cut JSON response: it re-raises
+            await task
+
+
+def _shutting_down() -> ClientError:
+    return ClientError("server_shutting_down", "the server is shutting down; the response was cut and billed for what it delivered")
+
+
+def _too_large(limit: int) -> ClientError:
+    return ClientError("message_too_large", f"the request body exceeds {limit} bytes (--max-frame-bytes)")
+
+
+def _not_found(response_id: str) -> ClientError:
+    return ClientError("response_not_found", f"response with id {response_id!r} not found", "response_id")
+
