@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-
-class EngineOverloaded(Exception):
-    """The waiting queue is full (``max-waiting``): refuse now rather than queue without bound."""
+from sampler.engine import EngineOverloaded
 
 
 class BatchSlots:

@@ -10,12 +10,46 @@ its turns, so the engine can keep the prefix warm while the response waits for a
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from sampler.gpu import EngineFailure, EngineOverloaded, EngineReport
 from sampler.models import Limits
 
 __all__ = ["Engine", "EngineFailure", "EngineOverloaded", "EngineReport", "EngineSequence"]
+
+
+class EngineOverloaded(Exception):
+    """The engine refused a sequence: its waiting queue is full (``max-waiting``). Refusing now beats
+    queueing without bound."""
+
+
+class EngineFailure(Exception):
+    """The engine failed a turn: an injected fault (``fail-rate``) dying mid-stream as a crashed worker would,
+    or an engine in another process that crashed, timed out or broke the protocol."""
+
+
+@dataclass
+class EngineReport:
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_ms: float  # modelled, load factor and jitter included: TTFT minus this is API overhead
+    queue_wait_ms: float  # waiting for a batch slot
+    decode_ms: float  # modelled: first token's deadline to the last one's
+    output_tokens: int
+    # Spans the API side measured around the engine call (``engine_hop`` for an engine in another
+    # process); empty in process. They join the turn's phase breakdown.
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    # Measured, not modelled: the engine's own CPU time before the prefill (prefix hashing, lookup, pins),
+    # and how late its clock woke it for the first token (the simulator's share of TTFT past the model's).
+    # None where not measured (an engine in another process).
+    lookup_ms: float | None = None
+    first_late_ms: float | None = None
+
+    def to_dict(self) -> dict[str, float | int]:
+        """The engine's own figures (the API side's spans are not the engine's to report)."""
+        return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
+
+
 
 
 class EngineSequence(Protocol):

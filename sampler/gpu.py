@@ -25,41 +25,15 @@ import random
 import time
 from array import array
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import asdict, dataclass, field
 
-from sampler.batch import BatchSlots, EngineOverloaded
+from sampler.batch import BatchSlots
 from sampler.clock import Clock, RealClock, Timer, TimerCall
+from sampler.engine import EngineFailure, EngineReport
 from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, tokens_from
-from sampler.models import ContextLengthExceeded, Limits, ModelSpec, check_prompt
+from sampler.models import Limits, ModelSpec, check_prompt
 from sampler.timing import Timing
 
-__all__ = ["ContextLengthExceeded", "EngineFailure", "EngineOverloaded", "EngineReport", "GpuSequence", "MockGPU", "check_prompt"]
-
-
-class EngineFailure(Exception):
-    """An injected engine fault (``fail-rate``): the turn dies mid-stream, as a crashed worker would."""
-
-
-@dataclass
-class EngineReport:
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_ms: float  # modelled, load factor and jitter included: TTFT minus this is API overhead
-    queue_wait_ms: float  # waiting for a batch slot
-    decode_ms: float  # modelled: first token's deadline to the last one's
-    output_tokens: int
-    # Spans the API side measured around the engine call (``engine_hop`` for an engine in another
-    # process); empty in process. They join the turn's phase breakdown.
-    phases_ms: dict[str, float] = field(default_factory=dict)
-    # Measured, not modelled: the engine's own CPU time before the prefill (prefix hashing, lookup, pins),
-    # and how late its clock woke it for the first token (the simulator's share of TTFT past the model's).
-    # None where not measured (an engine in another process).
-    lookup_ms: float | None = None
-    first_late_ms: float | None = None
-
-    def to_dict(self) -> dict[str, float | int]:
-        """The engine's own figures (the API side's spans are not the engine's to report)."""
-        return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
+__all__ = ["GpuSequence", "MockGPU"]
 
 
 class MockGPU:

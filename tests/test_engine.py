@@ -40,7 +40,7 @@ from proto.lab.bench import main as bench_main
 from proto.processes import ChildEngine, ChildServer, free_port
 from proto.server.config import Settings
 from proto.server.serve import ThreadedServer
-from sampler.gpu import EngineFailure, EngineOverloaded
+from sampler.engine import EngineFailure, EngineOverloaded
 
 FAST = "mock-4000tps"  # a 1 ms prefill, 0.25 ms per token
 SLOW = "mock-65tps"  # 65 tokens/s, two batch slots: `!tokens 5000` streams for over a minute unless cancelled

@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from sampler.batch import BatchSlots, EngineOverloaded
+from sampler.batch import BatchSlots
+from sampler.engine import EngineOverloaded
 
 
 async def test_fifo_hand_off() -> None:

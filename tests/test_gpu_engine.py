@@ -10,7 +10,8 @@ from contextlib import aclosing
 import pytest
 
 from sampler.clock import Clock, FakeClock, RealClock
-from sampler.gpu import EngineFailure, EngineOverloaded, GpuSequence, MockGPU
+from sampler.engine import EngineFailure, EngineOverloaded
+from sampler.gpu import GpuSequence, MockGPU
 from sampler.models import ModelSpec
 
 Emits = list[tuple[float, int]]

@@ -53,10 +53,10 @@ from proto.engine.wire import (
     error_body,
     sse,
 )
-from sampler.batch import EngineOverloaded
 from sampler.clock import Clock
-from sampler.gpu import ContextLengthExceeded, EngineFailure, EngineReport, GpuSequence, MockGPU
-from sampler.models import ModelSpec
+from sampler.engine import EngineFailure, EngineOverloaded, EngineReport
+from sampler.gpu import GpuSequence, MockGPU
+from sampler.models import ContextLengthExceeded, ModelSpec
 from sampler.tokens import TextStream, Tokenizer
 
 log = structlog.get_logger("proto.engine")

@@ -38,7 +38,7 @@ import structlog
 
 from proto.engine.wire import DONE, CompletionRequest, EventStream, LabRequest, StreamChunk, StreamOptions
 from sampler.clock import Clock
-from sampler.gpu import EngineFailure, EngineOverloaded, EngineReport
+from sampler.engine import EngineFailure, EngineOverloaded, EngineReport
 from sampler.models import Limits
 
 log = structlog.get_logger("proto.engine.client")

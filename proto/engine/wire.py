@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sampler.gpu import EngineReport
+from sampler.engine import EngineReport
 
 DONE = b"[DONE]"
 

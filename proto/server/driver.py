@@ -48,8 +48,9 @@ from proto.server.pipeline import Pipeline, Prepared
 from proto.server.stages.chain import persist_response
 from proto.server.storage.ledger import LedgerError, LedgerFullError
 from proto.server.transports.timers import deadline
-from sampler.gpu import ContextLengthExceeded, EngineFailure, EngineOverloaded
+from sampler.engine import EngineFailure, EngineOverloaded
 from sampler.loop import Boundary, Emit, MaxOutputTokens, Suspend, cut_turn, delivered, sample
+from sampler.models import ContextLengthExceeded
 
 log = structlog.get_logger("proto.server.driver")
 
