@@ -38,7 +38,6 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
-from enum import Enum, auto
 from typing import Any
 
 import msgspec
@@ -61,6 +60,7 @@ from proto.core.events import (
     SteerRef,
 )
 from proto.core.items import CustomToolCall, Item, Message
+from proto.core.state import LANE_REFUSALS, LANE_TRANSITIONS, LaneEvent, LaneState
 from proto.core.work import WorkCounters
 
 CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection on purpose, the client reconnects
@@ -68,31 +68,6 @@ STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # what the openai SDK's lane r
 MAX_LANES = 64  # lanes one connection may open
 MAX_QUEUED = 16  # creates waiting on one lane
 MAX_STEERS = 16  # accepted steering submissions waiting on one response
-
-
-class LaneState(Enum):
-    IDLE = auto()  # no response in flight on this lane: a create starts one
-    IN_FLIGHT = auto()  # a response runs (pre-inference or sampling)
-
-
-class LaneEvent(Enum):
-    CREATE = auto()  # client: a create on an idle lane
-    QUEUE = auto()  # client: a create on a busy named lane waits its turn
-    NEXT = auto()  # server: the response ended and the lane's next one (successor or queued) starts
-    FINISH = auto()  # server: the response ended (or was refused) and nothing waits
-
-
-# Every transition of a lane. A pair not here is refused: by the code in ``REFUSALS`` when the client
-# caused it, otherwise it is our bug (``LocalProtocolError`` naming the state and the event).
-TRANSITIONS: dict[tuple[LaneState, LaneEvent], LaneState] = {
-    (LaneState.IDLE, LaneEvent.CREATE): LaneState.IN_FLIGHT,
-    (LaneState.IN_FLIGHT, LaneEvent.QUEUE): LaneState.IN_FLIGHT,
-    (LaneState.IN_FLIGHT, LaneEvent.NEXT): LaneState.IN_FLIGHT,
-    (LaneState.IN_FLIGHT, LaneEvent.FINISH): LaneState.IDLE,
-}
-REFUSALS: dict[tuple[LaneState, LaneEvent], str] = {
-    (LaneState.IN_FLIGHT, LaneEvent.CREATE): "response_in_progress",  # the default lane does not queue
-}
 
 
 @dataclass(frozen=True)
@@ -139,15 +114,15 @@ class _Lane:
     queue: deque[Start] = field(default_factory=deque)
 
     def check(self, event: LaneEvent) -> None:
-        if (self.state, event) not in TRANSITIONS:
-            code = REFUSALS.get((self.state, event))
+        if (self.state, event) not in LANE_TRANSITIONS:
+            code = LANE_REFUSALS.get((self.state, event))
             if code is None:
                 raise LocalProtocolError(f"no transition for {event.name} in lane state {self.state.name}")
             raise ClientError(code, f"a response is in flight on this lane ({event.name.lower()} refused)")
 
     def transition(self, event: LaneEvent) -> None:
         self.check(event)
-        self.state = TRANSITIONS[(self.state, event)]
+        self.state = LANE_TRANSITIONS[(self.state, event)]
 
 
 class GaCore:

@@ -1,7 +1,9 @@
-"""The long-lived connection's states and every transition between them, in one table (after h11's _state.py).
+"""Every state and every transition of the two WebSocket cores, one table each (after h11's _state.py):
+the long-lived connection (``State`` × ``Event``: ``TRANSITIONS``, ``REFUSALS``) and a GA WebSocket lane
+(``LaneState`` × ``LaneEvent``: ``LANE_TRANSITIONS``, ``LANE_REFUSALS``).
 
-Everything that changes a connection's state lives here: the core looks each (state, event) pair up in
-``TRANSITIONS`` and nowhere else decides. A pair that is not in the table is a ``ClientError`` when the
+Everything that changes a connection's or a lane's state lives here: the cores look each (state, event)
+pair up in these tables and nowhere else decides. A pair that is not in the table is a ``ClientError`` when the
 client caused it (the code is in ``REFUSALS``) and a ``LocalProtocolError`` when the server did (a bug).
 
     IDLE ──create──▶ OPENING ──opened──▶ STREAMING ──suspend──▶ SUSPENDED
@@ -83,3 +85,30 @@ REFUSALS: dict[tuple[State, Event], str] = {
 ABORT_RETURNS = frozenset({State.IDLE, State.ENDED})
 
 CLIENT_EVENTS = frozenset({Event.CREATE, Event.APPEND, Event.RESUME, Event.CANCEL})
+
+
+# ---- GA WebSocket mode: one lane (``stream_id``) of a connection; the default lane is lane "" ----
+
+class LaneState(Enum):
+    IDLE = auto()  # no response in flight on this lane: a create starts one
+    IN_FLIGHT = auto()  # a response runs (pre-inference or sampling)
+
+
+class LaneEvent(Enum):
+    CREATE = auto()  # client: a create on an idle lane
+    QUEUE = auto()  # client: a create on a busy named lane waits its turn
+    NEXT = auto()  # server: the response ended and the lane's next one (successor or queued) starts
+    FINISH = auto()  # server: the response ended (or was refused) and nothing waits
+
+
+# Every transition of a lane. A pair not here is refused: by the code in ``LANE_REFUSALS`` when the client
+# caused it, otherwise it is our bug (``LocalProtocolError`` naming the state and the event).
+LANE_TRANSITIONS: dict[tuple[LaneState, LaneEvent], LaneState] = {
+    (LaneState.IDLE, LaneEvent.CREATE): LaneState.IN_FLIGHT,
+    (LaneState.IN_FLIGHT, LaneEvent.QUEUE): LaneState.IN_FLIGHT,
+    (LaneState.IN_FLIGHT, LaneEvent.NEXT): LaneState.IN_FLIGHT,
+    (LaneState.IN_FLIGHT, LaneEvent.FINISH): LaneState.IDLE,
+}
+LANE_REFUSALS: dict[tuple[LaneState, LaneEvent], str] = {
+    (LaneState.IN_FLIGHT, LaneEvent.CREATE): "response_in_progress",  # the default lane does not queue
+}
