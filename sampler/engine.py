@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from sampler.models import Limits
+from sampler.models import ModelLimits
 
 __all__ = ["Engine", "EngineFailure", "EngineOverloaded", "EngineReport", "EngineSequence"]
 
@@ -59,7 +59,7 @@ class EngineSequence(Protocol):
     live: EngineReport | None
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> ModelLimits:
         """The model's context window and max output per call: the loop bounds every turn by them."""
         ...
 

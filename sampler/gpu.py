@@ -30,7 +30,7 @@ from sampler.batch import BatchSlots
 from sampler.clock import Clock, RealClock, Timer, TimerCall
 from sampler.engine import EngineFailure, EngineReport
 from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, tokens_from
-from sampler.models import Limits, ModelSpec, check_prompt
+from sampler.models import ModelLimits, ModelSpec, check_prompt
 from sampler.timing import Timing
 
 __all__ = ["GpuSequence", "MockGPU"]
@@ -243,7 +243,7 @@ class GpuSequence:
             call.cancel()  # the task was cancelled meanwhile: nothing more is offered
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> ModelLimits:
         """The model's context window (KV cache included) and max output per call."""
         return self._gpu.spec.limits
 

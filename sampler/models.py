@@ -48,7 +48,7 @@ class Calibration:
 
 
 @dataclass(frozen=True)
-class Limits:
+class ModelLimits:
     """What one model call may hold, as the sampling loop bounds it: the longest prompt + output, and the
     most tokens one call may generate. ``ModelSpec.limits`` for an engine in this process; an engine in
     another process reports its own (``proto.engine.client``)."""
@@ -64,7 +64,7 @@ class ContextLengthExceeded(Exception):
     admission, "longer than the maximum model length")."""
 
 
-def check_prompt(limits: Limits, prompt_tokens: int) -> None:
+def check_prompt(limits: ModelLimits, prompt_tokens: int) -> None:
     if prompt_tokens > limits.context_window:
         raise ContextLengthExceeded(f"{prompt_tokens} prompt tokens; the context window is {limits.context_window} tokens ({limits.bound_by})")
 
@@ -89,10 +89,10 @@ class ModelSpec:
     # The context window (vLLM's and llm-d-inference-sim's `max-model-len`): prompt + output tokens of one
     # model call. Llama-3.1-8B, the class these models stand for, has a 128 k window (its model card), served
     # whole (Scaleway's generative-APIs table: llama-3.1-8b-instruct, 128k context, 16 384 max output).
-    max_model_len: int = Limits.context_window
+    max_model_len: int = ModelLimits.context_window
     # The most tokens one model call may generate (OpenAI's "max output tokens" of a model; same table).
     # It bounds every script-driven size (`!tokens N`) too: the directive script is user input.
-    max_output_tokens: int = Limits.max_output_tokens
+    max_output_tokens: int = ModelLimits.max_output_tokens
     # Provenance, not a knob: overrides keep it (``GET /v1/models`` shows which knobs were overridden).
     calibration: Calibration | None = dataclasses.field(default=None, compare=False)
 
@@ -133,9 +133,9 @@ class ModelSpec:
         return min(self.max_model_len, self.kv_tokens)
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> ModelLimits:
         bound_by = "max-model-len" if self.max_model_len <= self.kv_tokens else "the KV cache: kv-cache-size x block-size"
-        return Limits(self.context_window, self.max_output_tokens, bound_by)
+        return ModelLimits(self.context_window, self.max_output_tokens, bound_by)
 
     @property
     def constant_prefill(self) -> bool:

@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 
+from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
 from sampler.tokens import Tokenizer
 
 DELTAS = {"response.output_text.delta", "response.function_call_arguments.delta"}
-TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 _tokenizer = Tokenizer()
 
 
@@ -49,7 +49,7 @@ async def cut(server: ChildServer, transport: str, model: str, seconds: float) -
                 ws.transport.abort()
                 return events[0]["response"]["id"], tokens(events), None
             await ws.send(json.dumps({"type": "response.cancel"}))
-            while events[-1]["type"] not in TERMINAL:
+            while events[-1]["type"] not in TERMINAL_TYPES:
                 events.append(json.loads(await ws.recv()))
         return events[0]["response"]["id"], tokens(events), events[-1]["response"]["usage"]["output_tokens"]
     async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as http:

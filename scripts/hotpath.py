@@ -57,13 +57,13 @@ import httpx
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
 from proto.server.serve import free_port
 
 MODEL = "mock-4000tps"
 FAST = "prefill-overhead=1,prefill-time-per-token=0"  # a 1 ms prefill
 TOOLS = [{"type": "function", "name": "grep"}]
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # One token each with its leading space (sampler/tokens.py pads the model's output with the same words):
 # a text of N of them is exactly N tokens.
 WORDS = (" the", " code", " and", " then", " check", " file", " test", " we", " will", " run")
@@ -346,7 +346,7 @@ async def longlived_turns(url: str, context: int, turns: int, append: int, serve
                 first = time.perf_counter()
             if kind == "error":
                 raise RuntimeError(event)
-            if kind != "response.done" and kind not in TERMINAL:
+            if kind != "response.done" and kind not in TERMINAL_TYPES:
                 continue
             reports = event["response"]["lab"]["turns"]
             if turn > 0:  # turn 0 is the create's (TTFT includes rendering the whole context once)
@@ -354,7 +354,7 @@ async def longlived_turns(url: str, context: int, turns: int, append: int, serve
                 run.overhead_ms.append((first - sent) * 1e3 - report["prefill_ms"] - report["queue_wait_ms"])
                 for name, ms in report["phases_ms"].items():
                     run.phases.setdefault(name, []).append(ms)
-            if kind in TERMINAL:
+            if kind in TERMINAL_TYPES:
                 run.cpu_ms_per_turn = (cpu_seconds(server) - cpu0) * 1e3 / max(1, turn)
                 return run
             for _ in range(pings):
@@ -415,7 +415,7 @@ async def http_turns(http_url: str, context: int, turns: int, append: int, serve
                 async for line in reply.aiter_lines():
                     if line.startswith("data:"):
                         event = json.loads(line[5:])
-                        if event.get("type") in TERMINAL:
+                        if event.get("type") in TERMINAL_TYPES:
                             response = event["response"]
             calls = [item for item in response["output"] if item["type"] == "function_call"]
             if not calls:
@@ -580,7 +580,7 @@ async def suspend_one(url: str, context: int, salt: int) -> ClientConnection:
     await ws.send(json.dumps({"type": "response.create", "model": MODEL, "tools": TOOLS,
                               "input": [{"role": "user", "content": script}, {"role": "user", "content": filler(context, salt)}]}))
     while (kind := json.loads(await ws.recv())["type"]) != "response.done":
-        if kind == "error" or kind in TERMINAL:
+        if kind == "error" or kind in TERMINAL_TYPES:
             raise RuntimeError(kind)
     return ws
 
@@ -630,12 +630,12 @@ async def deflate_once(url: str, tokens: int, compression: str | None, process: 
 
         ws.protocol.receive_data = counted  # type: ignore[method-assign]
         await ws.send(json.dumps(say_tokens(200)))
-        while json.loads(await ws.recv())["type"] not in TERMINAL:
+        while json.loads(await ws.recv())["type"] not in TERMINAL_TYPES:
             pass
         cpu0, bytes0 = cpu_seconds(process), received[0]
         await ws.send(json.dumps(say_tokens(tokens)))
         n = 1
-        while json.loads(await ws.recv())["type"] not in TERMINAL:
+        while json.loads(await ws.recv())["type"] not in TERMINAL_TYPES:
             n += 1
         return (cpu_seconds(process) - cpu0) / tokens * 1e6, (received[0] - bytes0) / n
 

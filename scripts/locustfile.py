@@ -46,8 +46,9 @@ from locust import User, between, events, task
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from proto.core.events import TERMINAL_TYPES
 from proto.lab.clients import answer, function_calls
-from proto.lab.metrics import SEND, TERMINAL, Mark, Trace, percentile, rollout_metrics
+from proto.lab.metrics import SEND, Mark, Trace, percentile, rollout_metrics
 from proto.lab.plan import RolloutPlan, Send, build_plan
 from proto.lab.traces import Session, load_replay
 
@@ -199,7 +200,7 @@ class HttpRollout(_Rollouts):
                 self.mark(trace, event.get("type", ""))
                 if event.get("type") == "error":
                     raise RuntimeError(str(event.get("error")))
-                if event.get("type") in TERMINAL:
+                if event.get("type") in TERMINAL_TYPES:
                     response: dict[str, Any] = event["response"]
                     return response
         raise RuntimeError("the stream ended without a terminal event")
@@ -249,7 +250,7 @@ class GaWebSocketRollout(_WebSocketRollout):
 
     def exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
         self.send(trace, {"type": "response.create", **body})
-        while (event := self.recv(trace)).get("type") not in TERMINAL:
+        while (event := self.recv(trace)).get("type") not in TERMINAL_TYPES:
             pass
         response: dict[str, Any] = event["response"]
         return response
@@ -267,7 +268,7 @@ class LongLivedRollout(_WebSocketRollout):
         while True:
             event = self.recv(trace)
             kind = event.get("type")
-            if kind in TERMINAL:
+            if kind in TERMINAL_TYPES:
                 trace.add_response(event["response"])
                 return
             if kind == "response.done" and event.get("can_append"):

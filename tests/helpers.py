@@ -3,7 +3,7 @@ a valid rollout per transport (to show a connection still serves), and the same 
 over each transport so their work can be compared.
 
 Where two tests need slightly different things they get two names, never one name with two meanings:
-``TERMINAL`` (a response's terminal events) and ``TERMINAL_OR_ERROR`` (those or a refusal); ``TOOLS`` (the
+``TERMINAL_TYPES`` (a response's terminal events) and ``TERMINAL_OR_ERROR`` (those or a refusal); ``TOOLS`` (the
 two functions ``create`` declares) and ``ROLLOUT_TOOLS`` (the ten-turn rollout's tools, one of them hosted).
 
 A raw RFC 6455 socket, for frames no conforming client sends, is its own module: tests/raw_socket.py.
@@ -28,6 +28,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from proto.client.longlived import LongLivedClient
 from proto.core.errors import ERROR_CODES
+from proto.core.events import TERMINAL_TYPES
 from proto.processes import free_port
 from proto.server.app import Server
 from proto.server.config import Settings
@@ -155,8 +156,7 @@ def tools_decl(*hosted: str) -> list[dict[str, Any]]:
 TOOLS: list[dict[str, Any]] = [{"type": "function", "name": "grep"}, {"type": "function", "name": "read_file"}]
 ROLLOUT_TOOLS = tools_decl("web_search")
 TWO_CALLS = 'Go.\n!call grep {"q": 1} | !call read_file {"path": "a.py"}\n!say done'
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
-TERMINAL_OR_ERROR = TERMINAL | {"error"}
+TERMINAL_OR_ERROR = TERMINAL_TYPES | {"error"}
 
 
 def create(script: str = TWO_CALLS, **fields: Any) -> dict[str, Any]:

@@ -32,14 +32,14 @@ from proto.core.events import (
     ServerEvent,
 )
 from proto.core.items import FunctionCall, FunctionCallOutput, Message
-from proto.core.longlived import Action, Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
+from proto.core.longlived import Action, Cancel, EventLimits, LongLivedCore, OpenNext, Reply, Resume, Start
 from proto.core.state import CLIENT_EVENTS, REFUSALS, TRANSITIONS, Event, State
 
 
 class Pipe:
     """One connection core with a scripted server behind it."""
 
-    def __init__(self, limits: Limits | None = None) -> None:
+    def __init__(self, limits: EventLimits | None = None) -> None:
         ids = itertools.count(1)
         self.core = LongLivedCore({CORE_MODEL}, limits, new_id=lambda: f"resp_{next(ids)}")
         self.wire: list[AnyServerEvent] = []
@@ -472,7 +472,7 @@ def test_model_not_found() -> None:
 
 
 def test_too_many_items() -> None:
-    pipe = Pipe(Limits(max_input_items=2))
+    pipe = Pipe(EventLimits(max_input_items=2))
     actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("a"), user_message("b"), user_message("c")])
     assert (code_of(actions), error_of(actions).param) == ("too_many_items", "$.input")
     assert pipe.core.state is State.IDLE
@@ -484,7 +484,7 @@ def test_too_many_items() -> None:
 
 def test_too_many_tools() -> None:
     tools = [{"type": "function", "name": f"t{i}"} for i in range(3)]
-    pipe = Pipe(Limits(max_tools=2))
+    pipe = Pipe(EventLimits(max_tools=2))
     actions = pipe.client(type="response.create", model=CORE_MODEL, tools=tools)
     assert (code_of(actions), error_of(actions).param) == ("too_many_tools", "$.tools")
     assert isinstance(pipe.client(type="response.create", model=CORE_MODEL, tools=tools[:2])[0], Start)
@@ -727,7 +727,7 @@ def test_abort_outside_opening_is_our_bug(state: State) -> None:
 
 
 def test_more_pending_calls_than_the_limit_is_refused_typed_and_changes_nothing() -> None:
-    pipe = Pipe(Limits(max_pending_calls=1))
+    pipe = Pipe(EventLimits(max_pending_calls=1))
     pipe.open()
     assert pipe.builder is not None
     calls = [FunctionCall(call_id=f"c{i}", name="grep", arguments="{}") for i in range(2)]
@@ -759,7 +759,7 @@ def test_error_frames_carry_no_sequence_number() -> None:
 
 
 def test_queued_user_messages_are_capped_typed_and_the_refused_append_keeps_nothing() -> None:
-    pipe = Pipe(Limits(max_queued_items=2))
+    pipe = Pipe(EventLimits(max_queued_items=2))
     pipe.open()
     assert pipe.append(user_message("one")) == []
     assert code_of(pipe.append(user_message("two"), user_message("three"))) == "too_many_queued_items"

@@ -36,7 +36,7 @@ from proto.core.events import (
     ServerEvent,
 )
 from proto.core.items import FunctionCall
-from proto.core.longlived import Cancel, Limits, LongLivedCore, OpenNext, Reply, Resume, Start
+from proto.core.longlived import Cancel, EventLimits, LongLivedCore, OpenNext, Reply, Resume, Start
 from proto.core.state import State
 
 OPEN_STATES = {State.OPENING, State.STREAMING, State.SUSPENDED}
@@ -64,7 +64,7 @@ def live(machine: CoreMachine) -> bool:
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.core = LongLivedCore({CORE_MODEL}, Limits(max_input_items=4, max_tools=2, max_pending_calls=3))
+        self.core = LongLivedCore({CORE_MODEL}, EventLimits(max_input_items=4, max_tools=2, max_pending_calls=3))
         self.call_ids = (f"call_{n}" for n in itertools.count())
         self.builder: ResponseBuilder | None = None
         self.start: Start | None = None  # a create the pre-inference pipeline is working on

@@ -46,6 +46,7 @@ from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from proto.core.events import TERMINAL_TYPES
 from proto.server.serve import ThreadedServer
 from proto.server.storage.ledger import LedgerRow
 from sampler.loop import EMIT_CHUNK
@@ -54,7 +55,6 @@ from sampler.tokens import Tokenizer
 LONG = "Write at length.\n!tokens 5000 !say never"  # 77 s at 65 tokens/s: always cut
 TWO_TURNS = "Look first.\n!call grep {}\n!tokens 5000 !say never"
 TOOLS = [{"type": "function", "name": "grep"}]
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 ONE_SECOND = 65  # deltas: one second of SLOW_MODEL's stream
 _tokenizer = Tokenizer()
@@ -120,7 +120,7 @@ async def test_a_cancel_after_a_second_of_stream_bills_exactly_what_the_client_r
             first_turn = len(events)
             await read(ws, events, deltas=ONE_SECOND + tokens_of(events))  # a second into the second turn
             await ws.send(json.dumps({"type": "response.cancel"}))
-            await read(ws, events, until=TERMINAL)
+            await read(ws, events, until=TERMINAL_TYPES)
         terminal = events[-1]
         assert terminal["type"] == "response.incomplete" and terminal["response"]["status"] == "cancelled", terminal
         received = tokens_of(events)
@@ -204,13 +204,13 @@ async def test_a_slow_reader_pays_for_what_it_was_sent_within_the_queue_bound(pr
         target = "/v1/responses" + ("?protocol=longlived" if protocol == "longlived" else "")
         client = RawClient(srv.settings.host, srv.settings.port, target)
         client.send_text(json.dumps({"type": "response.create", **body("!tokens 200000 !say never", MODEL)}))  # never read
-        await wait_for(lambda: bool(server.sessions), "the session started")
-        session = next(iter(server.sessions))
+        await wait_for(lambda: bool(server.connections), "the session started")
+        session = next(iter(server.connections))
         await wait_for(lambda: session.out.qsize() >= queue, "the send queue filled: the sampler waits")
         await virtual_server.advance_until(1.0, lambda: session.stopping is not None, "the slow reader was given up on")
         texts = await asyncio.to_thread(read_texts, client)
         client.sock.close()
-        await wait_for(lambda: not server.sessions, "the session ended")
+        await wait_for(lambda: not server.connections, "the session ended")
         received = tokens_of([json.loads(text) for text in texts])
         server.pipeline.ledger.flush()
         [billed] = server.pipeline.ledger.rows()

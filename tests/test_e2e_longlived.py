@@ -33,7 +33,8 @@ from helpers import (
 from virtual import virtual
 from websockets.exceptions import InvalidStatus
 
-from proto.client.longlived import TERMINAL, ClientEvent, LongLivedClient
+from proto.client.longlived import ClientEvent, LongLivedClient
+from proto.core.events import TERMINAL_TYPES
 from proto.core.items import Tool
 from proto.core.state import State
 from proto.server.serve import ThreadedServer
@@ -72,7 +73,7 @@ async def expect_error(client: LongLivedClient, event: dict[str, Any], code: str
 async def open_suspended(client: LongLivedClient, script: str, model: str = MODEL) -> dict[str, Any]:
     """response.create, then read up to the first response.done; returns that event."""
     await client.send({"type": "response.create", **request(script, model)})
-    events = await recv_until(client, {"response.done", *TERMINAL, "error"})
+    events = await recv_until(client, {"response.done", *TERMINAL_TYPES, "error"})
     done = events[-1].data
     assert done["type"] == "response.done", done
     assert done["can_append"] is True
@@ -83,7 +84,7 @@ async def open_suspended(client: LongLivedClient, script: str, model: str = MODE
 async def say_again(client: LongLivedClient, text: str = "again") -> dict[str, Any]:
     """A new response on the same connection completes: the connection is still usable."""
     await client.send({"type": "response.create", **request(f"!say {text}")})
-    terminal = (await recv_until(client, TERMINAL))[-1].data
+    terminal = (await recv_until(client, TERMINAL_TYPES))[-1].data
     assert terminal["type"] == "response.completed", terminal
     assert _message_text(terminal["response"]) == text
     return terminal
@@ -127,7 +128,7 @@ async def test_full_rollout_local_parallel_hosted_and_final_message(server: Thre
     events = [e for e in result.events if not e.type.startswith("client.")]
     assert events[0].type == "response.created" and events[1].type == "response.in_progress"
     assert events[-1].type == "response.completed"
-    assert sum(e.type in TERMINAL for e in events) == 1
+    assert sum(e.type in TERMINAL_TYPES for e in events) == 1
 
     # The output: 4 local calls (one of them a parallel pair), a hosted call, then the final message.
     output = response["output"]
@@ -211,7 +212,7 @@ async def test_parallel_outputs_split_over_two_appends(server: ThreadedServer) -
 
         # Second output (with response_id, which must name the open response): sampling resumes.
         await client.send({"type": "response.append", "response_id": response_id, "input": [output(pending[1], "contents of b")]})
-        events = await recv_until(client, TERMINAL)
+        events = await recv_until(client, TERMINAL_TYPES)
         assert events[0].type == "response.output_item.added", "resumed right after the second append"
         terminal = events[-1].data
         assert terminal["type"] == "response.completed"
@@ -222,7 +223,7 @@ async def test_parallel_outputs_split_over_two_appends(server: ThreadedServer) -
 
 
 def _only_session(srv: ThreadedServer, response_id: str) -> Any:
-    sessions = [s for s in srv.app.state.server.sessions if s.core.response_id == response_id]
+    sessions = [s for s in srv.app.state.server.connections if s.core.response_id == response_id]
     assert len(sessions) == 1
     return sessions[0]
 
@@ -234,7 +235,7 @@ async def test_cancel_while_suspended_then_new_response(server: ThreadedServer) 
     async with LongLivedClient(server.url) as client:
         done = await open_suspended(client, '!call grep {"pattern": "x"}\n!say never')
         await client.send({"type": "response.cancel"})
-        events = await recv_until(client, TERMINAL)
+        events = await recv_until(client, TERMINAL_TYPES)
         terminal = events[-1].data
         assert [e.type for e in events] == ["response.incomplete"]
         assert terminal["response"]["id"] == done["response"]["id"]
@@ -250,7 +251,7 @@ async def test_cancel_while_streaming_then_new_response(server: ThreadedServer) 
         await client.send({"type": "response.create", **request("!tokens 5000 !say long story", SLOW_MODEL)})
         await recv_until(client, {"response.output_text.delta"})
         await client.send({"type": "response.cancel"})
-        events = await recv_until(client, TERMINAL)
+        events = await recv_until(client, TERMINAL_TYPES)
         assert {e.type for e in events[:-1]} <= {"response.output_text.delta"}
         response = events[-1].data["response"]
         assert events[-1].type == "response.incomplete"
@@ -267,7 +268,7 @@ async def test_cancel_right_after_create_ends_the_response(server: ThreadedServe
         for _ in range(10):
             await client.send({"type": "response.create", **request("!tokens 5000 !say long", SLOW_MODEL)})
             await client.send({"type": "response.cancel"})
-            events = await recv_until(client, {*TERMINAL, "error"})
+            events = await recv_until(client, {*TERMINAL_TYPES, "error"})
             terminal = events[-1].data
             assert terminal["type"] == "response.incomplete", terminal
             assert terminal["response"]["status"] == "cancelled"
@@ -302,7 +303,7 @@ async def test_second_create_while_streaming_is_response_in_progress(server: Thr
         await expect_error(client, {"type": "response.create", **request("!say other")}, "response_in_progress")
         # The open response is untouched: it runs on to its end (cancelled here, to keep the test short).
         await client.send({"type": "response.cancel"})
-        terminal = (await recv_until(client, TERMINAL))[-1].data
+        terminal = (await recv_until(client, TERMINAL_TYPES))[-1].data
         assert terminal["response"]["id"] == first and terminal["response"]["incomplete_details"]["reason"] == "cancelled"
         await say_again(client)
 
@@ -316,11 +317,11 @@ async def test_create_while_suspended_supersedes_it(server: ThreadedServer) -> N
     async with LongLivedClient(server.url) as client:
         done = await open_suspended(client, "!call run_tests {}\n!say tests pass")
         await client.send({"type": "response.create", **request("!say other")})
-        events = await recv_until(client, TERMINAL)
+        events = await recv_until(client, TERMINAL_TYPES)
         ended = events[-1].data
         assert ended["type"] == "response.incomplete" and ended["response"]["id"] == done["response"]["id"]
         assert ended["response"]["status"] == "incomplete" and ended["response"]["incomplete_details"]["reason"] == "superseded"
-        following = (await recv_until(client, TERMINAL))[-1].data
+        following = (await recv_until(client, TERMINAL_TYPES))[-1].data
         assert following["type"] == "response.completed" and _message_text(following["response"]) == "other"
     await wait_for(lambda: ledger.pending == 0 and ledger.rows_written >= written + 2, "the ledger wrote both rows")
     assert (ledger.rows_written, ledger.duplicates) == (written + 2, duplicates)  # each billed once
@@ -339,13 +340,13 @@ async def test_unknown_and_duplicate_call_outputs(server: ThreadedServer) -> Non
         await client.send({"type": "response.append", "input": [output(first, "a")]})
         await expect_error(client, {"type": "response.append", "input": [output(first, "again")]}, "duplicate_call_output")
         await client.send({"type": "response.append", "input": [output(second, "b")]})
-        again = (await recv_until(client, {"response.done", *TERMINAL}))[-1].data
+        again = (await recv_until(client, {"response.done", *TERMINAL_TYPES}))[-1].data
         assert again["type"] == "response.done"
         # A call answered before the resume is a duplicate at the next suspension too.
         await expect_error(client, {"type": "response.append", "input": [output(second, "b")]}, "duplicate_call_output")
         third = again["pending_calls"][0]["call_id"]
         await client.send({"type": "response.append", "input": [output(third, "c")]})
-        terminal = (await recv_until(client, TERMINAL))[-1].data
+        terminal = (await recv_until(client, TERMINAL_TYPES))[-1].data
         assert terminal["type"] == "response.completed"
         assert _message_text(terminal["response"]) == "done"
         await say_again(client)
@@ -435,7 +436,7 @@ async def test_tool_timeout_ends_the_response_incomplete() -> None:
         async with LongLivedClient(srv.url) as client:
             done = await open_suspended(client, "!call run_tests {}\n!say never")
             await virtual_server.advance(0.3)
-            events = await recv_until(client, TERMINAL)
+            events = await recv_until(client, TERMINAL_TYPES)
             terminal = events[-1].data
             assert [e.type for e in events] == ["response.incomplete"]
             assert terminal["response"]["id"] == done["response"]["id"]

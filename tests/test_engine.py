@@ -34,6 +34,7 @@ from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from proto.core.events import TERMINAL_TYPES
 from proto.engine.client import _failure, _report
 from proto.engine.wire import EventStream, StreamChunk
 from proto.lab.bench import main as bench_main
@@ -49,7 +50,6 @@ FAST_OVERRIDE = f"{FAST}:prefill-overhead=1,prefill-time-per-token=0"
 ENGINE_FLAGS = ["--model-override", FAST_OVERRIDE, "--model-override", f"{SLOW}:max-num-seqs=2",
                 "--model-override", f"{ONE_SLOT}:max-num-seqs=1,max-waiting=0"]
 GUARD = 15.0  # seconds, against hangs only: no assertion depends on timing
-TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 STREAM_FOREVER = "!tokens 5000 !say never"
 
 
@@ -169,13 +169,13 @@ async def test_batch_slots_are_shared_queue_wait_appears_across_workers(topology
             await third.send(create("!tokens 3 !say ok", SLOW))
             await until_true(lambda: scrape(engine)[("vllm:num_requests_waiting", SLOW)] == 1, "the third waits for a slot")
             await first.send(json.dumps({"type": "response.cancel"}))  # worker A's stream gives its slot up
-            assert (await recv_until(first, TERMINAL))[-1]["response"]["incomplete_details"]["reason"] == "cancelled"
-            done = (await recv_until(third, TERMINAL))[-1]
+            assert (await recv_until(first, TERMINAL_TYPES))[-1]["response"]["incomplete_details"]["reason"] == "cancelled"
+            done = (await recv_until(third, TERMINAL_TYPES))[-1]
             assert done["type"] == "response.completed", done
             [turn] = done["response"]["lab"]["turns"]
             assert turn["queue_wait_ms"] > 0  # it waited in the engine's one queue, behind both workers' streams
         await second.send(json.dumps({"type": "response.cancel"}))
-        await recv_until(second, TERMINAL)
+        await recv_until(second, TERMINAL_TYPES)
     finally:
         await first.close()
         await second.close()
@@ -199,7 +199,7 @@ async def test_an_api_side_cancel_frees_the_engines_slot_and_pins(topology: Topo
     for ws in (suspended, stream):
         if how == "cancel":
             await ws.send(json.dumps({"type": "response.cancel"}))
-            assert (await recv_until(ws, TERMINAL))[-1]["response"]["incomplete_details"]["reason"] == "cancelled"
+            assert (await recv_until(ws, TERMINAL_TYPES))[-1]["response"]["incomplete_details"]["reason"] == "cancelled"
             await ws.close()
         else:
             ws.transport.abort()
@@ -215,12 +215,12 @@ async def test_a_cancel_through_the_engine_bills_what_was_delivered_and_limits_c
         while sum(e["type"] == "response.output_text.delta" for e in events) < 20:
             events.append(json.loads(await asyncio.wait_for(ws.recv(), GUARD)))
         await ws.send(json.dumps({"type": "response.cancel"}))
-        events += await recv_until(ws, TERMINAL)
+        events += await recv_until(ws, TERMINAL_TYPES)
         usage = events[-1]["response"]["usage"]
         assert usage["output_tokens"] == sum(e["type"] == "response.output_text.delta" for e in events) >= 20
         assert usage["input_tokens"] > 0  # the cut turn's prompt, from the sequence's live report
         await ws.send(create("word " * 140_000, FAST))  # past the engine's 131 072-token window
-        failed = (await recv_until(ws, TERMINAL))[-1]
+        failed = (await recv_until(ws, TERMINAL_TYPES))[-1]
         assert failed["response"]["error"]["code"] == "context_length_exceeded", failed
     await assert_all_released(topology)
 
@@ -233,7 +233,7 @@ async def test_an_engine_that_refuses_for_load_gives_server_overloaded(topology:
         # A failed JSON response had sent nothing: the OpenAI error body, with server_overloaded's 503.
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_overloaded", refused.text
         await ws.send(json.dumps({"type": "response.cancel"}))
-        await recv_until(ws, TERMINAL)
+        await recv_until(ws, TERMINAL_TYPES)
     finally:
         await ws.close()
     await assert_all_released(topology)
@@ -264,7 +264,7 @@ async def timed_rollout(url: str) -> tuple[dict[str, Any], list[float]]:
                 answers = [{"type": "function_call_output", "call_id": c["call_id"], "output": f"{c['name']}: ok " * 30} for c in event["pending_calls"]]
                 sent, first_seen = time.perf_counter(), False
                 await ws.send(json.dumps({"type": "response.append", "input": answers}))
-            elif kind in TERMINAL | {"error"}:
+            elif kind in TERMINAL_TYPES | {"error"}:
                 assert kind == "response.completed", event
                 return event["response"], ttfts
 
@@ -301,19 +301,19 @@ async def test_an_engine_crash_mid_stream_gives_each_open_response_one_typed_ter
         workers = start_workers(engine)
         async with connect(ws_url(workers[0]) + "?protocol=longlived") as ws:  # an engine fault: its error chunk
             await ws.send(create("!tokens 50 !say hi", ONE_SLOT))
-            failed = (await recv_until(ws, TERMINAL))[-1]
+            failed = (await recv_until(ws, TERMINAL_TYPES))[-1]
             assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "engine_failure"
             assert "injected engine failure" in failed["response"]["error"]["message"]
         sockets = [await streaming(ws_url(w)) for w in workers for _ in range(2)]
         engine.proc.kill()  # SIGKILL: the connections drop mid-stream
         engine.proc.wait()
         for ws in sockets:
-            events = await recv_until(ws, TERMINAL)
-            assert [e["type"] for e in events if e["type"] in TERMINAL | {"error"}] == ["response.failed"], events[-1]
+            events = await recv_until(ws, TERMINAL_TYPES)
+            assert [e["type"] for e in events if e["type"] in TERMINAL_TYPES | {"error"}] == ["response.failed"], events[-1]
             assert events[-1]["response"]["error"]["code"] == "engine_failure"
             # The next frame is the next response's: nothing else ended the first one.
             await ws.send(create("!say hi"))
-            after = await recv_until(ws, TERMINAL)
+            after = await recv_until(ws, TERMINAL_TYPES)
             assert after[0]["type"] == "response.created" and after[0]["response"]["id"] != events[-1]["response"]["id"]
             assert after[-1]["type"] == "response.failed" and after[-1]["response"]["error"]["code"] == "engine_failure"  # unreachable
             assert "unreachable" in after[-1]["response"]["error"]["message"]
@@ -337,7 +337,7 @@ async def test_an_engine_that_stalls_fails_the_response_after_the_timeout_on_vir
                     with pytest.raises(TimeoutError):  # not yet: the timeout is 5 s of the server's clock
                         await asyncio.wait_for(ws.recv(), 0.3)
                     await server.advance(0.2)
-                    failed = (await recv_until(ws, TERMINAL))[-1]
+                    failed = (await recv_until(ws, TERMINAL_TYPES))[-1]
                 finally:
                     os.kill(engine.proc.pid, signal.SIGCONT)
                 assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "engine_failure"

@@ -28,6 +28,7 @@ from virtual import virtual
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from proto.core.events import TERMINAL_TYPES
 from proto.processes import free_port
 from proto.server.app import Server
 from proto.server.serve import ThreadedServer
@@ -36,7 +37,6 @@ FAST = "mock-4000tps"  # conftest: a 1 ms prefill
 SLOW = "mock-65tps"  # `!tokens 5000` streams for over a minute unless cancelled
 FLAKY = "mock-1000tps"  # fail-rate=1 where a test asks for it: every turn dies mid-stream
 GUARD = 10.0  # against hangs only; no assertion depends on timing
-TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 TOOLS = [{"type": "function", "name": "grep"}]
 SessionState = Callable[..., Any]
 
@@ -70,7 +70,7 @@ async def assert_clean(srv: ThreadedServer, created: list[str], kv_before: dict[
     def leftovers() -> list[str]:
         return [n for n in server_tasks(srv) if n.startswith(("responses-lab-session", "response-", "ws-writer", "ws-ga-writer"))]
 
-    await wait_for(lambda: not server.sessions and not leftovers(), "every session ended, its tasks with it")
+    await wait_for(lambda: not server.connections and not leftovers(), "every session ended, its tasks with it")
     await wait_for(lambda: gpu_gauges(srv) == kv_before, "GPU slots and KV pins released")
     server.pipeline.ledger.flush()
     rows = [row.response_id for row in server.pipeline.ledger.rows()]
@@ -92,7 +92,7 @@ async def drive_longlived(ws: ClientConnection, where: str) -> list[str]:
         return [events[0]["response"]["id"]]
     if where == "after_terminal":
         await ws.send(create("!say done"))
-        events = await recv_until(ws, TERMINAL)
+        events = await recv_until(ws, TERMINAL_TYPES)
         assert events[-1]["type"] == "response.completed"
         return [events[-1]["response"]["id"]]
     await ws.send(create("!call grep {}\n!tokens 5000 !say never", FAST if where == "suspended" else SLOW))
@@ -115,9 +115,9 @@ async def drive_ga(ws: ClientConnection, where: str) -> list[str]:
         return [events[0]["response"]["id"]]
     if where == "after_terminal":
         await ws.send(create("!say done"))
-        return [(await recv_until(ws, TERMINAL))[-1]["response"]["id"]]
+        return [(await recv_until(ws, TERMINAL_TYPES))[-1]["response"]["id"]]
     await ws.send(create("!call grep {}\n!tokens 5000 !say never", SLOW))
-    first = (await recv_until(ws, TERMINAL))[-1]["response"]
+    first = (await recv_until(ws, TERMINAL_TYPES))[-1]["response"]
     call = next(item for item in first["output"] if item["type"] == "function_call")
     if where == "suspended":
         return [first["id"]]
@@ -155,11 +155,11 @@ async def test_engine_failure_fails_the_response_and_the_server_keeps_serving(ma
         for url in (srv.url + "?protocol=longlived", srv.url):
             async with connect(url) as ws:
                 await ws.send(create("!say hello", FLAKY))
-                failed = (await recv_until(ws, TERMINAL))[-1]
+                failed = (await recv_until(ws, TERMINAL_TYPES))[-1]
                 assert failed["type"] == "response.failed", failed
                 assert failed["response"]["error"]["code"] == "engine_failure"
                 await ws.send(create("!say still here"))  # same connection, a healthy model
-                ok = (await recv_until(ws, TERMINAL))[-1]
+                ok = (await recv_until(ws, TERMINAL_TYPES))[-1]
                 assert ok["type"] == "response.completed", ok
                 created += [failed["response"]["id"], ok["response"]["id"]]
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
@@ -226,8 +226,8 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
         target = "/v1/responses" + ("?protocol=longlived" if protocol == "longlived" else "")
         client = RawClient(srv.settings.host, srv.settings.port, target)
         client.send_text(create(f"!tokens {tokens} !say never"))  # and never read
-        await wait_for(lambda: bool(server.sessions), "the session started")
-        session = next(iter(server.sessions))
+        await wait_for(lambda: bool(server.connections), "the session started")
+        session = next(iter(server.connections))
         await wait_for(lambda: session.out.qsize() >= 32, "the send queue filled: the sampler waits")
         assert session.stopping is None  # held back, not yet given up on
         await virtual_server.advance_until(1.0, lambda: session.stopping is not None, "the slow reader was given up on")
@@ -235,7 +235,7 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
         client.sock.close()
         assert code == 1008
         assert session.out.peak <= 32  # the bound held: the sampler waited instead of queueing
-        await wait_for(lambda: not server.sessions, "the session ended")
+        await wait_for(lambda: not server.connections, "the session ended")
         server.pipeline.ledger.flush()
         [row] = server.pipeline.ledger.rows()
         assert row.status == "cancelled"

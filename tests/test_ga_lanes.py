@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from helpers import MODEL, TERMINAL, TOOLS, assert_error, recv, running, until
+from helpers import MODEL, TOOLS, assert_error, recv, running, until
 from openai import AsyncOpenAI
 from openai.lib.responses_websocket import AsyncResponsesWebSocketSession, ResponsesWebSocketLimits
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.core.events import TERMINAL_TYPES
 from proto.server.serve import ThreadedServer
 
 LONG = "!tokens 3000"  # ~0.75 s of decode at 4000 tokens/s: long enough to interleave (the text is
@@ -55,7 +56,7 @@ async def frames_until(ws: ClientConnection, done: Any) -> list[dict[str, Any]]:
 
 
 def terminals(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [f for f in frames if f["type"] in TERMINAL]
+    return [f for f in frames if f["type"] in TERMINAL_TYPES]
 
 
 # ------------------------------------------------------------------------------------ lanes
@@ -65,7 +66,7 @@ async def test_two_lanes_run_in_parallel_and_echo_their_stream_id(ws: ClientConn
     frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 2)
     assert all(f.get("stream_id") in ("a", "b") for f in frames), frames[:3]
     lanes = [f["stream_id"] for f in frames if f["type"] == "response.output_text.delta"]
-    first_done = next(i for i, f in enumerate(frames) if f["type"] in TERMINAL)
+    first_done = next(i for i, f in enumerate(frames) if f["type"] in TERMINAL_TYPES)
     assert {f["stream_id"] for f in frames[:first_done] if f["type"] == "response.output_text.delta"} == {"a", "b"}  # interleaved
     by_lane = {t["stream_id"]: t for t in terminals(frames)}
     assert text(by_lane["a"]["response"]).startswith("from a") and text(by_lane["b"]["response"]).startswith("from b")
@@ -74,7 +75,7 @@ async def test_two_lanes_run_in_parallel_and_echo_their_stream_id(ws: ClientConn
     for lane in ("a", "b"):
         await ws.send(json.dumps({"type": "response.create", "model": MODEL, "stream_id": lane, "store": False, "tools": TOOLS,
                                   "previous_response_id": by_lane[lane]["response"]["id"], "input": [{"role": "user", "content": "and?"}]}))
-        follow = (await until(ws, TERMINAL | {"error"}))[-1]
+        follow = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]
         assert follow["type"] == "response.completed" and follow["stream_id"] == lane, follow
         assert follow["response"]["lab"]["work"]["model_resolutions"] == 0  # a cache hit
 
@@ -84,27 +85,27 @@ async def test_a_lane_is_fifo(ws: ClientConnection) -> None:
     await ws.send(create("!say second", "q"))
     frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 2)
     created = [i for i, f in enumerate(frames) if f["type"] == "response.created"]
-    ended = [i for i, f in enumerate(frames) if f["type"] in TERMINAL]
+    ended = [i for i, f in enumerate(frames) if f["type"] in TERMINAL_TYPES]
     assert created[1] > ended[0]  # the second started after the first ended
     assert text(frames[ended[0]]["response"]).startswith("first") and text(frames[ended[1]]["response"]) == "second"
 
 
 async def test_a_lane_forks_a_response_of_another(ws: ClientConnection) -> None:
     await ws.send(create('!call grep {"q": 1}\n!say answered', "main"))
-    first = (await until(ws, TERMINAL | {"error"}))[-1]["response"]
+    first = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]["response"]
     call = first["output"][0]
     answer = [{"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]
     for lane in ("fork", "main"):  # the fork copies main's rendering; main still continues from its own
         await ws.send(json.dumps({"type": "response.create", "model": MODEL, "stream_id": lane, "store": False, "tools": TOOLS,
                                   "previous_response_id": first["id"], "input": answer}))
-        follow = (await until(ws, TERMINAL | {"error"}))[-1]
+        follow = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]
         assert (follow["type"], follow["stream_id"], text(follow["response"])) == ("response.completed", lane, "answered"), follow
 
 
 async def test_the_default_lane_still_refuses_a_second_create(ws: ClientConnection) -> None:
     await ws.send(create(f"{LONG} !say one"))
     await ws.send(create("!say two"))
-    frames = await frames_until(ws, lambda fs: any(f["type"] in TERMINAL for f in fs))
+    frames = await frames_until(ws, lambda fs: any(f["type"] in TERMINAL_TYPES for f in fs))
     [error] = [f for f in frames if f["type"] == "error"]
     assert_error(error, "response_in_progress", None)
 
@@ -164,7 +165,7 @@ async def test_steer_waits_for_required_tool_outputs(srv: ThreadedServer, ws: Cl
     assert pending["reason"] == "waiting_for_required_input" and pending["stream_id"] == "t"
     await ws.send(json.dumps({"type": "response.create", "model": MODEL, "stream_id": "t", "tools": TOOLS, "store": True,
                               "previous_response_id": first_id, "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]}))
-    follow = (await until(ws, TERMINAL | {"error"}))[-1]
+    follow = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]
     assert follow["type"] == "response.completed" and text(follow["response"]) == "done"
     import httpx  # the steering input went first in the continuation's input
 
@@ -182,7 +183,7 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
     else:
         await ws.send(create(f"{STEERABLE} !say x" if case == "not_user" else "!say x", "e"))
         if case == "completed":
-            target = (await until(ws, TERMINAL))[-1]["response"]["id"]
+            target = (await until(ws, TERMINAL_TYPES))[-1]["response"]["id"]
         else:
             target = await started(ws)
             content = [{"role": "assistant", "content": "I say"}]
@@ -192,7 +193,7 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
     assert failed["error"]["code"] == code and failed["error"]["type"] == "invalid_request_error"
     assert failed["steer"]["input"] == content and failed["steer"]["previous_response_id"] == target
     if case == "not_user":  # the response was not disturbed
-        terminal = (await until(ws, TERMINAL))[-1]
+        terminal = (await until(ws, TERMINAL_TYPES))[-1]
         assert terminal["type"] == "response.completed"
 
 

@@ -32,12 +32,13 @@ import openai
 import plain_server
 import pytest
 import typing_extensions
-from helpers import MODEL, TERMINAL, until
+from helpers import MODEL, until
 from openai.types.responses.response_input_item_param import ResponseInputItemParam
 from openai.types.responses.tool_param import ToolParam
 from websockets.asyncio.client import connect
 
 from proto.core import openai_types as oa
+from proto.core.events import TERMINAL_TYPES
 from proto.server.serve import ThreadedServer
 from sampler import media
 
@@ -197,7 +198,7 @@ async def ws_rollout(url: str, creates: list[dict[str, Any]]) -> list[dict[str, 
             if event.get("previous_response_id") == "prev":
                 event = {**event, "previous_response_id": out[-1]["id"]}
             await ws.send(json.dumps({"type": "response.create", **event}))
-            terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+            terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
             assert terminal["type"] == "response.completed", terminal
             out.append(terminal["response"])
     return out
@@ -291,7 +292,7 @@ async def test_malformed_item_is_typed_with_its_path(srv: ThreadedServer, http: 
     for url, expected in ((srv.url, param), (srv.url + "?protocol=longlived", "$." + param)):
         async with connect(url) as ws:
             await ws.send(json.dumps({"type": "response.create", **body([item])}))
-            frame = (await until(ws, {"error", *TERMINAL}))[-1]
+            frame = (await until(ws, {"error", *TERMINAL_TYPES}))[-1]
             assert (frame["type"], frame["error"]["code"], frame["error"]["param"]) == ("error", "invalid_request", expected), frame
 
 

@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 import plain_server
 import pytest
-from helpers import MODEL, TERMINAL, until
+from helpers import MODEL, until
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.core.events import TERMINAL_TYPES
 from proto.server.serve import ThreadedServer
 from sampler.policy import PlannedCall, ScriptError, parse_directive, parse_script
 
@@ -113,7 +114,7 @@ async def longlived(url: str, create: dict[str, Any], answer: str = "ok") -> lis
     async with connect(url + "?protocol=longlived") as ws:
         await ws.send(json.dumps({"type": "response.create", **create}))
         while True:
-            frame = (await until(ws, {"response.done", *TERMINAL, "error"}))[-1]
+            frame = (await until(ws, {"response.done", *TERMINAL_TYPES, "error"}))[-1]
             frames.append(frame)
             if frame["type"] != "response.done":
                 return frames
@@ -170,13 +171,13 @@ async def test_longlived_append_takes_custom_outputs_and_echoed_calls(srv: Threa
     script = f'!call apply_patch {json.dumps(PATCH)} | !call grep {{"q": 1}}\n!say both done'
     async with connect(srv.url + "?protocol=longlived") as ws:
         await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": script, "tools": [APPLY_PATCH, GREP]}))
-        done = (await until(ws, {"response.done", *TERMINAL, "error"}))[-1]
+        done = (await until(ws, {"response.done", *TERMINAL_TYPES, "error"}))[-1]
         assert done["type"] == "response.done", done
         calls = {item["call_id"]: item for item in done["response"]["output"]}
         # Early v1 Codex sends the model's own call back before its output: accepted when it matches.
         echoed = [calls[c["call_id"]] for c in done["pending_calls"]]
         await ws.send(json.dumps({"type": "response.append", "input": [*echoed, *_answers(done)]}))
-        terminal = (await until(ws, {"response.done", *TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {"response.done", *TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.completed", terminal
         assert terminal["response"]["output"][-1]["content"][0]["text"] == "both done"
         await _refuses_mismatched_echo(ws)
@@ -184,7 +185,7 @@ async def test_longlived_append_takes_custom_outputs_and_echoed_calls(srv: Threa
 
 async def _refuses_mismatched_echo(ws: ClientConnection) -> None:
     await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": '!call grep {"q": 1}\n!say x', "tools": [GREP]}))
-    done = (await until(ws, {"response.done", *TERMINAL, "error"}))[-1]
+    done = (await until(ws, {"response.done", *TERMINAL_TYPES, "error"}))[-1]
     call = done["response"]["output"][0]
     await ws.send(json.dumps({"type": "response.append", "input": [{**call, "name": "other"}]}))
     error = (await until(ws, {"error"}))[-1]

@@ -18,8 +18,9 @@ from typing import Any
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.core.events import TERMINAL_TYPES
+
 ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -125,7 +126,7 @@ class LongLivedClient:
             kind = event.type
             if kind == "error":
                 raise ProtocolFailure(event.data.get("error", {}))
-            if kind in TERMINAL:
+            if kind in TERMINAL_TYPES:
                 seen.response = event.data["response"]
                 seen.bytes_sent = self.bytes_sent - sent_before
                 return seen

@@ -315,6 +315,8 @@ class ErrorEvent(WireEvent, tag="error", frozen=True):
 
 
 TERMINAL_EVENTS = (ResponseCompleted, ResponseIncomplete, ResponseFailed)
+# Their wire names, for code that reads events as JSON (clients, the lab, the load tools).
+TERMINAL_TYPES: frozenset[str] = frozenset(str(c.__struct_config__.tag) for c in TERMINAL_EVENTS)
 TerminalEvent = ResponseCompleted | ResponseIncomplete | ResponseFailed
 
 AnyServerEvent = (

@@ -57,7 +57,7 @@ CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection o
 
 
 @dataclass(frozen=True)
-class Limits:
+class EventLimits:
     """Per-event limits; each is a server flag (``--max-input-items`` …)."""
 
     max_input_items: int = 2048
@@ -115,12 +115,12 @@ class LongLivedCore:
     def __init__(
         self,
         known_models: Container[str],
-        limits: Limits | None = None,
+        limits: EventLimits | None = None,
         new_id: Callable[[], str] = new_response_id,
     ) -> None:
         self.state = State.IDLE
         self._models = known_models
-        self._limits = limits or Limits()
+        self._limits = limits or EventLimits()
         self._new_id = new_id
         self._open: _Open | None = None
         self._before_open = State.IDLE

@@ -39,7 +39,7 @@ import structlog
 from proto.engine.wire import DONE, CompletionRequest, EventStream, LabRequest, StreamChunk, StreamOptions
 from sampler.clock import Clock
 from sampler.engine import EngineFailure, EngineOverloaded, EngineReport
-from sampler.models import Limits
+from sampler.models import ModelLimits
 
 log = structlog.get_logger("proto.engine.client")
 _encode = msgspec.json.Encoder().encode
@@ -160,27 +160,27 @@ class RemoteEngine:
                     sequence.stall(f"the engine sent nothing for {self.timeout_s:g} s")
 
 
-def card_limits(card: dict[str, Any]) -> Limits:
+def card_limits(card: dict[str, Any]) -> ModelLimits:
     """A model's limits from its ``/v1/models`` card: the mock engine's ``settings`` (its knobs), vLLM's
     ``max_model_len``, else the catalogue's defaults — never unbounded: the loop sizes every turn by them."""
     settings = card.get("settings") or {}
-    window = int(settings.get("max-model-len") or card.get("max_model_len") or Limits.context_window)
+    window = int(settings.get("max-model-len") or card.get("max_model_len") or ModelLimits.context_window)
     bound_by = "max-model-len"
     if settings.get("kv-cache-size") is not None and settings.get("block-size") is not None:
         kv_tokens = int(settings["kv-cache-size"]) * int(settings["block-size"])
         if kv_tokens < window:
             window, bound_by = kv_tokens, "the KV cache: kv-cache-size x block-size"
-    output = int(settings.get("max-output-tokens") or min(Limits.max_output_tokens, window))
-    return Limits(window, output, bound_by)
+    output = int(settings.get("max-output-tokens") or min(ModelLimits.max_output_tokens, window))
+    return ModelLimits(window, output, bound_by)
 
 
 class RemoteModel:
     """One model the engine serves: ``sampler.engine.Engine``."""
 
-    def __init__(self, engine: RemoteEngine, name: str, limits: Limits | None = None) -> None:
+    def __init__(self, engine: RemoteEngine, name: str, limits: ModelLimits | None = None) -> None:
         self.engine = engine
         self.name = name
-        self.limits = limits or Limits()
+        self.limits = limits or ModelLimits()
 
     def open(self, keep_warm: bool = True) -> RemoteSequence:
         return RemoteSequence(self.engine, self.name, pin=keep_warm and self.engine.lab_extension, limits=self.limits)
@@ -189,11 +189,11 @@ class RemoteModel:
 class RemoteSequence:
     """One response's turns on the engine: ``sampler.engine.EngineSequence``."""
 
-    def __init__(self, engine: RemoteEngine, model: str, pin: bool, limits: Limits | None = None) -> None:
+    def __init__(self, engine: RemoteEngine, model: str, pin: bool, limits: ModelLimits | None = None) -> None:
         self.engine = engine
         self.model = model
         self.pin = pin
-        self.limits = limits or Limits()
+        self.limits = limits or ModelLimits()
         self.sequence_id = "seq_" + secrets.token_hex(12)
         self.last_report: EngineReport | None = None
         # Once the first tokens arrived (the prefill is done): the prompt, what a cut turn bills. The engine

@@ -47,8 +47,9 @@ import httpx
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.core.events import TERMINAL_TYPES
 from proto.core.response import MODES
-from proto.lab.metrics import RECONNECT, SEND, TERMINAL, Mark, Trace
+from proto.lab.metrics import RECONNECT, SEND, Mark, Trace
 from proto.lab.plan import RolloutPlan, Send
 from proto.server.transports.http import CACHE_HEADER
 
@@ -210,7 +211,7 @@ class HttpClient(_ChainedClient):
                 trace.marks.append(Mark(t, kind))
                 if kind == "error":
                     raise LabClientError(f"{self.mode}: {event.get('error')}")
-                if kind in TERMINAL:
+                if kind in TERMINAL_TYPES:
                     return dict(event["response"])
         finally:
             await response.aclose()
@@ -286,7 +287,7 @@ class GaWebSocketClient(_WebSocketClient, _ChainedClient):
         await self.send({"type": "response.create", **body}, trace, kind)
         while True:
             event = await self.recv(trace)
-            if event.get("type") in TERMINAL:
+            if event.get("type") in TERMINAL_TYPES:
                 return dict(event["response"])
 
 
@@ -323,7 +324,7 @@ class LongLivedLabClient(_WebSocketClient):
                 else:  # a rewrite: the open response cannot take it; end it, start anew with everything
                     if open_id is not None:
                         await self.send({"type": "response.cancel", "response_id": open_id}, trace, None)
-                        while (event := await self.recv(trace)).get("type") not in TERMINAL:
+                        while (event := await self.recv(trace)).get("type") not in TERMINAL_TYPES:
                             pass
                         trace.add_response(event["response"])  # cancelled: the rounds it ran stay billed
                         folded = 0
@@ -332,7 +333,7 @@ class LongLivedLabClient(_WebSocketClient):
             while True:
                 event = await self.recv(trace)
                 kind = event.get("type")
-                if kind in TERMINAL:
+                if kind in TERMINAL_TYPES:
                     response = event["response"]
                     trace.add_response(response)
                     history += [as_input(item) for item in response.get("output", [])[folded:]]

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proto.core.events import TERMINAL_TYPES
+
 SEND = "client.send"
 RECONNECT = "client.reconnect"  # the client opened a new connection (to another server) before its next send
 TOKEN_EVENTS = frozenset({
@@ -34,7 +36,6 @@ TOKEN_EVENTS = frozenset({
     "response.reasoning_summary_text.delta",
     "response.refusal.delta",
 })
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def split_turns(marks: Sequence[Mark]) -> list[TurnTimes]:
     return [TurnTimes(sent, tuple(tokens)) for sent, tokens in turns]
 
 
-BOUNDARY = TERMINAL | {"response.done"}  # where a round ends for the client
+BOUNDARY = TERMINAL_TYPES | {"response.done"}  # where a round ends for the client
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def round_times(marks: Sequence[Mark]) -> list[RoundTimes]:
 
 def e2e_s(marks: Sequence[Mark]) -> float:
     sends = [m.t for m in marks if m.kind == SEND]
-    ends = [m.t for m in marks if m.kind in TERMINAL]
+    ends = [m.t for m in marks if m.kind in TERMINAL_TYPES]
     if not sends or not ends:
         raise TraceError("a rollout needs a send and a terminal event")
     return max(ends) - min(sends)

@@ -46,6 +46,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from proto.core.errors import ERROR_CODES
+from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
 from sampler.tokens import Tokenizer
 
@@ -54,7 +55,6 @@ SLOW = "mock-65tps"  # 15 ms a token: a stream is always there to cut
 FLAKY = "mock-1000tps"  # fail-rate set by the run
 BUSY_S = 0.05  # --db-busy-timeout-s: a lock of more than this fails a store write
 GUARD = 15.0  # seconds: against a hang only; a hang is reported as a violation
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 TOOLS = [{"type": "function", "name": "grep"}, {"type": "function", "name": "read_file"}]
 LONG = "Write at length.\n!tokens 5000 !say never"
@@ -112,7 +112,7 @@ class Book:
         seen = self.seen[current]
         if kind in DELTAS:
             seen.received += _tokenizer.count(str(event.get("delta", "")))
-        elif kind in TERMINAL:
+        elif kind in TERMINAL_TYPES:
             seen.terminals += 1
             # The response's total: a long-lived terminal event's own ``usage`` is only what is new since
             # its last response.done (so a client that sums every event gets the total).
@@ -287,7 +287,7 @@ HTTP_STATES = ("opening", "streaming", "after_terminal")
 
 async def _ws_case(target: Target, book: Book, protocol: str, where: str, how: str, rng: random.Random) -> None:
     transport = protocol
-    terminal = TERMINAL if protocol == "ga" else TERMINAL | {"response.done"}
+    terminal = TERMINAL_TYPES if protocol == "ga" else TERMINAL_TYPES | {"response.done"}
     current: str | None = None
     async with connect(ws_url(target, protocol), max_size=None) as ws:
         if where == "opening":
@@ -309,7 +309,7 @@ async def _ws_case(target: Target, book: Book, protocol: str, where: str, how: s
                     book.blind += 1
         elif where == "after_terminal":
             await ws.send(create("!say done"))
-            _, current = await ws_until(ws, book, transport, TERMINAL)
+            _, current = await ws_until(ws, book, transport, TERMINAL_TYPES)
         await leave(ws, how)
     book.left(current)
 
@@ -416,7 +416,7 @@ async def _fuzz_ws(target: Target, book: Book, protocol: str, rng: random.Random
             {"type": "response.cancel"},
             {"type": "response.inject", "response_id": "resp_x", "input": []},
         ]
-    terminal = TERMINAL | {"response.done", "response.inject.failed", "response.inject.created"}
+    terminal = TERMINAL_TYPES | {"response.done", "response.inject.failed", "response.inject.created"}
     async with connect(ws_url(target, protocol), max_size=None) as ws:
         for n in range(count):
             book.cases += 1
@@ -432,10 +432,10 @@ async def _fuzz_ws(target: Target, book: Book, protocol: str, rng: random.Random
                     book.violate(f"fuzz {protocol}: unregistered error {last} for {frame[:120]!r}")
                 if last["type"] == "response.done":  # a mutation that is still a valid create: end it
                     await ws.send(json.dumps({"type": "response.cancel"}))
-                    await ws_until(ws, book, protocol, TERMINAL, current)
+                    await ws_until(ws, book, protocol, TERMINAL_TYPES, current)
                 if n % 10 == 9:  # the connection still serves a valid rollout
                     await ws.send(create("!say ok"))
-                    ok, _ = await ws_until(ws, book, protocol, TERMINAL)
+                    ok, _ = await ws_until(ws, book, protocol, TERMINAL_TYPES)
                     if ok["type"] != "response.completed":
                         book.violate(f"fuzz {protocol}: the connection no longer serves: {ok}")
             except (TimeoutError, ConnectionClosed) as exc:
@@ -448,14 +448,14 @@ async def _fuzz_suspended(ws: ClientConnection, book: Book, rng: random.Random) 
     response goes on to its terminal event. (An append that is valid but incomplete is accepted silently,
     as the protocol has it, so the valid one is sent right behind it instead of waiting for an answer.)"""
     await ws.send(create(CALLS))
-    last, current = await ws_until(ws, book, "longlived", TERMINAL | {"response.done"})
+    last, current = await ws_until(ws, book, "longlived", TERMINAL_TYPES | {"response.done"})
     while last["type"] == "response.done":
         valid = {"type": "response.append", "input": outputs(last["pending_calls"])}
         frame = mutate(rng, valid, binary=True)
         await ws.send(frame)
         await ws.send(json.dumps(valid))
         while True:
-            last, current = await ws_until(ws, book, "longlived", TERMINAL | {"response.done"}, current)
+            last, current = await ws_until(ws, book, "longlived", TERMINAL_TYPES | {"response.done"}, current)
             if last["type"] != "error":
                 break
             book.answered(f"suspended {last['error'].get('code')}")
@@ -508,7 +508,7 @@ async def rollout(target: Target, book: Book, transport: str, model: str, store:
             await longlived.send(create(CALLS, model, store=store))
             current: str | None = None  # one response over every turn
             while True:
-                last, current = await ws_until(longlived, book, transport, TERMINAL | {"response.done"}, current)
+                last, current = await ws_until(longlived, book, transport, TERMINAL_TYPES | {"response.done"}, current)
                 if last["type"] != "response.done":
                     return [*ends, last]
                 await longlived.send(json.dumps({"type": "response.append", "input": outputs(last["pending_calls"])}))
@@ -531,7 +531,7 @@ async def rollout(target: Target, book: Book, transport: str, model: str, store:
 async def _one(book: Book, transport: str, payload: dict[str, Any], ws: ClientConnection | None, http: httpx.AsyncClient) -> dict[str, Any]:
     if ws is not None:
         await ws.send(json.dumps({"type": "response.create", **payload}))
-        last, _ = await ws_until(ws, book, transport, TERMINAL)
+        last, _ = await ws_until(ws, book, transport, TERMINAL_TYPES)
         return last
     if transport == "sse":
         last = {}

@@ -33,9 +33,9 @@ import httpx
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
 
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 TOOLS = [{"type": "function", "name": "grep"}]
 FAST_OVERRIDE = "mock-4000tps:prefill-overhead=1,prefill-time-per-token=0"
 
@@ -96,9 +96,9 @@ class Soak:
                 if kind == "error":
                     self.error(event["error"]["code"])
                     return
-                if kind == "response.done" or kind in TERMINAL:
+                if kind == "response.done" or kind in TERMINAL_TYPES:
                     self.turn(event["response"], sent, first)
-                    if kind in TERMINAL:
+                    if kind in TERMINAL_TYPES:
                         if kind == "response.completed":
                             self.report.rollouts_ok += 1
                         else:
@@ -200,7 +200,7 @@ class Soak:
         ws = await connect(self.ws_url, compression=None, open_timeout=60)
         await ws.send(json.dumps({"type": "response.create", "model": self.args.model, "input": self.script(), "tools": TOOLS}))
         while (kind := json.loads(await ws.recv())["type"]) != "response.done":
-            if kind == "error" or kind in TERMINAL:
+            if kind == "error" or kind in TERMINAL_TYPES:
                 self.error(f"suspend_{kind}")
                 break
         return ws

@@ -28,8 +28,8 @@ from proto.server.pipeline import Pipeline
 from proto.server.stages.item_cache import ItemCache
 from proto.server.transports.http import HttpResponses
 from proto.server.transports.websocket import SHUTDOWN
-from proto.server.transports.ws_ga import GaSession
-from proto.server.transports.ws_longlived import LongLivedSession
+from proto.server.transports.ws_ga import GaConnection
+from proto.server.transports.ws_longlived import LongLivedConnection
 from sampler.clock import Clock
 
 log = structlog.get_logger("proto.server")
@@ -42,23 +42,23 @@ class Server:
         self.settings = settings
         self.auth = Auth(settings.api_key)
         self.pipeline = Pipeline(settings, clock)
-        self.sessions: set[LongLivedSession | GaSession] = set()
+        self.connections: set[LongLivedConnection | GaConnection] = set()
         self.http = HttpResponses(self.auth, self.pipeline)
 
     async def drain(self, grace_s: float) -> int:
         """Shutdown, before uvicorn's own (which would drop every WebSocket with 1012): tell each session
         to end — its open response gets ``server_shutting_down`` and is billed, the connection closes 1001 —
         and wait up to ``grace_s`` for them; every HTTP response in flight is cut alike (``HttpResponses.stop``).
-        Returns how many sessions were still open when the grace ran out."""
+        Returns how many connections were still open when the grace ran out."""
         self.http.stop()
-        for session in list(self.sessions):
-            session.stop(SHUTDOWN)
+        for connection in list(self.connections):
+            connection.stop(SHUTDOWN)
         # Real time, whatever the limits' clock: a SIGTERM's grace is the operator's, not a protocol limit.
         end = time.monotonic() + grace_s
-        # Polled: each session ends on its own task; one bounded wait is simpler than an event per session.
-        while self.sessions and time.monotonic() < end:  # noqa: ASYNC110
+        # Polled: each connection ends on its own task; one bounded wait is simpler than an event per connection.
+        while self.connections and time.monotonic() < end:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        return len(self.sessions)
+        return len(self.connections)
 
 
 class ServerCollector(Collector):
@@ -84,10 +84,10 @@ class ServerCollector(Collector):
         for name in pipeline.totals.__struct_fields__:
             work.add_metric([name], float(getattr(pipeline.totals, name)))
         yield work
-        yield GaugeMetricFamily("responses_lab_ws_sessions", "open WebSocket sessions", value=len(self.server.sessions))
+        yield GaugeMetricFamily("responses_lab_ws_sessions", "open WebSocket sessions", value=len(self.server.connections))
         # Scraped on the server's loop: a leak of one task per dropped connection shows here (soak).
         yield GaugeMetricFamily("responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks()))
-        queued = sum(session.out.qsize() for session in self.server.sessions)
+        queued = sum(connection.out.qsize() for connection in self.server.connections)
         yield GaugeMetricFamily("responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued)
         ledger = pipeline.ledger
         yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written)
@@ -158,16 +158,16 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None, rec
             return
         await ws.accept()
         structlog.contextvars.bind_contextvars(conn_id="conn_" + secrets.token_hex(6), protocol=protocol)
-        session: LongLivedSession | GaSession
+        connection: LongLivedConnection | GaConnection
         if protocol == "longlived":
-            session = LongLivedSession(ws, server.pipeline, key_id)
+            connection = LongLivedConnection(ws, server.pipeline, key_id)
         else:
-            session = GaSession(ws, server.pipeline, key_id)
-        server.sessions.add(session)
+            connection = GaConnection(ws, server.pipeline, key_id)
+        server.connections.add(connection)
         try:
-            await session.serve()
+            await connection.serve()
         finally:
-            server.sessions.discard(session)
+            server.connections.discard(connection)
 
     async def models(request: Request, key_id: str) -> Response:
         return JSONResponse(models_list(server.pipeline.engines.cards()))

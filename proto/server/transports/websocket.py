@@ -232,7 +232,7 @@ class StoppableReader:
         return result
 
 
-class WebSocketSession(StoppableReader):
+class WebSocketConnection(StoppableReader):
     """What every WebSocket session holds: its socket, the pipeline, the caller's key, the limit clock,
     its outbox (whose slow-reader deadline stops this session)."""
 

@@ -39,7 +39,7 @@ from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
 from proto.server.transports.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
-from proto.server.transports.websocket import Stop, Stopped, WebSocketSession
+from proto.server.transports.websocket import Stop, Stopped, WebSocketConnection
 from sampler.engine import Engine
 from sampler.tokens import Conversation
 
@@ -62,7 +62,7 @@ class _LaneResponse:
     """The ``Transport`` of one response on one lane: it ends at its first local call, nothing is appended
     to it, and at a turn boundary it ends ``steered`` when steering input waits on it."""
 
-    def __init__(self, session: GaSession, start: Start) -> None:
+    def __init__(self, session: GaConnection, start: Start) -> None:
         self.session = session
         self.start = start
 
@@ -92,7 +92,7 @@ class _LaneResponse:
         return "steered" if self.session.core.steering_due(self.start.response_id) else None
 
 
-class GaSession(WebSocketSession):
+class GaConnection(WebSocketConnection):
     """One connection: its lanes' responses in flight (``tasks``, not the base's single ``task``), and
     their cache."""
 

@@ -26,17 +26,17 @@ from proto.core.create import check_outputs
 from proto.core.errors import ClientError
 from proto.core.events import ServerEvent
 from proto.core.items import Item
-from proto.core.longlived import Action, Cancel, Close, Limits, LongLivedCore, OpenNext, Resume
+from proto.core.longlived import Action, Cancel, Close, EventLimits, LongLivedCore, OpenNext, Resume
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
 from proto.server.transports.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
-from proto.server.transports.websocket import Stopped, WebSocketSession
+from proto.server.transports.websocket import Stopped, WebSocketConnection
 
 log = structlog.get_logger("proto.server.longlived")
 
 
-class LongLivedSession(WebSocketSession):
+class LongLivedConnection(WebSocketConnection):
     """One connection; the ``Transport`` of its open response."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
@@ -44,7 +44,7 @@ class LongLivedSession(WebSocketSession):
         settings = pipeline.settings
         self.core = LongLivedCore(
             pipeline.engines.names(),
-            Limits(settings.max_input_items, settings.max_tools, settings.max_pending_calls, settings.max_queued_items),
+            EventLimits(settings.max_input_items, settings.max_tools, settings.max_pending_calls, settings.max_queued_items),
         )
         self.driver: ResponseDriver | None = None
         self.timers = ConnectionTimers(self.clock.now(), settings.connection_max_age_s, settings.idle_timeout_s)
