@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("bench", help="the latency lab: one workload over the four transports", add_help=False)
     commands.add_parser("engine", help="the mock GPU as its own process, behind vLLM's completions API (proto/engine)", add_help=False)
     commands.add_parser("soak", help="load and soak: N connections x M turns, RSS, leaks (proto/load/soak.py)", add_help=False)
+    commands.add_parser("chaos", help="the long chaos run: every fault scenario, round after round (proto/load/chaos.py)", add_help=False)
     commands.add_parser("perf", help="the hot-path regression suite: turn, cpu, stream, capacity, rss, deflate, topology (proto/perf)", add_help=False)
 
     args, rest = parser.parse_known_args(argv)
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         from proto.load.soak import main as soak_main
 
         return soak_main(rest)
+    if args.command == "chaos":
+        from proto.load.chaos import main as chaos_main
+
+        return chaos_main(rest)
     if args.command == "perf":
         from proto.perf import main as perf_main
 
