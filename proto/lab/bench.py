@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ws: reconnect to the other server every K turns (two servers share --db; default 0: never)")
     parser.add_argument("--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
+    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
     parser.add_argument("--no-plots", action="store_true")
 
 
