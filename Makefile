@@ -46,8 +46,9 @@ test: $(STAMP) postgres clients
 	$(BIN)/mypy
 	$(BIN)/pytest
 
-# The latency lab's quick run (< 3 min on 2 cores; NOTES.md). The mock GPU's pacing scripts
-# (scripts/gpu_pacing.py, scripts/ws_pacing.py) still run on their own.
+# The latency lab's quick run (< 3 min on 2 cores). Before and after a change to the hot path, the
+# regression suite is `responses-lab perf` (turn, cpu, stream, capacity, rss, deflate, topology; --compare
+# DIR runs a checkout of the old code in the same run); the long chaos run is `responses-lab chaos`.
 bench: $(STAMP)
 	$(BIN)/responses-lab bench --quick --out bench-out
 

@@ -55,7 +55,7 @@ class ChildProcess:
                  api_key: str | None = None, new_session: bool = False, capture: bool = True,
                  pythonpath: str | None = None) -> None:
         """``pythonpath``: run the child's code from that checkout (there, so ``-m proto`` imports it first):
-        a before/after in one run (scripts/hotpath.py --compare)."""
+        a before/after in one run (``responses-lab perf --compare``)."""
         self.port = port or free_port()
         self.api_key = api_key
         self.http_url = f"http://127.0.0.1:{self.port}"

@@ -1,4 +1,4 @@
-"""Bounded work (issue 13, item 3), over the wire.
+"""Bounded work, over the wire.
 
 * A prompt past the model's context window (``max-model-len``) or past the whole KV cache is refused typed
   before any prefill: ``context_length_exceeded``, the code OpenAI's Responses API fails such a response
@@ -8,8 +8,7 @@
   ``min(max-output-tokens, what is left of the window, max_output_tokens)`` and builds no more ids than that.
 * An empty ``response.append`` is answered (``empty_array``); GA ``background: true`` is refused like HTTP.
 * ``!tokens`` of any size, or a prompt of megabytes, cannot stall another stream: the gaps of a concurrent
-  stream stay within a generous ratio of its modelled inter-token latency (``scripts/stall_ratio.py``
-  measures the figures).
+  stream stay within a generous ratio of its modelled inter-token latency.
 """
 
 from __future__ import annotations

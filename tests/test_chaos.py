@@ -1,14 +1,17 @@
-"""The short chaos run (issue 13, item 4): every scenario of ``proto/load/chaos.py`` once, seeded, bounded,
+"""The short chaos run: every scenario of ``proto/load/chaos.py`` once, seeded, bounded,
 against a real ``responses-lab serve`` on loopback, each checked against the invariants — no leak (tasks,
 GPU slots, KV pins), one ledger row per response with the delivered usage, one terminal event per response.
-The long run is ``scripts/chaos.py --minutes N``; figures in NOTES.md, "Issue 13".
+The long run is ``responses-lab chaos --minutes N``.
 """
 
 from __future__ import annotations
 
 import os
 
-from proto.load.chaos import Sizes, round_of_chaos, table
+import pytest
+
+from proto.cli import main as cli_main
+from proto.load.chaos import Outcome, Sizes, round_of_chaos, table, totals
 
 SEED = int(os.environ.get("CHAOS_SEED", "13"))  # a failure names its seed: rerun with CHAOS_SEED=… to replay it
 
@@ -21,3 +24,16 @@ async def test_a_seeded_round_of_chaos_breaks_no_invariant() -> None:
     fuzz = next(o for o in outcomes if o.scenario == "fuzz")
     assert len(fuzz.answers) >= 5, fuzz.answers  # answered typed (else a violation), in several ways
     assert not [v for o in outcomes for v in o.violations], report
+
+
+def test_the_long_run_is_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["chaos", "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert "responses-lab chaos" in text and "--minutes" in text and "--short" in text
+
+
+def test_the_long_run_totals_every_round_by_scenario() -> None:
+    outcomes = [Outcome("fuzz", seed, 60, 7, 0, 1.0, ["bad"] if seed == 2 else [], {}) for seed in (1, 2)]
+    assert totals(outcomes).splitlines()[-1] == "| fuzz | 2 | 120 | 14 | 1 |"

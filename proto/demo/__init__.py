@@ -17,7 +17,7 @@ tool times, tokens/s per item, and the terminal response's usage and per-turn re
 
 from __future__ import annotations
 
-# The command line (proto/cli.py, scripts/demo.py) calls ``proto.demo.main``: the package keeps
+# The command line (proto/cli.py) calls ``proto.demo.main``: the package keeps
 # that name, wherever the code behind it lives.
 from proto.demo.rollout import main
 

@@ -1,6 +1,6 @@
 """The demo: a coding-agent rollout over the long-lived protocol, against the mock GPU.
 
-``responses-lab demo [--url URL]`` and ``scripts/demo.py`` call ``main``; without a URL it starts its
+``responses-lab demo [--url URL]`` (also ``python -m proto demo``) calls ``main``; without a URL it starts its
 own server on a free loopback port. ``main``'s ``--help`` shows this docstring's first line.
 """
 

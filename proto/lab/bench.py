@@ -1,4 +1,6 @@
-"""``responses-lab bench``: the command line of the lab (also ``scripts/bench.py``)."""
+"""``responses-lab bench``: the command line of the lab. ``bench report …`` and ``bench repredict …`` are
+its subcommands over kept runs (:mod:`proto.lab.writeup`, :mod:`proto.lab.repredict`); any other first
+argument is a flag of the run itself (``responses-lab bench --quick``)."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ws: reconnect to the other server every K turns (two servers share --db; default 0: never)")
     parser.add_argument("--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench (see NOTES.md)")
+    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
     parser.add_argument("--no-plots", action="store_true")
 
 
@@ -102,7 +104,21 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-lab bench", description="the latency lab")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "report":
+        from proto.lab.writeup import main as report_main
+
+        return report_main(argv[1:])
+    if argv and argv[0] == "repredict":
+        from proto.lab.repredict import main as repredict_main
+
+        return repredict_main(argv[1:])
+    return run(argv)
+
+
+def run(argv: list[str]) -> int:
+    """``responses-lab bench [flags]``: one run of the lab, its results written to ``--out``."""
+    parser = argparse.ArgumentParser(prog="responses-lab bench", description="the latency lab (also: bench report, bench repredict)")
     add_arguments(parser)
     args = parser.parse_args(argv)
     config = config_from_args(args)
@@ -119,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             on_cell=lambda label: progress.update(task, description=label),
             cells=not args.predict,
         ))
-    argv_used = sys.argv[1:] if argv is None else argv
-    command = "responses-lab bench " + shlex.join(argv_used)
+    command = "responses-lab bench " + shlex.join(argv)
     rows: list[dict[str, object]] = []
     if result.calibration is not None:
         console.print("fast model: composing the curves …")

@@ -2,7 +2,7 @@
 
 The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
 ``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
-:func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``scripts/notes_results.py`` — load
+:func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py`` (``bench report``) — load
 it with :func:`load` and group it with :func:`cells`, so the format is described here only.
 """
 
@@ -107,7 +107,7 @@ def predictions(result: BenchResult, runs: list[dict[str, Any]]) -> None:
 def predict_run(run: dict[str, Any], calibration: Any, replay: Replay, model_overrides: Sequence[str], config: Any,
                 sessions: int, rollouts: int, tool_time_scale: float) -> None:
     """Compose ``run``'s cell (its mode, model, profile) with the fast model and write its prediction
-    fields (in place): what every real-clock run reports, and what ``scripts/repredict.py`` rewrites."""
+    fields (in place): what every real-clock run reports, and what ``bench repredict`` rewrites."""
     from proto.lab.predict import predict_cell, profile_hops
     from sampler.models import MODELS
     from sampler.overrides import apply_knobs

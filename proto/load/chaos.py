@@ -1,6 +1,6 @@
 """Chaos against a real ``responses-lab serve`` on loopback: faults of every kind, each run checked against
-the invariants (issue 13). Seeded, bounded in count and time; ``tests/test_chaos.py`` runs the short version
-in ``make test``, ``scripts/chaos.py --minutes N`` the long one.
+the invariants. Seeded, bounded in count and time; ``tests/test_chaos.py`` runs the short version
+in ``make test``, ``responses-lab chaos --minutes N`` the long one (:func:`main`).
 
 Scenarios:
 
@@ -29,6 +29,7 @@ Invariants, after each scenario, read from ``/metrics`` and the database file:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -37,7 +38,7 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -732,3 +733,53 @@ def table(outcomes: list[Outcome]) -> str:
     for o in outcomes:
         lines.extend(f"- {o.scenario} (seed {o.seed}): {v}" for v in o.violations[:20])
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the long run
+async def rounds_for(minutes: float, seed: int, sizes: Sizes) -> list[Outcome]:
+    """Round after round, a new seed each (``seed``, ``seed + 1``, …), until ``minutes`` have passed; each
+    round's table printed as it ends."""
+    deadline = time.monotonic() + minutes * 60
+    outcomes: list[Outcome] = []
+    round_seed = seed
+    while True:
+        outcomes += await round_of_chaos(round_seed, sizes)
+        print(table(outcomes[-5:]), flush=True)
+        round_seed += 1
+        if time.monotonic() >= deadline:
+            return outcomes
+
+
+def totals(outcomes: list[Outcome]) -> str:
+    """Rounds, faults, responses seen and violations per scenario, over every round."""
+    sums: dict[str, list[int]] = {}
+    for o in outcomes:
+        total = sums.setdefault(o.scenario, [0, 0, 0, 0])
+        total[0] += 1
+        total[1] += o.cases
+        total[2] += o.responses
+        total[3] += len(o.violations)
+    lines = ["| scenario | rounds | faults | responses seen | violations |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {rounds} | {cases} | {responses} | {violations} |" for name, (rounds, cases, responses, violations) in sums.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``responses-lab chaos``: every scenario, round after round with a new seed each, until ``--minutes``
+    have passed, each round on a fresh ``responses-lab serve``; the table of faults and violations, and exit
+    status 1 if any invariant broke. ``--short``: the sizes of ``tests/test_chaos.py`` (one round takes ~30 s
+    on 2 cores); the default sizes are :meth:`Sizes.long` (300 rollouts under injected engine failures, 200
+    fuzzed frames per transport, five rounds of disconnects in every state)."""
+    parser = argparse.ArgumentParser(prog="responses-lab chaos", description=main.__doc__)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--short", action="store_true", help="the test suite's sizes")
+    parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    outcomes = asyncio.run(rounds_for(args.minutes, args.seed, Sizes() if args.short else Sizes.long()))
+    print(f"\n{len(outcomes) // 5} rounds in {time.monotonic() - started:.0f} s")
+    print(totals(outcomes))
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    return 1 if any(o.violations for o in outcomes) else 0

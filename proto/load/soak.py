@@ -20,7 +20,6 @@ import contextlib
 import ipaddress
 import json
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
 from proto.core.events import TERMINAL_TYPES
+from proto.lab.metrics import percentile
 from proto.processes import ChildServer
 
 TOOLS = [{"type": "function", "name": "grep"}]
@@ -166,7 +166,7 @@ class Soak:
         await self.sample_once(started)
         for name, values in (("overhead_ms", self.overheads), ("ttft_ms", self.ttfts)):
             if values:
-                setattr(report, f"{name}_p50", round(statistics.median(values), 3))
+                setattr(report, f"{name}_p50", round(percentile(values, 50), 3))
                 setattr(report, f"{name}_p99", round(percentile(values, 99), 3))
         return report
 
@@ -227,11 +227,6 @@ class Soak:
     async def sample_once(self, started: float) -> None:
         if self.server is not None:
             self.report.rss_mb.append((round(time.perf_counter() - started, 2), round(self.rss_mb(), 1)))
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
 def raise_fd_limit() -> None:

@@ -1,6 +1,7 @@
-"""Predict a kept run's real-clock cells again with today's fast model, from the run's own calibration.
+"""``responses-lab bench repredict``: a kept run's real-clock cells predicted again with today's fast model,
+from the run's own calibration.
 
-    .venv/bin/python scripts/repredict.py notes/lab-results/issue11/*/results.json [--check]
+    responses-lab bench repredict docs/results/*/results.json [--check]
 
 Every real-clock run carries its cell's prediction (``predicted_e2e_s_p50``, ``predicted_ttft_ms_p50``,
 ``predicted_parts_s``, ``prediction_error``), composed when the run ended by the fast model of that day
@@ -25,8 +26,10 @@ from proto.lab.results import predict_run
 from proto.lab.traces import load_replay
 from sampler.models import MODELS
 
+Row = tuple[dict[str, Any], float | None, float | None]  # (run, error before, error after)
 
-def repredict(result: dict[str, Any]) -> list[tuple[dict[str, Any], float | None, float | None]]:
+
+def repredict(result: dict[str, Any]) -> list[Row]:
     """(run, error before, error after) for every run that has a prediction; the runs are updated in place."""
     if not result.get("calibration"):
         return []
@@ -51,11 +54,21 @@ def repredict(result: dict[str, Any]) -> list[tuple[dict[str, Any], float | None
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def print_rows(path: Path, rows: list[Row]) -> None:
+    worst = max((abs(after) for _, _, after in rows if after is not None), default=0.0)
+    print(f"{path}: {len(rows)} cells, largest |error| {worst * 100:.1f} %")
+    for run, before, after in rows:
+        b = "–" if before is None else f"{before * 100:+.1f} %"
+        a = "–" if after is None else f"{after * 100:+.1f} %"
+        print(f"  {run.get('profile', ''):<16}{run['workload'][:30]:<32}{run['model']:<14}{run['mode']:<12}{b:>9} → {a}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="responses-lab bench repredict", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--check", action="store_true", help="print, write nothing")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     for path in args.files:
         result = json.loads(path.read_text(encoding="utf-8"))
@@ -63,13 +76,5 @@ def main() -> None:
         if rows and not args.check:  # written before anything is printed: a closed pipe (`| head`) cannot cut it short
             result["predictions_recomputed"] = {"commit": commit, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        worst = max((abs(after) for _, _, after in rows if after is not None), default=0.0)
-        print(f"{path}: {len(rows)} cells, largest |error| {worst * 100:.1f} %")
-        for run, before, after in rows:
-            b = "–" if before is None else f"{before * 100:+.1f} %"
-            a = "–" if after is None else f"{after * 100:+.1f} %"
-            print(f"  {run.get('profile', ''):<16}{run['workload'][:30]:<32}{run['model']:<14}{run['mode']:<12}{b:>9} → {a}")
-
-
-if __name__ == "__main__":
-    main()
+        print_rows(path, rows)
+    return 0

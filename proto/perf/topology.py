@@ -1,8 +1,6 @@
-"""Capacity of the whole system against its topology: streams per second, in one run.
+"""``perf topology``: capacity of the whole system against its topology, streams per second, in one run.
 
-    .venv/bin/python scripts/capacity.py [--seconds 6] [--concurrency 8,32,96] [--tokens 100] [--out capacity.json]
-
-Three topologies, started here one after another on free loopback ports: the mock GPU in the API process
+Three topologies, started one after another on free loopback ports: the mock GPU in the API process
 (``serve``), one API worker in front of ``responses-lab engine`` (``serve --engine URL``), and two
 (``serve --workers 2 --engine URL``). Against each, C closed-loop long-lived clients (one process, this
 one) each run back-to-back responses of ``--tokens`` tokens (``!tokens N !say``) for ``--seconds``; a
@@ -12,7 +10,7 @@ stream (psutil: the API workers, the engine, this load generator).
 
 On paper beyond this machine: with each API worker and the engine on a core of its own, N workers carry
 at most ``min(N / api_cpu_per_stream, 1 / engine_cpu_per_stream)`` streams per second (each process is
-one event loop: one core is its ceiling). The script prints that bound from the costs measured at the
+one event loop: one core is its ceiling). The command prints that bound from the costs measured at the
 highest concurrency. On 2 cores the measured figures are bounded by the cores: the workers, the engine and
 the load generator share them.
 """
@@ -24,20 +22,22 @@ import asyncio
 import contextlib
 import json
 import resource
-import statistics
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from websockets.asyncio.client import connect
 
+from proto.lab.metrics import percentile
+from proto.perf.workload import FAST, MODEL
 from proto.processes import ChildEngine, ChildServer, cpu_seconds
 
-MODEL = "mock-4000tps"
-OVERRIDE = f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"  # 1 ms prefill: decoding dominates
+OVERRIDE = f"{MODEL}:{FAST}"  # 1 ms prefill: decoding dominates
+TOPOLOGIES = (("in-process", 1, False), ("engine+1 worker", 1, True), ("engine+2 workers", 2, True))
 
 
 @dataclass
@@ -53,6 +53,12 @@ class Cell:
     engine_cpu_ms_per_stream: float
     client_cpu_ms_per_stream: float
     ttft_ms_p50: float
+
+    def line(self) -> str:
+        return (f"{self.topology:17} C={self.concurrency:3}  {self.streams_per_s:7.1f} streams/s  {self.tokens_per_s:9.0f} tok/s "
+                f"(nominal {self.nominal_tokens_per_s:9.0f})  CPU ms/stream api {self.api_cpu_ms_per_stream:5.2f} "
+                f"engine {self.engine_cpu_ms_per_stream:5.2f} client {self.client_cpu_ms_per_stream:5.2f}  "
+                f"TTFT p50 {self.ttft_ms_p50:6.2f} ms")
 
 
 def client_cpu() -> float:
@@ -133,7 +139,7 @@ async def measure(t: Topology, concurrency: int, tokens: int, seconds: float) ->
         topology=t.name, concurrency=concurrency, streams=streams, seconds=wall, streams_per_s=streams / wall,
         tokens_per_s=streams * tokens / wall, nominal_tokens_per_s=concurrency * 4000.0,
         api_cpu_ms_per_stream=api * 1e3 / streams, engine_cpu_ms_per_stream=eng * 1e3 / streams,
-        client_cpu_ms_per_stream=cli * 1e3 / streams, ttft_ms_p50=statistics.median(ttfts),
+        client_cpu_ms_per_stream=cli * 1e3 / streams, ttft_ms_p50=percentile(ttfts, 50),
     )
 
 
@@ -147,25 +153,22 @@ def on_paper(cell: Cell, workers: int) -> float:
 async def run(args: argparse.Namespace) -> list[Cell]:
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, workers, remote in (("in-process", 1, False), ("engine+1 worker", 1, True), ("engine+2 workers", 2, True)):
+        for name, workers, remote in TOPOLOGIES:
             with topology(name, workers, remote, Path(tmp)) as t:
                 for concurrency in args.concurrency:
-                    cell = await measure(t, concurrency, args.tokens, args.seconds)
-                    cells.append(cell)
-                    print(f"{name:17} C={concurrency:3}  {cell.streams_per_s:7.1f} streams/s  {cell.tokens_per_s:9.0f} tok/s "
-                          f"(nominal {cell.nominal_tokens_per_s:9.0f})  CPU ms/stream api {cell.api_cpu_ms_per_stream:5.2f} "
-                          f"engine {cell.engine_cpu_ms_per_stream:5.2f} client {cell.client_cpu_ms_per_stream:5.2f}  "
-                          f"TTFT p50 {cell.ttft_ms_p50:6.2f} ms", flush=True)
+                    cells.append(await measure(t, concurrency, args.tokens, args.seconds))
+                    print(cells[-1].line(), flush=True)
     return cells
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32, 96])
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--out", type=Path, default=Path("capacity.json"))
-    args = parser.parse_args()
+
+
+def cmd_topology(args: argparse.Namespace) -> None:
     cells = asyncio.run(run(args))
     best = {name: max((c for c in cells if c.topology == name), key=lambda c: c.streams_per_s) for name in {c.topology for c in cells}}
     remote = best["engine+2 workers"]
@@ -173,11 +176,12 @@ def main() -> None:
     print("best streams/s: " + ", ".join(f"{name} {cell.streams_per_s:.1f}" for name, cell in sorted(best.items())))
     print(f"on paper (costs of engine+2 workers at C={remote.concurrency}, a core per process): "
           + ", ".join(f"{k} {v:.0f}" for k, v in paper.items()))
-    machine = {"cpus": psutil.cpu_count(), "command": "scripts/capacity.py " + " ".join(
-        f"--{k} {','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items())}
-    args.out.write_text(json.dumps({"machine": machine, "cells": [asdict(c) for c in cells], "on_paper_streams_per_s": paper}, indent=2))
+    args.out.write_text(json.dumps({"machine": machine(args), "cells": [asdict(c) for c in cells], "on_paper_streams_per_s": paper}, indent=2))
     print(f"wrote {args.out}")
 
 
-if __name__ == "__main__":
-    main()
+def machine(args: argparse.Namespace) -> dict[str, Any]:
+    """The box and the command that reproduces the run."""
+    flags = {k: getattr(args, k) for k in ("seconds", "concurrency", "tokens", "out")}
+    return {"cpus": psutil.cpu_count(), "command": "responses-lab perf topology " + " ".join(
+        f"--{k} {','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in flags.items())}

@@ -1,0 +1,58 @@
+"""``responses-lab perf`` is a command: its help and every subcommand's, a short real ``perf turn`` (the
+figure printed beside its floor, the WebSocket ping on the same connection) and ``perf profile`` over a
+hand-written py-spy file. The suite's figures themselves are benchmarks, never asserted here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proto.cli import main as cli_main
+
+SUBCOMMANDS = ("turn", "cpu", "stream", "capacity", "rss", "deflate", "topology", "profile")
+
+
+def perf(*args: str, timeout: float = 120) -> str:
+    done = subprocess.run([sys.executable, "-m", "proto", "perf", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_perf_help_names_every_subcommand_and_the_before_after_flags() -> None:
+    text = perf("--help")
+    for name in (*SUBCOMMANDS, "--compare", "--server-path"):
+        assert name in text
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_each_subcommand_has_its_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["perf", name, "--help"])
+    assert exited.value.code == 0
+    assert f"responses-lab perf {name}" in capsys.readouterr().out
+
+
+def test_perf_turn_prints_the_overhead_beside_the_ping_floor() -> None:
+    lines = perf("turn", "--contexts", "1000", "--turns", "5", "--append", "100").splitlines()
+    header = next(line for line in lines if line.startswith("server"))
+    assert "overhead" in header and "ping" in header and "÷ping" in header
+    row = next(line for line in lines if line.startswith("this")).split()
+    assert row[1] == "1000"  # the context
+    overhead, ping = float(row[2].removesuffix("ms")), float(row[4])
+    assert overhead > 0 and ping > 0
+    assert row[-1].endswith("ms")  # the server's CPU per turn
+
+
+def test_perf_profile_sums_self_and_inclusive_samples_leaving_the_idle_wait_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = tmp_path / "spy.txt"
+    raw.write_text("run (a/app.py:1);encode (b/codec.py:9) 3\n"
+                   "run (a/app.py:1);send (b/ws.py:4) 1\n"
+                   "run (a/app.py:1);select (selectors.py:468) 100\n")
+    assert cli_main(["perf", "profile", str(raw), "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("4 busy samples")
+    assert " 75.0%  encode (codec.py)" in out and "100.0%  run (app.py)" in out
+    assert "select" not in out
