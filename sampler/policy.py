@@ -345,8 +345,11 @@ def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(spaced) if len(w) > 1 and w not in _STOPWORDS}
 
 
+_RULE_CHARS = 2000  # the rule reads the message's first 2 000 characters: a 4 MB prompt must not stall the loop
+
+
 def matching_tool(message: str, offered: Sequence[OfferedTool]) -> OfferedTool | None:
-    said = _words(message.replace("'", ""))
+    said = _words(message[:_RULE_CHARS].replace("'", ""))
     best, best_score = None, 0
     for tool in offered:
         if tool.kind != "function":
@@ -358,7 +361,7 @@ def matching_tool(message: str, offered: Sequence[OfferedTool]) -> OfferedTool |
 
 
 def rule_call(tool: OfferedTool, message: str) -> PlannedCall:
-    digest = hashlib.sha256("\x00".join(("tool-rule", tool.name, message)).encode()).digest()
+    digest = hashlib.sha256("\x00".join(("tool-rule", tool.name, message[:_RULE_CHARS])).encode()).digest()
     rng = random.Random(int.from_bytes(digest[:8], "big"))
     args = value_for(tool.parameters, rng) if tool.parameters is not None else {}
     return PlannedCall(tool.name, json.dumps(args, separators=(",", ":"), ensure_ascii=False))
