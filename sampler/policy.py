@@ -15,7 +15,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+from sampler.schema_args import value_for
 
 WORKLOADS = Path(__file__).parent / "workloads"  # package data; installs are never zipped
 FALLBACK_TEXT = "Done."  # what the model says once its script or trace has run out
@@ -293,10 +295,103 @@ class _OneCallPerTurn:
         return replace(plan, calls=plan.calls[:1]) if len(plan.calls) > 1 else plan
 
 
-def select_policy(first_user_text: str, default: str, parallel: bool = True) -> Policy:
+# ---- the tools a request offers ---------------------------------------------------------------------
+#
+# The model only ever calls a tool the request offers: a scripted call of anything else is said as text
+# instead (the turn is a final message naming the call). Offered a function tool and no script, the model
+# follows the tool rule below.
+
+
+@dataclass(frozen=True)
+class OfferedTool:
+    name: str
+    kind: Literal["function", "custom", "hosted"]
+    description: str = ""
+    parameters: Any = None  # the function's JSON schema (None: no parameters)
+
+
+def only_offered(plan: TurnPlan, offered: Sequence[OfferedTool]) -> TurnPlan:
+    """``plan`` without its calls of tools the request does not offer; a turn left with none is a final
+    message that says what was not called."""
+    names = {tool.name for tool in offered}
+    kept = tuple(call for call in plan.calls if call.name in names)
+    if len(kept) == len(plan.calls):
+        return plan
+    if kept:
+        return replace(plan, calls=kept)
+    missing = ", ".join(dict.fromkeys(call.name for call in plan.calls))
+    return say(f"(not calling {missing}: this request offers no such tool)", plan.output_tokens, plan.reasoning_tokens)
+
+
+class _OfferedOnly:
+    def __init__(self, inner: Policy, offered: Sequence[OfferedTool]) -> None:
+        self.inner, self.offered = inner, tuple(offered)
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        return only_offered(self.inner.plan(turn, first_user_text, last_user_text), self.offered)
+
+
+# The tool rule (docs/protocol.md §6.1): without directives, on the turn that answers a user message, the
+# model calls the offered function tool sharing the most words with that message (a word of the tool's
+# name counts twice, one of its description once; ties go to the tool offered first); its arguments are
+# generated from the tool's ``parameters`` schema, seeded by the tool's name and the message. No tool
+# sharing a word, or a turn that answers tool output: the server's default policy answers.
+_STOPWORDS = frozenset(["a", "an", "and", "are", "can", "for", "from", "get", "how", "into", "its", "like", "me", "my", "of", "on", "or", "please", "set", "that", "the", "this", "to", "was", "what", "whats", "when", "where", "which", "who", "why", "will", "with", "you", "your"])
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(text: str) -> set[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text).lower()
+    return {w for w in _WORD.findall(spaced) if len(w) > 1 and w not in _STOPWORDS}
+
+
+_RULE_CHARS = 2000  # the rule reads the message's first 2 000 characters: a 4 MB prompt must not stall the loop
+
+
+def matching_tool(message: str, offered: Sequence[OfferedTool]) -> OfferedTool | None:
+    said = _words(message[:_RULE_CHARS].replace("'", ""))
+    best, best_score = None, 0
+    for tool in offered:
+        if tool.kind != "function":
+            continue
+        score = 2 * len(said & _words(tool.name)) + len(said & (_words(tool.description) - _words(tool.name)))
+        if score > best_score:
+            best, best_score = tool, score
+    return best
+
+
+def rule_call(tool: OfferedTool, message: str) -> PlannedCall:
+    digest = hashlib.sha256("\x00".join(("tool-rule", tool.name, message[:_RULE_CHARS])).encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    args = value_for(tool.parameters, rng) if tool.parameters is not None else {}
+    return PlannedCall(tool.name, json.dumps(args, separators=(",", ":"), ensure_ascii=False))
+
+
+class ToolRulePolicy:
+    """The tool rule on ``answers_user_turn`` (the first turn of this response when the conversation's
+    newest item is a user message); every other turn, ``inner``."""
+
+    def __init__(self, inner: Policy, offered: Sequence[OfferedTool], answers_user_turn: int | None) -> None:
+        self.inner, self.offered, self.answers_user_turn = inner, tuple(offered), answers_user_turn
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        if turn == self.answers_user_turn and (tool := matching_tool(last_user_text, self.offered)) is not None:
+            return TurnPlan(calls=(rule_call(tool, last_user_text),), final=False)
+        return self.inner.plan(turn, first_user_text, last_user_text)
+
+
+def select_policy(first_user_text: str, default: str, parallel: bool = True, offered: Sequence[OfferedTool] | None = None,
+                  answers_user_turn: int | None = None) -> Policy:
     """Directives in the first user message win; else ``default``: ``echo``, ``random[:SEED]`` or
     ``trace:NAME|PATH``. ValueError/KeyError for a bad default (call once at start-up to check it).
-    ``parallel=False`` (the request's ``parallel_tool_calls``): at most one call per turn."""
+    ``parallel=False`` (the request's ``parallel_tool_calls``): at most one call per turn. ``offered`` (the
+    request's tools; None: not checked): calls of anything else become text, and without a script the
+    tool rule answers the turn ``answers_user_turn``."""
+    policy = _select(first_user_text, default, parallel, offered or (), answers_user_turn)
+    return policy if offered is None else _OfferedOnly(policy, offered)
+
+
+def _select(first_user_text: str, default: str, parallel: bool, offered: Sequence[OfferedTool], answers_user_turn: int | None) -> Policy:
     plans = parse_script(first_user_text)
     if plans is not None:
         return ScriptPolicy(plans if parallel else serial(plans))
@@ -310,4 +405,6 @@ def select_policy(first_user_text: str, default: str, parallel: bool = True) -> 
         policy = TracePolicy(load_workload(arg))
     else:
         raise ValueError(f"unknown policy {default!r}; expected echo, random[:SEED] or trace:NAME")
+    if any(tool.kind == "function" for tool in offered):
+        policy = ToolRulePolicy(policy, offered, answers_user_turn)
     return policy if parallel else _OneCallPerTurn(policy)

@@ -128,7 +128,8 @@ async def started(ws: ClientConnection) -> str:
 
 
 async def test_steer_ends_the_response_steered_and_a_successor_continues(ws: ClientConnection) -> None:
-    await ws.send(create(f'{STEERABLE} !call web_search {{"query": "python"}}\n!say A\n!say B', "s"))
+    # the hosted call runs only because the request offers web_search (docs/protocol.md §6.1)
+    await ws.send(create(f'{STEERABLE} !call web_search {{"query": "python"}}\n!say A\n!say B', "s", tools=[*TOOLS, {"type": "web_search"}]))
     first_id = await started(ws)
     await ws.send(steer(first_id))
     frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 2)

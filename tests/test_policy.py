@@ -144,3 +144,33 @@ def test_select_policy() -> None:
     assert isinstance(t, TracePolicy) and t.workload.name == "long-context"
     with pytest.raises(ValueError):
         select_policy("hi", "oracle")
+
+
+# ---- the tool rule and offered tools (docs/protocol.md §6.1) ------------------------------------------------
+def test_tool_rule_calls_the_matching_tool_with_schema_valid_arguments() -> None:
+    import jsonschema
+
+    from sampler.policy import OfferedTool, select_policy
+
+    weather = OfferedTool("get_weather", "function", "Get the current weather for a location",
+                          {"type": "object", "properties": {"location": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                                            "unit": {"enum": ["c", "f"]}}, "required": ["location"]})
+    other = OfferedTool("list_files", "function", "List the files in a folder", {"type": "object", "properties": {}})
+    message = "What's the weather like in San Francisco?"
+    policy = select_policy(message, "echo", offered=[other, weather], answers_user_turn=0)
+    plan = policy.plan(0, message, message)
+    assert [c.name for c in plan.calls] == ["get_weather"] and not plan.final
+    jsonschema.validate(json.loads(plan.calls[0].arguments), weather.parameters)
+    assert select_policy(message, "echo", offered=[other, weather], answers_user_turn=0).plan(0, message, message) == plan  # seeded
+    assert policy.plan(1, message, message).text == message  # answering the tool's output: the default policy
+    assert select_policy("Say hi.", "echo", offered=[weather], answers_user_turn=0).plan(0, "Say hi.", "Say hi.").text == "Say hi."
+
+
+def test_scripted_calls_of_tools_not_offered_become_text() -> None:
+    from sampler.policy import OfferedTool, select_policy
+
+    script = '!call grep {"q": 1} | !call rm {}\n!call rm {}'
+    policy = select_policy(script, "echo", offered=[OfferedTool("grep", "function")])
+    assert [c.name for c in policy.plan(0, script, script).calls] == ["grep"]
+    plan = policy.plan(1, script, script)
+    assert not plan.calls and plan.final and "rm" in plan.text

@@ -27,6 +27,7 @@ SECRET_TEXT = "the launch code is PLUTONIUM-42"
 # Every route of the app: a new one without an entry here fails test_every_route_is_listed.
 HTTP_ENDPOINTS = [
     ("POST", "/v1/responses"),
+    ("POST", "/v1/responses/compact"),
     ("GET", "/v1/responses/resp_x"),
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),

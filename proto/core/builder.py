@@ -61,7 +61,16 @@ from proto.core.items import (
     WebSearchCall,
     WebSearchSource,
 )
-from proto.core.response import IncompleteDetails, LabInfo, Mode, Response, ResponseError, TurnReport, Usage
+from proto.core.response import (
+    IncompleteDetails,
+    LabInfo,
+    Mode,
+    Response,
+    ResponseError,
+    TurnReport,
+    Usage,
+    echo_tool,
+)
 from proto.core.work import WorkCounters
 
 
@@ -76,14 +85,14 @@ class ResponseBuilder:
             created_at=int(time.time()),
             status="in_progress",
             model=request.model,
-            tools=list(request.tools),
+            tools=[echo_tool(tool) for tool in request.tools],
             tool_choice=request.tool_choice if request.tool_choice is not None else "auto",
             parallel_tool_calls=request.parallel,
             instructions=request.instructions,
             previous_response_id=request.previous_response_id,
             max_output_tokens=request.max_output_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
             store=request.stores,
             metadata=dict(request.metadata or {}),
             user=request.user,
@@ -91,9 +100,9 @@ class ResponseBuilder:
             truncation=request.truncation or "disabled",
             prompt_cache_key=request.prompt_cache_key,
             safety_identifier=request.safety_identifier,
-            service_tier=request.service_tier,
+            service_tier="default" if request.service_tier in (None, "auto") else request.service_tier,
             max_tool_calls=request.max_tool_calls,
-            top_logprobs=request.top_logprobs,
+            top_logprobs=0 if request.top_logprobs is None else request.top_logprobs,
             usage=Usage(),
             lab=LabInfo(mode=mode, work=work or WorkCounters()),
         )
@@ -151,6 +160,7 @@ class ResponseBuilder:
 
     def completed(self) -> ResponseCompleted:
         self.response.status = "completed"
+        self.response.completed_at = int(time.time())
         return ResponseCompleted(response=self._final(), sequence_number=self.next_sequence())
 
     def incomplete(self, reason: str) -> ResponseIncomplete:

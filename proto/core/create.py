@@ -11,6 +11,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 
 from proto.core import codec
+from proto.core.compaction import check_compactions
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
@@ -65,6 +66,7 @@ def validate_create(
     work = WorkCounters(requests_validated=1)
     items = codec.decode_items(body.input, f"{root}input", item_code)
     work.items_validated += len(items)
+    check_compactions(items, f"{root}input")
     if body.previous_response_id is None and not any(isinstance(item, ItemReference) for item in items):
         check_outputs([], items, root)
     return items, work

@@ -26,6 +26,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "item_not_found": (404, "invalid_request_error"),
     "message_too_large": (413, "invalid_request_error"),
     "invalid_encoding": (400, "invalid_request_error"),
+    "invalid_encrypted_content": (400, "invalid_request_error"),  # OpenAI's code: encrypted content it cannot read
     "unsupported_encoding": (415, "invalid_request_error"),
     "tool_timeout": (408, "invalid_request_error"),
     "too_many_items": (400, "invalid_request_error"),

@@ -8,6 +8,7 @@ model produces messages, reasoning, function calls, custom tool calls and web se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, cast
 
 from proto.core import openai_types as oa
@@ -94,13 +95,13 @@ def media_parts(item: Item) -> list[ImagePart | FilePart]:
     return [part for part in parts if isinstance(part, (*IMAGE_PARTS, *FILE_PARTS))]
 
 
-def function_tool_names(tools: list[Tool]) -> frozenset[str]:
+def function_tool_names(tools: Sequence[Tool]) -> frozenset[str]:
     """Names the model may call as functions: function tools, and the functions inside a namespace
     (called by their own name, SPEC §5)."""
     return _names(tools, (FunctionTool, NamespaceFunction))
 
 
-def custom_tool_names(tools: list[Tool]) -> frozenset[str]:
+def custom_tool_names(tools: Sequence[Tool]) -> frozenset[str]:
     """Names of ``custom`` (freeform) tools, top-level or inside a namespace."""
     return _names(tools, (CustomTool,))
 
@@ -109,13 +110,13 @@ class _Named(Protocol):
     name: str
 
 
-def _names(tools: list[Tool], kinds: tuple[type, ...]) -> frozenset[str]:
+def _names(tools: Sequence[Tool], kinds: tuple[type, ...]) -> frozenset[str]:
     inner = [t for tool in tools if isinstance(tool, NamespaceTool) for t in tool.tools]
     named = [cast(_Named, tool) for tool in (*tools, *inner) if isinstance(tool, kinds)]
     return frozenset(tool.name for tool in named)
 
 
-def namespace_of(tools: list[Tool], name: str) -> str | None:
+def namespace_of(tools: Sequence[Tool], name: str) -> str | None:
     """The namespace a called tool lives in (its call item carries it), or None for a top-level tool."""
     for tool in tools:
         if isinstance(tool, NamespaceTool) and any(inner.name == name for inner in tool.tools):

@@ -95,21 +95,58 @@ class LabInfo(msgspec.Struct, kw_only=True):
     usage_total: Usage | None = None
 
 
+class EchoedFunctionTool(oa.FunctionTool, tag="function", tag_field="type", kw_only=True, omit_defaults=True):
+    """A function tool as the Response object echoes it: ``description``, ``parameters`` and ``strict``
+    always present (``null`` when absent), as OpenAI returns them and as the Open Responses
+    ``FunctionTool`` schema requires. A subclass, so whatever reads tools as ``FunctionTool`` reads these."""
+
+    description: str | None
+    parameters: dict[str, Any] | None
+    strict: bool | None
+
+
+# The Response's ``tools``: the request's tools, its function tools as echoed.
+EchoedTool = EchoedFunctionTool | oa.FileSearchTool | oa.ComputerTool | oa.ComputerUsePreviewTool | oa.WebSearchTool_web_search | \
+    oa.WebSearchTool_web_search_2025_08_26 | oa.Mcp | oa.CodeInterpreter | oa.ProgrammaticToolCalling | oa.ImageGeneration | \
+    oa.LocalShell | oa.FunctionShellTool | oa.CustomTool | oa.NamespaceTool | oa.ToolSearchTool | \
+    oa.WebSearchPreviewTool_web_search_preview | oa.WebSearchPreviewTool_web_search_preview_2025_03_11 | oa.ApplyPatchTool
+
+
+def echo_tool(tool: Tool) -> EchoedTool:
+    """OpenAI's function-calling guide ("Strict mode"): a Responses function tool sent without ``strict``
+    is strict, and the Response says so (``strict: true``); ``strict: false`` is kept."""
+    if isinstance(tool, EchoedFunctionTool):
+        return tool
+    if isinstance(tool, oa.FunctionTool):
+        fields = {name: getattr(tool, name) for name in tool.__struct_fields__}
+        fields["strict"] = True if tool.strict is None else tool.strict
+        return EchoedFunctionTool(**fields)
+    return tool
+
+
 class Response(msgspec.Struct, kw_only=True):
+    """Every field the Open Responses ``ResponseResource`` requires is always present, with the values
+    OpenAI's API returns: defaults are echoed as values (``temperature`` 1.0, ``top_p`` 1.0, penalties 0.0,
+    ``top_logprobs`` 0, ``service_tier`` ``"default"``), never ``null``."""
+
     id: str
     object: str = "response"
     created_at: int
+    # Set when the response reaches ``completed`` (``null`` until then, and for any other ending).
+    completed_at: int | None = None
     status: Status
     model: str
     output: list[Item] = msgspec.field(default_factory=list)
-    tools: list[Tool] = msgspec.field(default_factory=list)
+    tools: list[EchoedTool] = msgspec.field(default_factory=list)
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     store: bool = True
     background: bool = False
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
@@ -123,7 +160,19 @@ class Response(msgspec.Struct, kw_only=True):
     # Carried through from the request as OpenAI echoes them on the Response object.
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    service_tier: str | None = None
+    # The tier that served the request: ``auto`` (and no request) resolve to ``default``, as OpenAI's do.
+    service_tier: str = "default"
     max_tool_calls: int | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int = 0
     lab: LabInfo | None = None
+
+
+class CompactResource(msgspec.Struct, kw_only=True):
+    """The reply of ``POST /v1/responses/compact`` (Open Responses ``CompactResource``): the compacted
+    window, to be sent as the input of the next response as it is."""
+
+    id: str
+    object: str = "response.compaction"
+    created_at: int
+    output: list[Item]
+    usage: Usage

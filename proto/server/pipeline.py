@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -26,7 +26,21 @@ import structlog
 from proto.core.builder import ResponseBuilder
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
-from proto.core.items import CALL_ITEMS, Item, Message, Reasoning, WebSearchCall, message_text
+from proto.core.items import (
+    CALL_ITEMS,
+    HOSTED_TOOL_NAMES,
+    CustomTool,
+    FunctionTool,
+    Item,
+    Message,
+    NamespaceFunction,
+    NamespaceTool,
+    Reasoning,
+    Tool,
+    WebSearchCall,
+    WebSearchTools,
+    message_text,
+)
 from proto.core.response import Mode, Response
 from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
@@ -42,7 +56,7 @@ from sampler.gpu import MockGPU
 from sampler.loop import Rollout
 from sampler.models import ModelSpec
 from sampler.overrides import model_specs
-from sampler.policy import has_directives, select_policy
+from sampler.policy import OfferedTool, has_directives, select_policy
 from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
 
@@ -265,15 +279,19 @@ class Pipeline:
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
         script = script_source(conversation.items)
+        turn = count_segments(conversation.items)
+        newest = conversation.items[-1] if conversation.items else None
+        answers_user = isinstance(newest, Message) and newest.role == "user"
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
             # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
             sequence=gpu.open(keep_warm=mode == "longlived"),
-            policy=select_policy(script, self.settings.default_policy, parallel=request.parallel),
+            policy=select_policy(script, self.settings.default_policy, parallel=request.parallel, offered=offered_tools(request.tools),
+                                 answers_user_turn=turn if answers_user else None),
             web_search=self.web_search,
             script=script,
-            turn=count_segments(conversation.items),
+            turn=turn,
             max_output_tokens=request.max_output_tokens,
             pending_phases=dict(phases),
             coalesce_s=self.settings.coalesce_ms / 1e3,
@@ -385,6 +403,22 @@ def script_source(items: list[Item]) -> str:
     directive line, the first user message (what the default policy reads)."""
     users = [message_text(item) for item in items if isinstance(item, Message) and item.role == "user"]
     return next((text for text in users if has_directives(text)), users[0] if users else "")
+
+
+def offered_tools(tools: Sequence[Tool]) -> list[OfferedTool]:
+    """What the mock model may call (SPEC §5): function and custom tools, those inside a namespace by
+    their own name, and the hosted tools it runs (``web_search``)."""
+    offered: list[OfferedTool] = []
+    for tool in tools:
+        inner = tool.tools if isinstance(tool, NamespaceTool) else [tool]
+        for one in inner:
+            if isinstance(one, (FunctionTool, NamespaceFunction)):
+                offered.append(OfferedTool(one.name, "function", one.description or "", one.parameters))
+            elif isinstance(one, CustomTool):
+                offered.append(OfferedTool(one.name, "custom", one.description or ""))
+        if isinstance(tool, WebSearchTools):
+            offered.extend(OfferedTool(name, "hosted") for name in sorted(HOSTED_TOOL_NAMES))
+    return offered
 
 
 def count_segments(items: list[Item]) -> int:

@@ -52,6 +52,7 @@ from proto.server.auth import Auth, error_response
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
+from proto.server.stages.compact import compact_window
 from proto.server.transports import encoding
 
 _encoder = msgspec.json.Encoder()
@@ -130,6 +131,7 @@ class HttpResponses:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/responses", self.auth.guard(self.create), methods=["POST"]),
+            Route("/v1/responses/compact", self.auth.guard(self.compact), methods=["POST"]),
             Route("/v1/responses/{response_id}", self.auth.guard(self.retrieve), methods=["GET"]),
             Route("/v1/responses/{response_id}", self.auth.guard(self.delete), methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", self.auth.guard(self.input_items), methods=["GET"]),
@@ -219,6 +221,23 @@ class HttpResponses:
                     await task
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    # ------------------------------------------------------------------------------------ compact
+    async def compact(self, request: Request, key: str) -> Response:
+        """``POST /v1/responses/compact``: the create body's ``model``, ``input``, ``previous_response_id``,
+        ``instructions`` (``proto/server/stages/compact.py``); refused as a create would be."""
+        try:
+            raw = await self._read_body(request)
+            body = decode_body(await encoding.decode(raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes))
+            with typed_faults():
+                items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
+                items = await resolve_references(self.pipeline, items, key, work)
+                history = [] if body.previous_response_id is None else await load_history(self.pipeline, body.previous_response_id, key, work)
+                check_outputs(history, items)
+                resource = compact_window(self.pipeline.tokenizer, body.instructions, history + items, work)
+        except ClientError as exc:
+            return error_response(exc)
+        return Response(_encoder.encode(resource), media_type=JSON)
 
     # ------------------------------------------------------------------------------------ stored
     async def retrieve(self, request: Request, key: str) -> Response:

@@ -1,0 +1,163 @@
+"""Validation against the vendored Open Responses specification (tests/openresponses/openapi.json, version
+2026-04-24): any JSON object against a component schema (JSON Schema Draft 2020-12, ``#/components/
+schemas/...`` refs resolved through a ``referencing`` Registry), and the two things every e2e test checks —
+a Response object and a streamed event.
+
+Where this server follows OpenAI's API beyond the spec (docs/protocol.md, "Conformance"), the part the spec
+has no schema for is checked against OpenAI's own types instead, never skipped:
+
+* items of OpenAI's hosted and custom tools (``web_search_call``, ``custom_tool_call`` …), which the spec
+  admits only slug-prefixed, and tools other than ``function`` (``web_search``, ``custom``, ``namespace``):
+  each must decode as OpenAI's type (``proto.core.openai_types``, generated from the SDK); the object
+  around them then validates against the spec's schema;
+* events the spec does not define (the long-lived protocol's ``response.done`` and inject replies, hosted
+  tools' progress events, custom tool input deltas, GA WebSocket's steer replies): their type must be one
+  of ``EXTENSION_EVENTS``, a ``sequence_number`` an integer, and any ``response`` they carry a valid Response.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from proto.core import openai_types as oa
+
+SPEC_PATH = Path(__file__).resolve().parent / "openresponses" / "openapi.json"
+SPEC_URI = "urn:openresponses:2026-04-24"
+
+# Events outside the spec, each documented in docs/protocol.md (§3.2 the long-lived protocol, §4 GA mode).
+EXTENSION_EVENTS = frozenset({
+    "response.done",  # long-lived: the response is suspended on tool calls
+    "response.inject.created", "response.inject.failed",  # long-lived: replies to response.inject
+    "response.steer.accepted", "response.steer.pending", "response.steer.failed",  # GA mode's beta steering
+    "response.web_search_call.in_progress", "response.web_search_call.searching", "response.web_search_call.completed",
+    "response.custom_tool_call_input.delta", "response.custom_tool_call_input.done",
+})
+_item_decoder = msgspec.json.Decoder(oa.InputItem)
+_tool_decoder = msgspec.json.Decoder(oa.Tool)
+
+
+@functools.cache
+def spec() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+    return document
+
+
+@functools.cache
+def _registry() -> Registry:  # type: ignore[type-arg]
+    return Registry().with_resource(SPEC_URI, Resource(contents=spec(), specification=DRAFT202012))
+
+
+@functools.cache
+def validator(name: str) -> Draft202012Validator:
+    if name not in spec()["components"]["schemas"]:
+        raise KeyError(f"no component schema {name!r} in the Open Responses spec")
+    return Draft202012Validator({"$ref": f"{SPEC_URI}#/components/schemas/{name}"}, registry=_registry())
+
+
+def schema_errors(value: Any, name: str) -> list[str]:
+    """Every violation of ``#/components/schemas/NAME``, as ``path: message``."""
+    errors = sorted(validator(name).iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message[:300]}" for e in errors]
+
+
+def check_schema(value: Any, name: str) -> None:
+    errors = schema_errors(value, name)
+    assert not errors, f"not a valid {name}:\n  " + "\n  ".join(errors) + f"\n{json.dumps(value)[:2000]}"
+
+
+@functools.cache
+def _discriminated(name: str) -> frozenset[str]:
+    """The ``type`` values a discriminated ``oneOf`` (ItemField, Tool) admits."""
+    kinds: set[str] = set()
+    for ref in spec()["components"]["schemas"][name]["oneOf"]:
+        target = spec()["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
+        kinds.update(target["properties"]["type"]["enum"])
+    return frozenset(kinds)
+
+
+@functools.cache
+def event_schemas() -> dict[str, str]:
+    """Event ``type`` → its component schema, for every streaming event the spec defines."""
+    found: dict[str, str] = {}
+    for name, schema in spec()["components"]["schemas"].items():
+        if name.endswith("StreamingEvent"):
+            for kind in schema["properties"]["type"]["enum"]:
+                found[kind] = name
+    return found
+
+
+def _openai_item(item: dict[str, Any], where: str) -> None:
+    try:
+        _item_decoder.decode(json.dumps(item))
+    except msgspec.ValidationError as e:
+        raise AssertionError(f"{where}: {item.get('type')!r} is neither an Open Responses item nor a valid OpenAI one: {e}") from None
+
+
+def _split_item(item: Any, where: str) -> Any:
+    """The item if the spec defines its type; else checked as OpenAI's and ``None`` returned."""
+    if isinstance(item, dict) and item.get("type") not in _discriminated("ItemField"):
+        _openai_item(item, where)
+        return None
+    return item
+
+
+def check_response(response: Any, where: str = "response") -> None:
+    """A Response object: valid ``ResponseResource``, OpenAI-only items and tools checked as OpenAI's."""
+    assert isinstance(response, dict), f"{where}: not an object: {response!r}"
+    body = copy.copy(response)
+    output = [_split_item(item, f"{where}.output[{i}]") for i, item in enumerate(response.get("output", []))]
+    body["output"] = [item for item in output if item is not None]
+    tools = []
+    for i, tool in enumerate(response.get("tools", [])):
+        if isinstance(tool, dict) and tool.get("type") not in _discriminated("Tool"):
+            try:
+                _tool_decoder.decode(json.dumps(tool))
+            except msgspec.ValidationError as e:
+                raise AssertionError(f"{where}.tools[{i}]: not a valid OpenAI tool: {e}") from None
+        else:
+            tools.append(tool)
+    body["tools"] = tools
+    check_schema(body, "ResponseResource")
+
+
+def check_compact(resource: Any) -> None:
+    check_schema(resource, "CompactResource")
+
+
+def check_event(event: Any, transport: str = "sse") -> None:
+    """One streamed event (``transport``: ``sse``, ``ws`` — GA mode — or ``longlived``)."""
+    assert isinstance(event, dict) and isinstance(event.get("type"), str), f"not an event: {event!r}"
+    kind = event["type"]
+    if kind == "error" and transport != "sse":
+        check_schema(event, "WebSocketErrorEvent")  # the GA envelope: {"type", "status", "error": {...}}
+        return
+    where = f"{kind} #{event.get('sequence_number')}"
+    body = copy.copy(event)
+    if isinstance(event.get("response"), dict):
+        check_response(event["response"], f"{where}.response")
+        # The envelope then validates with the spec's part of it (OpenAI's items were checked just now).
+        body["response"] = _minimal_response(event["response"])
+    if kind in EXTENSION_EVENTS:
+        if "sequence_number" in event:
+            assert isinstance(event["sequence_number"], int), f"{where}: sequence_number is not an integer"
+        for i, call in enumerate(event.get("pending_calls", [])):
+            assert isinstance(call.get("call_id"), str) and isinstance(call.get("name"), str), f"{where}.pending_calls[{i}]: {call!r}"
+        return
+    assert kind in event_schemas(), f"{where}: {kind!r} is neither an Open Responses event nor a documented extension"
+    if "item" in event:
+        body["item"] = _split_item(event["item"], f"{where}.item")
+    check_schema(body, event_schemas()[kind])
+
+
+def _minimal_response(response: dict[str, Any]) -> dict[str, Any]:
+    return {**response, "output": [i for i in response.get("output", []) if i.get("type") in _discriminated("ItemField")],
+            "tools": [t for t in response.get("tools", []) if t.get("type") in _discriminated("Tool")]}
