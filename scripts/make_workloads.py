@@ -3,7 +3,7 @@
     .venv/bin/python scripts/make_workloads.py
 
 The generator is ``proto/lab/synthetic.py`` (sizes plausible, tool times drawn from TraceLab's
-heavy-tailed fit); the format is documented in NOTES.md ("Workload format").
+heavy-tailed fit); the format is documented in docs/lab.md, "Workloads".
 """
 
 from __future__ import annotations

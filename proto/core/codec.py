@@ -82,7 +82,7 @@ def _kind_prefix(data: str | bytes) -> str:
 
 def event_fault_code(kind: str, param: str | None) -> str:
     """A fault in the body a ``response.create`` carries, or in an item of any event, is the same fault
-    as in an HTTP body: ``invalid_request`` on every transport (issue 12). ``invalid_event`` is for
+    as in an HTTP body: ``invalid_request`` on every transport. ``invalid_event`` is for
     the event's own envelope: its ``type``, ``event_id``, an append's ``input`` that is not a list."""
     if param is None or param in _ENVELOPE:
         return "invalid_event"

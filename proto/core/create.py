@@ -48,7 +48,7 @@ def validate_create(
 
     ``background: true`` is refused (HTTP, GA WebSocket: no background responses here, and a client that
     asked for one must not believe it got one); the long-lived ``response.create`` ignores the field, as
-    SPEC §3 has it (``refuse_background=False``).
+    docs/protocol.md, "Client events" has it (``refuse_background=False``).
 
     Without ``previous_response_id`` every ``function_call_output`` must answer a call in the same input
     (OpenAI checks this too); a continuation's outputs, and an input with ``item_reference`` items, are

@@ -53,7 +53,7 @@ class CreateBody(oa.ResponseCreateParamsBase, kw_only=True):
 
 class ResponseCreate(CreateBody, tag="response.create", tag_field="type", kw_only=True):
     event_id: str | None = None
-    stream_id: str | None = None  # GA WebSocket mode's lane (SPEC §4); not part of the HTTP body
+    stream_id: str | None = None  # GA WebSocket mode's lane (docs/protocol.md, "Lanes (`stream_id`)"); not part of the HTTP body
 
 
 class ClientEventBase(msgspec.Struct, tag_field="type", kw_only=True):

@@ -97,7 +97,7 @@ def media_parts(item: Item) -> list[ImagePart | FilePart]:
 
 def function_tool_names(tools: Sequence[Tool]) -> frozenset[str]:
     """Names the model may call as functions: function tools, and the functions inside a namespace
-    (called by their own name, SPEC §5)."""
+    (called by their own name: docs/protocol.md, "The directive script")."""
     return _names(tools, (FunctionTool, NamespaceFunction))
 
 

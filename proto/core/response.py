@@ -12,7 +12,7 @@ from proto.core.work import WorkCounters
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 # How a response reached the server: the designs the lab compares, in the seed's order (each removes work
-# the one before redoes; NOTES.md, "the transports", NOTES.md (Issue 11) for ``http-cached``).
+# the one before redoes; docs/architecture.md, "The pipeline"; docs/protocol.md, "The item cache (`http-cached`)").
 Mode = Literal["http", "http-cached", "http-prev", "ws", "longlived"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 

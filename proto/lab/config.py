@@ -19,14 +19,14 @@ class Profile:
     resolve_hop_ms: float
 
 
-# Values argued in NOTES.md (the lab's "Profiles"): a BERT-scale safety classifier behind an in-region RPC
+# Values argued in docs/lab.md, "Profiles": a BERT-scale safety classifier behind an in-region RPC
 # (10–50 ms per check in published guardrail budgets; we take 20 ms), and one in-region RPC to a
 # routing/config service for model resolution (inter-AZ RTT 1.3–2.1 ms measured on EC2; we take 2 ms).
 PROFILES: dict[str, Profile] = {
     "local": Profile("local", 0.0, 0.0),
     "production-like": Profile("production-like", 20.0, 2.0),
     # The hop curve's third real-clock point: a safety classifier at the top of the published 10-50 ms
-    # range, and the resolve hop at a tenth of it as in production-like (NOTES.md (Issue 11)).
+    # range, and the resolve hop at a tenth of it as in production-like (docs/lab.md, "Profiles").
     "remote": Profile("remote", 50.0, 5.0),
 }
 

@@ -188,7 +188,7 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class ModeSummary:
-    """The latency figures of one mode over its rollouts (docs/protocol.md §7's latency fields)."""
+    """The latency figures of one mode over its rollouts (docs/lab.md, "Metrics")."""
 
     e2e_s_p50: float
     ttft_ms_p50: float

@@ -206,7 +206,7 @@ class SharedCore:
 
 # Each calibration round is measured this many times (the whole replay again, every mode in turn) and its
 # median kept: a stall of the shared machine lands on one pass of a round, not on the fit. With one pass
-# the mode ÷ http ratios of two back-to-back runs moved by up to 5.8–7 % (NOTES.md, Issue 11).
+# the mode ÷ http ratios of two back-to-back runs moved by up to 5.8–7 % (docs/decisions/0016-fast-model-three-passes-and-a-shared-core.md).
 PASSES = 3
 
 

@@ -1,4 +1,4 @@
-"""results.json (docs/protocol.md §7) and results.csv: what a bench run produced, shaped, written and read back.
+"""results.json (docs/lab.md, "results.json") and results.csv: what a bench run produced, shaped, written and read back.
 
 The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
 ``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
@@ -32,7 +32,7 @@ BASELINE = "http"  # the mode every ratio ("vs http") is taken against
 
 
 def run_record(cell: CellResult) -> dict[str, Any]:
-    """One ``runs[]`` entry: docs/protocol.md §7's fields, then the lab's extras."""
+    """One ``runs[]`` entry: docs/lab.md, "results.json"'s fields, then the lab's extras."""
     metrics = [rollout_metrics(t) for t in cell.traces]
     s = summarize(metrics)
     turns = max(s.turns, 1)

@@ -2,7 +2,7 @@
 
 Each preset fixes the modes, workloads, models, profiles and server knobs of one published figure, and a
 fast-model question (``Scenario.question``) the real-clock cells cannot answer alone: what it would take,
-in this lab's terms, to reach the authors' figure. NOTES.md (Issue 11) holds, per scenario, the authors'
+in this lab's terms, to reach the authors' figure. docs/lab.md, "Scenarios" holds, per scenario, the authors'
 figure beside ours, the conditions, and what the difference says.
 """
 

@@ -2,7 +2,7 @@
 TTFT against ``http`` as decode speed goes 65 → 4 000 tokens/s (each speed with its hardware class's
 prefill), as the rollout grows 8 → 40 turns, and as the hops get dearer. One session; the workload is
 coding-agent (its length, for the turn curve, from ``proto/lab/synthetic.py``); tool times × the run's
-``--tool-time-scale``. The ``sweep`` list of results.json (SPEC §6) and two PNGs come from here.
+``--tool-time-scale``. The ``sweep`` list of results.json (docs/lab.md, "results.json") and two PNGs come from here.
 """
 
 from __future__ import annotations

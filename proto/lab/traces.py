@@ -1,5 +1,5 @@
 """What the lab replays, as rounds: a synthetic workload (``sampler/workloads/*.json``) or a TraceLab trace
-(round-trace CSV or JSONL, SPEC §6), read as they are.
+(round-trace CSV or JSONL: docs/lab.md, "Trace replay"), read as they are.
 
 A :class:`Replay` is a set of :class:`Session` s, each an ordered list of :class:`Round` s (one LLM call
 each). A round fixes what the server must see and say: its prompt tokens (``input_tokens``), how much of

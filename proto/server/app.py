@@ -1,4 +1,4 @@
-"""The starlette app: one server, one port, every endpoint of docs/protocol.md §2."""
+"""The starlette app: one server, one port, every endpoint of docs/protocol.md, "Endpoints"."""
 
 from __future__ import annotations
 

@@ -5,11 +5,11 @@ same URL when the provider sets ``model_catalog_url`` and ``[features] api_key_m
 (codex-rs/model-provider/src/models_endpoint.rs; LiteLLM's Codex guide gives the same two settings): it
 decodes ``{"models": [ModelInfo, ...]}`` and ignores the rest, as OpenAI's SDKs ignore ``models``. One
 object serves both. Without the catalog Codex runs a custom provider's model on "fallback metadata":
-``exec_command``, ``view_image``, its namespace tools, but no ``apply_patch`` (NOTES.md, "Issue 12").
+``exec_command``, ``view_image``, its namespace tools, but no ``apply_patch`` (docs/protocol.md, "Model objects").
 
 The ModelInfo fields are those of Codex 0.171's bundled catalog (codex-rs/protocol/src/openai_models.rs);
 ``REQUIRED`` are the ones 0.171 refuses a catalog entry without (found by dropping each field of a bundled
-entry in turn against the real binary: NOTES.md, "Issue 12" gives the command). The values describe what the
+entry in turn against the real binary: docs/protocol.md, "Model objects" gives the command). The values describe what the
 mock model is: it calls tools in parallel, takes images, has no reasoning effort levels; its freeform
 ``apply_patch`` and its ``exec_command`` shell are what Codex offers such a model.
 """
@@ -31,7 +31,7 @@ def codex_model(name: str, priority: int) -> dict[str, Any]:
     return {
         "slug": name,
         "display_name": name,
-        "description": "responses-lab mock model (scripted; see docs/protocol.md §6)",
+        "description": 'responses-lab mock model (scripted; see docs/protocol.md, "The directive script")',
         "priority": priority,
         "visibility": "list",
         "supported_in_api": True,

@@ -5,7 +5,7 @@
 What a transport *redoes* per turn is the transport's business (it decides what it hands to
 ``prepare``); the stages themselves are here, once. Latency knobs (``resolve_hop_ms``, ``safety_hop_ms``,
 ``api_cost_ms`` + ``api_cost_ms_per_1k``) model the remote services the seed removed and a real Python
-Responses server's own per-request work; they are 0 by default, documented in NOTES.md and NOTES.md (Issue 11),
+Responses server's own per-request work; they are 0 by default, documented in docs/lab.md, "Profiles",
 and slept on the precise clock (``sampler.clock.RealClock``) so a modelled 20 ms is 20 ms, not uvloop's
 nearest millisecond. The work a hop stands for is counted whatever its configured latency
 (``work.safety_hops``, ``work.model_resolutions``), so the lab's fast model can price any hop profile.
@@ -304,7 +304,7 @@ class Pipeline:
 
     async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
-        ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in NOTES.md (Issue 11)), paid by
+        ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in docs/lab.md, "Profiles"), paid by
         every HTTP request: ``http`` and ``http-prev`` in full, ``http-cached`` the base only (its cache does
         the per-token rendering vLLM spends that part on). The WebSocket modes never pay it: this is what a
         per-request server costs, which is what they remove."""
@@ -398,7 +398,7 @@ def _output_text(items: list[Item]) -> str:
 
 
 def script_source(items: list[Item]) -> str:
-    """The directive script's source (SPEC §5): the first user message that contains directive lines.
+    """The directive script's source (docs/protocol.md, "The directive script"): the first user message that contains directive lines.
     Agents put context first (Codex's first user message is its ``<environment_context>``); without any
     directive line, the first user message (what the default policy reads)."""
     users = [message_text(item) for item in items if isinstance(item, Message) and item.role == "user"]
@@ -406,7 +406,7 @@ def script_source(items: list[Item]) -> str:
 
 
 def offered_tools(tools: Sequence[Tool]) -> list[OfferedTool]:
-    """What the mock model may call (SPEC §5): function and custom tools, those inside a namespace by
+    """What the mock model may call (docs/protocol.md, "The directive script"): function and custom tools, those inside a namespace by
     their own name, and the hosted tools it runs (``web_search``)."""
     offered: list[OfferedTool] = []
     for tool in tools:

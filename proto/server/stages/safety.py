@@ -64,8 +64,8 @@ class _Rule:
     name: str
     # Every match starts with one of these (lowercase) literals. One Aho–Corasick pass over the text
     # (pyahocorasick, in C) finds every rule's triggers at once and the regex is only tried there: ~8x
-    # faster on mixed prose and code than a regex attempt at every position (NOTES.md, "Pipeline stages"),
-    # and one pass instead of one ``str.find`` pass per trigger (39 of them: NOTES.md, Issue 10).
+    # faster on mixed prose and code than a regex attempt at every position (docs/decisions/0003-aho-corasick-safety-scan.md),
+    # and one pass instead of one ``str.find`` pass per trigger (39 of them).
     triggers: tuple[str, ...]
     regex: re.Pattern[str]
 

@@ -147,10 +147,10 @@ MIGRATIONS: Migrations = (
     owner         TEXT NOT NULL{{seq}}
 )""",
     ),
-    # 2 (issue 13): why a row ended other than completed — ``incomplete_details.reason`` or ``error.code``
+    # 2: why a row ended other than completed — ``incomplete_details.reason`` or ``error.code``
     # of its terminal event, ``server_crashed`` for the rows reconcile() bills; "" when completed.
     ("ALTER TABLE usage ADD COLUMN reason TEXT NOT NULL DEFAULT ''",),
-    # 3 (issue 11): the mode CHECK takes ``MODES`` as they are now (``http-cached``). SQLite cannot alter a
+    # 3: the mode CHECK takes ``MODES`` as they are now (``http-cached``). SQLite cannot alter a
     # constraint, so both tables are rebuilt the way its documentation prescribes for any schema change
     # (create the new table, copy the rows, drop the old one, rename the new one), in the migration's one
     # transaction; the same statements run on PostgreSQL. Rows are copied by name in their creation order

@@ -63,7 +63,7 @@ MIGRATIONS: Migrations = (
 )""",
     ),
     # 2: every item of a stored response (its inputs and its output), by id: what an ``item_reference``
-    # names (issue 12). Items stored before it have no rows: a reference to one is ``item_not_found``.
+    # names. Items stored before it have no rows: a reference to one is ``item_not_found``.
     (
         """CREATE TABLE IF NOT EXISTS items (
     api_key_id  TEXT NOT NULL,
