@@ -54,7 +54,7 @@ class HttpClient:
         self.url = base_url.rstrip("/") + PATH
         self.observer = observer
         self.clock = clock
-        limits = httpx.Limits(max_connections=max_connections)
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.http = httpx.AsyncClient(headers={**bearer(api_key), **(headers or {})}, timeout=httpx.Timeout(timeout), limits=limits)
 
     async def __aenter__(self) -> Self:

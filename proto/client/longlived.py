@@ -50,8 +50,11 @@ class LongLivedClient(WebSocketClient):
         observer: Observer | None = None,
         clock: Clock = DEFAULT_CLOCK,
         ping_interval: float | None = 20.0,
+        open_timeout: float | None = 10.0,
     ) -> None:
-        super().__init__(longlived_url(url), api_key, observer=observer, clock=clock, max_size=max_size, ping_interval=ping_interval)
+        super().__init__(
+            longlived_url(url), api_key, observer=observer, clock=clock, max_size=max_size, ping_interval=ping_interval, open_timeout=open_timeout
+        )
 
     async def rollout(
         self,
