@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proto.client import messages
+import proto.client.messages as messages
 from proto.client.errors import ProtocolFailure
 from proto.client.ws import WebSocketClient
 from proto.core.events import TERMINAL_TYPES

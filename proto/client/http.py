@@ -13,7 +13,7 @@ from typing import Any, Self
 
 import httpx
 
-from proto.client import messages
+import proto.client.messages as messages
 from proto.client.errors import ClientError, HttpStatusError, ProtocolFailure, StreamEnded
 from proto.client.frames import (
     DEFAULT_CLOCK,

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proto.client import messages
+import proto.client.messages as messages
 from proto.client.errors import ProtocolFailure
 from proto.client.frames import DEFAULT_CLOCK, ClientEvent, Clock, Observer
 from proto.client.ws import WebSocketClient
