@@ -46,8 +46,12 @@ from locust import User, between, events, task
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from proto.client import messages
+from proto.client.frames import decode, encode
+from proto.client.messages import function_calls
+from proto.client.sse import SseParser
 from proto.core.events import TERMINAL_TYPES
-from proto.lab.clients import answer, function_calls
+from proto.lab.clients import answer
 from proto.lab.metrics import SEND, Mark, Trace, percentile, rollout_metrics
 from proto.lab.plan import RolloutPlan, Send, build_plan
 from proto.lab.traces import Session, load_replay
@@ -155,7 +159,7 @@ class _Rollouts(User):
             gevent.sleep(send.wait_s)
             new_items = answer(calls, send)
             history = [*history, *response["output"], *new_items]
-            body = dict(base, input=new_items, previous_response_id=response["id"]) if previous else dict(base, input=history)
+            body = messages.continuation(base, new_items, response["id"]) if previous else dict(base, input=history)
         raise RuntimeError(f"the rollout ran past the workload's {plan.turns} turns")
 
     def mark(self, trace: Trace, kind: str) -> None:
@@ -177,6 +181,7 @@ class HttpRollout(_Rollouts):
         super().on_start()
         self.mode = self.environment.parsed_options.rl_http_mode
         self.session = requests.Session()
+        self.json_headers = {**self.headers, "content-type": "application/json"}
 
     def on_stop(self) -> None:
         self.session.close()
@@ -189,20 +194,20 @@ class HttpRollout(_Rollouts):
 
     def _exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
         self.mark(trace, SEND)
-        with self.session.post(self.http_url + "/v1/responses", json=dict(body, stream=True), headers=self.headers,
+        with self.session.post(self.http_url + "/v1/responses", data=encode(messages.streaming(body)), headers=self.json_headers,
                                stream=True, timeout=600) as reply:
             if reply.status_code != 200:
                 raise RuntimeError(f"HTTP {reply.status_code}: {reply.text[:300]}")
-            for line in reply.iter_lines(chunk_size=None, decode_unicode=True):
-                if not line or not line.startswith("data:"):
-                    continue
-                event = json.loads(line[5:])
-                self.mark(trace, event.get("type", ""))
-                if event.get("type") == "error":
-                    raise RuntimeError(str(event.get("error")))
-                if event.get("type") in TERMINAL_TYPES:
-                    response: dict[str, Any] = event["response"]
-                    return response
+            parser = SseParser()
+            for chunk in reply.iter_content(chunk_size=None):
+                for sse in parser.feed(chunk):
+                    event = decode(sse.data)
+                    self.mark(trace, event.get("type", ""))
+                    if event.get("type") == "error":
+                        raise RuntimeError(str(event.get("error")))
+                    if event.get("type") in TERMINAL_TYPES:
+                        response: dict[str, Any] = event["response"]
+                        return response
         raise RuntimeError("the stream ended without a terminal event")
 
 
@@ -230,10 +235,10 @@ class _WebSocketRollout(_Rollouts):
 
     def send(self, trace: Trace, event: dict[str, Any]) -> None:
         self.mark(trace, SEND)
-        self.connection().send(json.dumps(event))
+        self.connection().send(encode(event).decode())
 
     def recv(self, trace: Trace) -> dict[str, Any]:
-        event: dict[str, Any] = json.loads(self.connection().recv())
+        event: dict[str, Any] = decode(self.connection().recv())
         self.mark(trace, event.get("type", ""))
         if event.get("type") == "error":
             raise RuntimeError(str(event.get("error")))
@@ -249,7 +254,7 @@ class GaWebSocketRollout(_WebSocketRollout):
         self.chained(plan, trace, True)
 
     def exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
-        self.send(trace, {"type": "response.create", **body})
+        self.send(trace, messages.create(body))
         while (event := self.recv(trace)).get("type") not in TERMINAL_TYPES:
             pass
         response: dict[str, Any] = event["response"]
@@ -263,7 +268,7 @@ class LongLivedRollout(_WebSocketRollout):
     query = "?protocol=longlived"
 
     def run_rollout(self, plan: RolloutPlan, trace: Trace) -> None:
-        self.send(trace, {"type": "response.create", **plan.request()})
+        self.send(trace, messages.create(plan.request()))
         turn = 0
         while True:
             event = self.recv(trace)
@@ -276,7 +281,7 @@ class LongLivedRollout(_WebSocketRollout):
                 calls = [c for c in function_calls(event.get("response", {})) if c["call_id"] in pending]
                 send = _answers_for(plan, turn)
                 gevent.sleep(send.wait_s)
-                self.send(trace, {"type": "response.append", "input": answer(calls, send)})
+                self.send(trace, messages.append(answer(calls, send)))
                 turn += 1
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
+from proto.client import messages
 from proto.client.longlived import LongLivedClient
 from proto.core.errors import ERROR_CODES
 from proto.core.events import TERMINAL_TYPES
@@ -160,8 +161,9 @@ TERMINAL_OR_ERROR = TERMINAL_TYPES | {"error"}
 
 
 def create(script: str = TWO_CALLS, **fields: Any) -> dict[str, Any]:
-    """A ``response.create`` event (both WebSocket protocols) declaring TOOLS; drop ``type`` for HTTP."""
-    return {"type": "response.create", "model": MODEL, "input": [{"role": "user", "content": script}], "tools": TOOLS, **fields}
+    """A ``response.create`` event (both WebSocket protocols) declaring TOOLS; drop ``type`` for HTTP.
+    ``fields`` may replace any of them (``model``, ``input``, ``tools``) in place."""
+    return messages.create({**messages.body(MODEL, [messages.user_message(script)], tools=TOOLS), **fields})
 
 
 def user_message(text: str) -> dict[str, Any]:
@@ -169,7 +171,7 @@ def user_message(text: str) -> dict[str, Any]:
 
 
 def output(call_id: str, text: str = "ok") -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": text}
+    return messages.function_call_output(call_id, text)
 
 
 def outputs(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -246,7 +248,7 @@ async def longlived_rollout_ok(ws: ClientConnection) -> dict[str, Any]:
     await ws.send(json.dumps(create()))
     done = (await until(ws, {"response.done", *TERMINAL_OR_ERROR}))[-1]
     assert done["type"] == "response.done", done
-    await ws.send(json.dumps({"type": "response.append", "input": outputs(done["pending_calls"])}))
+    await ws.send(json.dumps(messages.append(outputs(done["pending_calls"]))))
     terminal = (await until(ws, {*TERMINAL_OR_ERROR, "response.done"}))[-1]
     assert terminal["type"] == "response.completed", terminal
     response: dict[str, Any] = terminal["response"]
@@ -260,8 +262,8 @@ async def ga_rollout_ok(ws: ClientConnection) -> None:
     assert first["type"] == "response.completed", first
     calls = [item for item in first["response"]["output"] if item["type"] == "function_call"]
     assert len(calls) == 2
-    follow = {"type": "response.create", "model": MODEL, "tools": TOOLS, "store": False, "previous_response_id": first["response"]["id"], "input": outputs(calls)}
-    await ws.send(json.dumps(follow))
+    follow = messages.continuation(messages.body(MODEL, [], tools=TOOLS, store=False), outputs(calls), first["response"]["id"])
+    await ws.send(json.dumps(messages.create(follow)))
     second = (await until(ws, TERMINAL_OR_ERROR))[-1]
     assert second["type"] == "response.completed", second
     assert second["response"]["output"][-1]["type"] == "message"
@@ -284,7 +286,8 @@ async def http_rollout(url: str, script: str, previous: bool, key: str | None = 
     ``headers`` are added to every request (``http-cached``'s)."""
     responses: list[dict[str, Any]] = []
     history: list[Any] = [{"role": "user", "content": script}]
-    body: dict[str, Any] = {"model": MODEL, "input": history, "tools": ROLLOUT_TOOLS}
+    base = messages.body(MODEL, history, tools=ROLLOUT_TOOLS)
+    body = base
     async with httpx.AsyncClient(base_url=url, headers={**auth(key), **(headers or {})}, timeout=60) as client:
         while True:
             reply = await client.post("/v1/responses", json=body)
@@ -295,15 +298,15 @@ async def http_rollout(url: str, script: str, previous: bool, key: str | None = 
             if not answers:
                 return responses
             if previous:
-                body = {"model": MODEL, "input": answers, "tools": ROLLOUT_TOOLS, "previous_response_id": response["id"]}
+                body = messages.continuation(base, answers, response["id"])
             else:
                 history = [*history, *response["output"], *answers]
-                body = {"model": MODEL, "input": history, "tools": ROLLOUT_TOOLS}
+                body = dict(base, input=history)
 
 
 async def ga_events(ws: ClientConnection, event: dict[str, Any]) -> list[dict[str, Any]]:
     """Send one GA ``response.create`` (flat), return every event up to its terminal one (or error)."""
-    await ws.send(json.dumps({"type": "response.create", **event}))
+    await ws.send(json.dumps(messages.create(event)))
     events: list[dict[str, Any]] = []
     while True:
         frame = json.loads(await ws.recv())
@@ -314,7 +317,8 @@ async def ga_events(ws: ClientConnection, event: dict[str, Any]) -> list[dict[st
 
 async def ga_rollout(url: str, script: str, store: bool = False, key: str | None = None) -> list[dict[str, Any]]:
     responses: list[dict[str, Any]] = []
-    event: dict[str, Any] = {"model": MODEL, "input": [{"role": "user", "content": script}], "tools": ROLLOUT_TOOLS, "store": store}
+    base = messages.body(MODEL, [messages.user_message(script)], tools=ROLLOUT_TOOLS, store=store)
+    event = base
     async with connect(url, additional_headers=auth(key)) as ws:
         while True:
             events = await ga_events(ws, event)
@@ -324,7 +328,7 @@ async def ga_rollout(url: str, script: str, store: bool = False, key: str | None
             answers = outputs_for(response)
             if not answers:
                 return responses
-            event = {"model": MODEL, "input": answers, "tools": ROLLOUT_TOOLS, "store": store, "previous_response_id": response["id"]}
+            event = messages.continuation(base, answers, response["id"])
 
 
 async def longlived_rollout(url: str, script: str) -> list[dict[str, Any]]:
@@ -345,7 +349,7 @@ async def longlived_rollout(url: str, script: str) -> list[dict[str, Any]]:
 
     async with LongLivedClient(url) as client:
         result = await client.rollout(
-            {"model": MODEL, "input": [{"role": "user", "content": script}], "tools": ROLLOUT_TOOLS},
+            messages.body(MODEL, [messages.user_message(script)], tools=ROLLOUT_TOOLS),
             {name: make(name) for name in LOCAL_TOOLS},
             on_event=note,
         )

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from proto.lab.clients import answer, ws_frame_bytes
+from proto.client.frames import ws_frame_bytes
+from proto.lab.clients import answer
 from proto.lab.metrics import (
     SEND,
     Mark,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proto.client import messages
 from proto.demo.fixture import FIX_PATCH
 
 
@@ -91,9 +92,4 @@ TOOLS: list[dict[str, Any]] = [
 
 
 def demo_request(model: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "instructions": INSTRUCTIONS,
-        "input": [{"role": "user", "content": SCRIPT}],
-        "tools": TOOLS,
-    }
+    return messages.body(model, [messages.user_message(SCRIPT)], tools=TOOLS, instructions=INSTRUCTIONS)

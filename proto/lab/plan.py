@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from proto.client import messages
 from proto.core.items import Tool
 from proto.lab.traces import Round, Session
 from sampler.tokens import Tokenizer, tools_text
@@ -147,7 +148,7 @@ class RolloutPlan:
 
     def request(self) -> dict[str, Any]:
         """The first request's body (every transport): the user message and the tool definitions."""
-        return {"model": self.model, "input": [{"role": "user", "content": self.first_message}], "tools": list(self.tools)}
+        return messages.body(self.model, [messages.user_message(self.first_message)], tools=self.tools)
 
 
 def script_line(r: Round, index: int) -> str:

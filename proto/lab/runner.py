@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import psutil
 from websockets.asyncio.client import connect
 
-from proto.lab.clients import Transport, make_client
+from proto.lab.clients import RolloutClient, make_client
 from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce
 from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan
@@ -108,7 +108,7 @@ async def run_cell(
     """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s).
     ``others``: the other servers' WebSocket URLs, for ``config.reconnect``."""
     n = len(replay.sessions) if replay.trace else config.sessions
-    clients: list[Transport] = [make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(n)]
+    clients: list[RolloutClient] = [make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(n)]
     for client in clients:
         client.on_send = on_turn
     warm = WARM if replay.trace else replay.shortened(config.warmup_turns).sessions[0]
@@ -132,7 +132,7 @@ async def run_cell(
     return traces, cpu_s, wall
 
 
-async def _rollouts(client: Transport, session: Session, model: str, config: BenchConfig, n: int) -> list[Trace]:
+async def _rollouts(client: RolloutClient, session: Session, model: str, config: BenchConfig, n: int) -> list[Trace]:
     traces = []
     for _ in range(n):
         plan = build_plan(session, model, nonce(), config.tool_time_scale)  # built before the clock starts
@@ -140,7 +140,7 @@ async def _rollouts(client: Transport, session: Session, model: str, config: Ben
     return traces
 
 
-async def _arrive(client: Transport, session: Session, start: float, model: str, config: BenchConfig) -> Trace:
+async def _arrive(client: RolloutClient, session: Session, start: float, model: str, config: BenchConfig) -> Trace:
     """One trace session, started at its arrival time (open loop); closed loop within it."""
     plan = build_plan(session, model, nonce(), config.tool_time_scale)
     delay = start + session.arrival_s - asyncio.get_running_loop().time()

@@ -1,5 +1,5 @@
 """Chaos against a real ``responses-lab serve`` on loopback: faults of every kind, each run checked against
-the invariants. Seeded, bounded in count and time; ``tests/test_chaos.py`` runs the short version
+the invariants below. Seeded, bounded in count and time; ``tests/test_chaos.py`` runs the short version
 in ``make test``, ``responses-lab chaos --minutes N`` the long one (:func:`main`).
 
 Scenarios:
@@ -46,6 +46,10 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
+from proto.client import messages
+from proto.client.errors import ClientError
+from proto.client.frames import decode, encode
+from proto.client.http import HttpClient
 from proto.core.errors import ERROR_CODES
 from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
@@ -64,15 +68,20 @@ _tokenizer = Tokenizer()
 
 
 def body(script: str, model: str = FAST, **fields: Any) -> dict[str, Any]:
-    return {"model": model, "input": [{"role": "user", "content": script}], "tools": TOOLS, **fields}
+    return messages.body(model, [messages.user_message(script)], tools=TOOLS, **fields)
+
+
+def frame_text(event: dict[str, Any]) -> str:
+    """A valid event as the frame's text (the mutations work on ``json.dumps`` of the same dict)."""
+    return encode(event).decode()
 
 
 def create(script: str, model: str = FAST, **fields: Any) -> str:
-    return json.dumps({"type": "response.create", **body(script, model, **fields)})
+    return frame_text(messages.create(body(script, model, **fields)))
 
 
 def outputs(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"type": "function_call_output", "call_id": call["call_id"], "output": f"{call['name']}: ok"} for call in calls]
+    return [messages.function_call_output(call["call_id"], f"{call['name']}: ok") for call in calls]
 
 
 # ------------------------------------------------------------------------------------------- bookkeeping
@@ -254,7 +263,7 @@ class Target:
 
 # ------------------------------------------------------------------------------------------- clients
 async def recv(ws: ClientConnection) -> dict[str, Any]:
-    event: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), GUARD))
+    event: dict[str, Any] = decode(await asyncio.wait_for(ws.recv(decode=False), GUARD))
     return event
 
 
@@ -303,10 +312,10 @@ async def _ws_case(target: Target, book: Book, protocol: str, where: str, how: s
             if where == "mid_append" and last["type"] in ("response.done", "response.completed"):
                 calls = last.get("pending_calls") or [i for i in last["response"]["output"] if i["type"] == "function_call"]
                 if protocol == "longlived":
-                    await ws.send(json.dumps({"type": "response.append", "input": outputs(calls)}))
+                    await ws.send(frame_text(messages.append(outputs(calls))))
                 else:  # the GA spelling: a continuation (the cached response), left as soon as it is sent
-                    follow = {**body("", SLOW, previous_response_id=current, store=False), "input": outputs(calls)}
-                    await ws.send(json.dumps({"type": "response.create", **follow}))
+                    follow = messages.body(SLOW, outputs(calls), tools=TOOLS, previous_response_id=current, store=False)
+                    await ws.send(frame_text(messages.create(follow)))
                     book.blind += 1
         elif where == "after_terminal":
             await ws.send(create("!say done"))
@@ -316,14 +325,14 @@ async def _ws_case(target: Target, book: Book, protocol: str, where: str, how: s
 
 
 async def _http_case(target: Target, book: Book, transport: str, where: str, rng: random.Random) -> None:
-    async with httpx.AsyncClient(base_url=target.child.http_url, timeout=GUARD) as http:
+    async with HttpClient(target.child.http_url, timeout=GUARD) as http:
         if transport == "json":
             if where == "after_terminal":
-                reply = await http.post("/v1/responses", json=body("!say done"))
+                reply = await http.post(body("!say done"))
                 for event in ({"type": "response.completed", "response": reply.json()},):
                     book.note("json", event, None)
                 return
-            request = asyncio.create_task(http.post("/v1/responses", json=body(LONG, SLOW)))
+            request = asyncio.create_task(http.post(body(LONG, SLOW)))
             book.blind += 1
             await asyncio.sleep(0.0 if where == "opening" else rng.uniform(0.05, 0.3))
             request.cancel()  # the client gives up: its connection closes
@@ -331,19 +340,17 @@ async def _http_case(target: Target, book: Book, transport: str, where: str, rng
                 await request
             return
         current: str | None = None
-        async with http.stream("POST", "/v1/responses", json=body("!say done" if where == "after_terminal" else LONG, SLOW, stream=True)) as reply:
+        async with http.stream(body("!say done" if where == "after_terminal" else LONG, SLOW)) as events:
             if where == "opening":
                 book.blind += 1
                 return
             wanted = rng.randint(1, 30)
             count = 0
-            async for line in reply.aiter_lines():
-                if line.startswith("data: "):
-                    event = json.loads(line[len("data: ") :])
-                    current = book.note("sse", event, current)
-                    count += event.get("type") in DELTAS
-                    if where == "streaming" and count >= wanted:
-                        break
+            async for got in events:
+                current = book.note("sse", got.data, current)
+                count += got.type in DELTAS
+                if where == "streaming" and count >= wanted:
+                    break
         book.left(current)
 
 
@@ -358,7 +365,7 @@ async def disconnects(target: Target, book: Book, rng: random.Random, rounds: in
                     await _ws_case(target, book, transport, where, rng.choice(("close", "abort")), rng)
                 else:
                     await _http_case(target, book, transport, where, rng)
-            except (TimeoutError, ConnectionClosed, httpx.HTTPError) as exc:
+            except (TimeoutError, ConnectionClosed, httpx.HTTPError, ClientError) as exc:
                 book.violate(f"disconnect {transport}/{where}: {type(exc).__name__} {exc}")
 
 
@@ -410,12 +417,12 @@ def mutate(rng: random.Random, frame: dict[str, Any], binary: bool = False) -> s
 
 
 async def _fuzz_ws(target: Target, book: Book, protocol: str, rng: random.Random, count: int) -> None:
-    bases: list[dict[str, Any]] = [json.loads(create("!say hi"))]
+    bases: list[dict[str, Any]] = [messages.create(body("!say hi"))]
     if protocol == "longlived":
         bases += [
-            {"type": "response.append", "input": outputs([{"call_id": "call_x", "name": "grep"}])},
-            {"type": "response.cancel"},
-            {"type": "response.inject", "response_id": "resp_x", "input": []},
+            messages.append(outputs([{"call_id": "call_x", "name": "grep"}])),
+            messages.cancel(),
+            messages.inject("resp_x", []),
         ]
     terminal = TERMINAL_TYPES | {"response.done", "response.inject.failed", "response.inject.created"}
     async with connect(ws_url(target, protocol), max_size=None) as ws:
@@ -432,7 +439,7 @@ async def _fuzz_ws(target: Target, book: Book, protocol: str, rng: random.Random
                 if last["type"] == "error" and not registered(last.get("error")):
                     book.violate(f"fuzz {protocol}: unregistered error {last} for {frame[:120]!r}")
                 if last["type"] == "response.done":  # a mutation that is still a valid create: end it
-                    await ws.send(json.dumps({"type": "response.cancel"}))
+                    await ws.send(frame_text(messages.cancel()))
                     await ws_until(ws, book, protocol, TERMINAL_TYPES, current)
                 if n % 10 == 9:  # the connection still serves a valid rollout
                     await ws.send(create("!say ok"))
@@ -451,10 +458,10 @@ async def _fuzz_suspended(ws: ClientConnection, book: Book, rng: random.Random) 
     await ws.send(create(CALLS))
     last, current = await ws_until(ws, book, "longlived", TERMINAL_TYPES | {"response.done"})
     while last["type"] == "response.done":
-        valid = {"type": "response.append", "input": outputs(last["pending_calls"])}
+        valid = messages.append(outputs(last["pending_calls"]))
         frame = mutate(rng, valid, binary=True)
         await ws.send(frame)
-        await ws.send(json.dumps(valid))
+        await ws.send(frame_text(valid))
         while True:
             last, current = await ws_until(ws, book, "longlived", TERMINAL_TYPES | {"response.done"}, current)
             if last["type"] != "error":
@@ -467,8 +474,7 @@ async def _fuzz_suspended(ws: ClientConnection, book: Book, rng: random.Random) 
 
 
 async def _fuzz_http(target: Target, book: Book, rng: random.Random, count: int) -> None:
-    base = json.loads(create("!say hi"))
-    del base["type"]
+    base = body("!say hi")
     async with httpx.AsyncClient(base_url=target.child.http_url, timeout=GUARD) as http:
         for n in range(count):
             book.cases += 1
@@ -512,13 +518,13 @@ async def rollout(target: Target, book: Book, transport: str, model: str, store:
                 last, current = await ws_until(longlived, book, transport, TERMINAL_TYPES | {"response.done"}, current)
                 if last["type"] != "response.done":
                     return [*ends, last]
-                await longlived.send(json.dumps({"type": "response.append", "input": outputs(last["pending_calls"])}))
+                await longlived.send(frame_text(messages.append(outputs(last["pending_calls"]))))
     payload = body(CALLS, model, store=store or transport in ("sse", "json"))  # HTTP continues a stored chain
     async with contextlib.AsyncExitStack() as stack:
         ws: ClientConnection | None = None
         if transport == "ga":
             ws = await stack.enter_async_context(connect(ws_url(target, "ga"), max_size=None))
-        http = await stack.enter_async_context(httpx.AsyncClient(base_url=target.child.http_url, timeout=GUARD))
+        http = await stack.enter_async_context(HttpClient(target.child.http_url, timeout=GUARD))
         while True:
             last = await _one(book, transport, payload, ws, http)
             ends.append(last)
@@ -526,24 +532,23 @@ async def rollout(target: Target, book: Book, transport: str, model: str, store:
             calls = [i for i in response.get("output", []) if i.get("type") == "function_call"]
             if last.get("type") != "response.completed" or not calls:
                 return ends
-            payload = {**body("", model, store=payload["store"]), "input": outputs(calls), "previous_response_id": response["id"]}
+            payload = messages.continuation(body("", model, store=payload["store"]), outputs(calls), response["id"])
 
 
-async def _one(book: Book, transport: str, payload: dict[str, Any], ws: ClientConnection | None, http: httpx.AsyncClient) -> dict[str, Any]:
+async def _one(book: Book, transport: str, payload: dict[str, Any], ws: ClientConnection | None, http: HttpClient) -> dict[str, Any]:
     if ws is not None:
-        await ws.send(json.dumps({"type": "response.create", **payload}))
+        await ws.send(frame_text(messages.create(payload)))
         last, _ = await ws_until(ws, book, transport, TERMINAL_TYPES)
         return last
     if transport == "sse":
         last = {}
         current: str | None = None
-        async with http.stream("POST", "/v1/responses", json={**payload, "stream": True}) as reply:
-            async for line in reply.aiter_lines():
-                if line.startswith("data: "):
-                    last = json.loads(line[len("data: ") :])
-                    current = book.note("sse", last, current)
+        async with http.stream(payload) as events:
+            async for got in events:
+                last = got.data
+                current = book.note("sse", last, current)
         return last
-    reply = await http.post("/v1/responses", json=payload)
+    reply = await http.post(payload)
     answer: dict[str, Any] = reply.json()
     if reply.status_code == 200:
         event = {"type": "response.completed" if answer.get("status") == "completed" else "response.incomplete", "response": answer}
@@ -563,7 +568,7 @@ async def load(target: Target, book: Book, rng: random.Random, rollouts: int, co
             book.cases += 1
             try:
                 ends = await rollout(target, book, transport, model)
-            except (TimeoutError, ConnectionClosed, httpx.HTTPError) as exc:
+            except (TimeoutError, ConnectionClosed, httpx.HTTPError, ClientError) as exc:
                 book.violate(f"load {transport}: {type(exc).__name__} {exc}")
                 return
             last = ends[-1]
@@ -615,17 +620,15 @@ async def crash(target: Target, book: Book, rng: random.Random) -> None:
             _, streaming = await ws_until(ws, book, name, frozenset(), deltas=rng.randint(1, 20))
             if streaming is not None:
                 in_flight[streaming] = name
-        http = await stack.enter_async_context(httpx.AsyncClient(base_url=target.child.http_url, timeout=GUARD))
-        sse = await stack.enter_async_context(http.stream("POST", "/v1/responses", json=body(LONG, SLOW, stream=True)))
+        http = await stack.enter_async_context(HttpClient(target.child.http_url, timeout=GUARD))
+        events = await stack.enter_async_context(http.stream(body(LONG, SLOW)))
         current: str | None = None
         count = 0
-        lines = sse.aiter_lines()
-        async for line in lines:
-            if line.startswith("data: "):
-                current = book.note("sse", json.loads(line[len("data: ") :]), current)
-                count += 1
-                if count > 8:
-                    break
+        async for event in events:
+            current = book.note("sse", event.data, current)
+            count += 1
+            if count > 8:
+                break
         if current is not None:
             in_flight[current] = "sse"
         if len(in_flight) != 3:
@@ -644,9 +647,8 @@ async def crash(target: Target, book: Book, rng: random.Random) -> None:
                 while True:
                     book.note(name, await recv(ws), next(r for r, t in in_flight.items() if t == name))
         with contextlib.suppress(httpx.HTTPError):
-            async for line in lines:
-                if line.startswith("data: "):
-                    book.note("sse", json.loads(line[len("data: ") :]), current)
+            async for event in events:
+                book.note("sse", event.data, current)
     for response_id in in_flight:
         book.left(response_id)
         book.seen[response_id].crashed = True

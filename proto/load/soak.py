@@ -30,8 +30,10 @@ from urllib.parse import urlparse
 
 import httpx
 import psutil
-from websockets.asyncio.client import ClientConnection, connect
 
+from proto.client import messages
+from proto.client.http import HttpClient
+from proto.client.longlived import LongLivedClient
 from proto.core.events import TERMINAL_TYPES
 from proto.lab.metrics import percentile
 from proto.processes import ChildServer
@@ -67,7 +69,7 @@ class Report:
 class Soak:
     def __init__(self, url: str, args: argparse.Namespace, server: psutil.Process | None) -> None:
         self.http_url = url.rstrip("/")
-        self.ws_url = "ws" + self.http_url[4:] + "/v1/responses?protocol=longlived"
+        self.ws_url = "ws" + self.http_url[4:] + "/v1/responses"
         self.args = args
         self.server = server
         self.overheads: list[float] = []
@@ -82,31 +84,31 @@ class Soak:
         return "\n".join(["Soak the server.", *calls, "!say done"])
 
     # ------------------------------------------------------------------------------ one rollout each
+    def body(self) -> dict[str, Any]:
+        return messages.body(self.args.model, self.script(), tools=TOOLS)
+
     async def longlived(self, index: int) -> None:
         await asyncio.sleep(index * self.args.ramp_s / max(1, self.args.connections))
-        async with connect(self.ws_url, max_size=2**24, compression=None, open_timeout=60) as ws:
-            sent = time.perf_counter()
-            await ws.send(json.dumps({"type": "response.create", "model": self.args.model, "input": self.script(), "tools": TOOLS}))
+        async with LongLivedClient(self.ws_url, open_timeout=60) as client:
+            sent = await client.send(messages.create(self.body()))
             first: float | None = None
             while True:
-                event = json.loads(await ws.recv())
-                kind = event["type"]
+                event = await client.recv()
+                kind = event.type
                 if first is None and kind.endswith(".delta"):
-                    first = time.perf_counter()
+                    first = event.t
                 if kind == "error":
-                    self.error(event["error"]["code"])
+                    self.error(event.data["error"]["code"])
                     return
                 if kind == "response.done" or kind in TERMINAL_TYPES:
-                    self.turn(event["response"], sent, first)
+                    self.turn(event.data["response"], sent, first)
                     if kind in TERMINAL_TYPES:
                         if kind == "response.completed":
                             self.report.rollouts_ok += 1
                         else:
-                            self.error(event["response"]["status"])
+                            self.error(event.data["response"]["status"])
                         return
-                    outputs = [{"type": "function_call_output", "call_id": c["call_id"], "output": "ok"} for c in event["pending_calls"]]
-                    sent, first = time.perf_counter(), None
-                    await ws.send(json.dumps({"type": "response.append", "input": outputs}))
+                    sent, first = await client.send(messages.append(messages.outputs(event.data["pending_calls"]))), None
 
     def turn(self, response: dict[str, Any], sent: float, first: float | None) -> None:
         self.report.turns_ok += 1
@@ -117,22 +119,22 @@ class Soak:
         self.ttfts.append(ttft)
         self.overheads.append(ttft - turns[-1]["prefill_ms"] - turns[-1]["queue_wait_ms"])
 
-    async def http(self, index: int, client: httpx.AsyncClient) -> None:
+    async def http(self, index: int, client: HttpClient) -> None:
         await asyncio.sleep(index * self.args.ramp_s / max(1, self.args.connections))
-        body: dict[str, Any] = {"model": self.args.model, "input": self.script(), "tools": TOOLS}
+        base = self.body()
+        body = base
         while True:
-            reply = await client.post("/v1/responses", json=body)
+            reply = await client.post(body)
             if reply.status_code != 200:
                 self.error(f"http_{reply.status_code}")
                 return
             response = reply.json()
             self.report.turns_ok += 1
-            calls = [item for item in response["output"] if item["type"] == "function_call"]
+            calls = messages.function_calls(response)
             if not calls:
                 self.report.rollouts_ok += 1
                 return
-            outputs = [{"type": "function_call_output", "call_id": c["call_id"], "output": "ok"} for c in calls]
-            body = {"model": self.args.model, "input": outputs, "tools": TOOLS, "previous_response_id": response["id"]}
+            body = messages.continuation(base, messages.outputs(calls), response["id"])
 
     async def guarded(self, work: Any) -> None:
         try:
@@ -147,8 +149,7 @@ class Soak:
         started = time.perf_counter()
         sampler = asyncio.create_task(self.sample_rss(started))
         n_http = round(self.args.connections * self.args.http_share)
-        limits = httpx.Limits(max_connections=max(1, n_http), max_keepalive_connections=max(1, n_http))
-        async with httpx.AsyncClient(base_url=self.http_url, timeout=120, limits=limits) as client:
+        async with HttpClient(self.http_url, timeout=120, max_connections=max(1, n_http)) as client:
             work = [self.longlived(i) for i in range(self.args.connections - n_http)]
             work += [self.http(i, client) for i in range(n_http)]
             try:
@@ -186,7 +187,7 @@ class Soak:
         report.suspended = count
         await asyncio.sleep(0.5)
         report.suspended_rss_mb_before = self.rss_mb()
-        sockets: list[ClientConnection] = []
+        sockets: list[LongLivedClient] = []
         try:
             for start in range(0, count, 100):  # in waves: the handshakes are the slow part
                 sockets += await asyncio.gather(*(self.suspend_one() for _ in range(min(100, count - start))))
@@ -196,14 +197,15 @@ class Soak:
         finally:
             await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 
-    async def suspend_one(self) -> ClientConnection:
-        ws = await connect(self.ws_url, compression=None, open_timeout=60)
-        await ws.send(json.dumps({"type": "response.create", "model": self.args.model, "input": self.script(), "tools": TOOLS}))
-        while (kind := json.loads(await ws.recv())["type"]) != "response.done":
+    async def suspend_one(self) -> LongLivedClient:
+        client = LongLivedClient(self.ws_url, max_size=2**20, open_timeout=60)
+        await client.connect()
+        await client.send(messages.create(self.body()))
+        while (kind := (await client.recv()).type) != "response.done":
             if kind == "error" or kind in TERMINAL_TYPES:
                 self.error(f"suspend_{kind}")
                 break
-        return ws
+        return client
 
     # ------------------------------------------------------------------------------ observation
     async def metrics(self) -> dict[str, float]:

@@ -1,0 +1,120 @@
+"""A client for ``POST /v1/responses`` (docs/protocol.md, "5. HTTP and SSE"): JSON, or SSE parsed with
+:class:`proto.client.sse.SseParser`, on one ``httpx.AsyncClient`` (its keep-alive pool, HTTP/1.1).
+
+Each request is built whole before it is sent, so the observer sees its exact cost on the wire (request
+line, headers, body: ``frames.http_request_bytes``) at the instant it is handed to httpx.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, Self
+
+import httpx
+
+import proto.client.messages as messages
+from proto.client.errors import ClientError, HttpStatusError, ProtocolFailure, StreamEnded
+from proto.client.frames import (
+    DEFAULT_CLOCK,
+    RECEIVED,
+    SENT,
+    ClientEvent,
+    Clock,
+    Frame,
+    Observer,
+    bearer,
+    decode,
+    encode,
+    http_request_bytes,
+)
+from proto.client.sse import SseParser
+from proto.core.events import TERMINAL_TYPES
+
+PATH = "/v1/responses"
+_JSON = {"content-type": "application/json"}
+
+
+class HttpClient:
+    """``async with HttpClient("http://127.0.0.1:8000") as client: response = await client.create(body)``.
+
+    ``headers`` go on every request (an extension such as the lab's item-cache header)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        observer: Observer | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+        timeout: float = 600.0,
+        max_connections: int = 1,
+    ) -> None:
+        self.url = base_url.rstrip("/") + PATH
+        self.observer = observer
+        self.clock = clock
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.http = httpx.AsyncClient(headers={**bearer(api_key), **(headers or {})}, timeout=httpx.Timeout(timeout), limits=limits)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def _request(self, body: Mapping[str, Any]) -> httpx.Request:
+        content = encode(body)
+        request = self.http.build_request("POST", self.url, content=content, headers=_JSON)
+        if self.observer is not None:
+            self.observer(Frame(SENT, self.clock(), http_request_bytes(request, len(content)), "", body))
+        return request
+
+    async def post(self, body: Mapping[str, Any]) -> httpx.Response:
+        """``body`` as sent (``stream`` as the caller set it); the reply as it came, status and all."""
+        return await self.http.send(self._request(body))
+
+    @contextlib.asynccontextmanager
+    async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[AsyncIterator[ClientEvent]]:
+        """``async with client.stream(body) as events: async for event in events:`` — ``body`` sent with
+        ``stream: true``, each SSE event decoded and stamped with its arrival (an ``error`` event too: the
+        caller decides). Another status than 200 raises HttpStatusError. The response closes on exit."""
+        response = await self.http.send(self._request(messages.streaming(body)), stream=True)
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                raise HttpStatusError(response.status_code, response.text)
+            events = self._events(response)
+            try:
+                yield events
+            finally:
+                await events.aclose()
+        finally:
+            await response.aclose()
+
+    async def _events(self, response: httpx.Response) -> AsyncGenerator[ClientEvent, None]:
+        parser = SseParser()
+        async for chunk in response.aiter_bytes():
+            t = self.clock()
+            for sse in parser.feed(chunk):
+                data = decode(sse.data)
+                if not isinstance(data, dict):
+                    raise ClientError(f"the server sent an event that is not a JSON object: {sse.data[:200]!r}")
+                event = ClientEvent(t, data)
+                if self.observer is not None:
+                    self.observer(Frame(RECEIVED, t, len(sse.data), event.type, data))
+                yield event
+
+    async def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One streamed response to its terminal event; returns that event's Response. An ``error`` event
+        raises ProtocolFailure; a stream that ends without a terminal event, StreamEnded."""
+        async with self.stream(body) as events:
+            async for event in events:
+                if event.type == "error":
+                    raise ProtocolFailure(event.data.get("error") or {})
+                if event.type in TERMINAL_TYPES:
+                    return dict(event.data["response"])
+        raise StreamEnded("the stream ended without a terminal event")
