@@ -221,7 +221,7 @@ async def until(ws: ClientConnection, types: set[str] | frozenset[str]) -> list[
 
 
 def assert_error(frame: dict[str, Any], code: str, param: str | None) -> None:
-    """The GA error envelope (docs/protocol.md §2) with this code, its registered status and type, and this param."""
+    """The GA error envelope (docs/protocol.md, "Error shape") with this code, its registered status and type, and this param."""
     assert frame["type"] == "error", frame
     status, kind = ERROR_CODES[code]
     assert (frame["error"]["code"], frame["status"], frame["error"]["type"]) == (code, status, kind), frame

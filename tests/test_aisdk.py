@@ -1,5 +1,5 @@
 """The Vercel AI SDK 7 (``ai`` + ``@ai-sdk/openai`` 4, pinned in tests/clients/aisdk), unmodified, against
-this server over HTTP (issue 12, item 5): a tool loop with ``generateText`` and with ``streamText``, with
+this server over HTTP: a tool loop with ``generateText`` and with ``streamText``, with
 ``store: true`` (the SDK then sends its earlier assistant output as ``item_reference`` items, resolved from
 the store) and ``store: false`` (everything re-sent)."""
 

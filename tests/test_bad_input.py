@@ -1,7 +1,7 @@
-"""The bad-input matrix (issue 6, item 2) over a real server: one test per case, in the long-lived
+"""The bad-input matrix (docs/operations.md, "Bad input") over a real server: one test per case, in the long-lived
 protocol, GA WebSocket mode and HTTP.
 
-Each case checks the typed error (docs/protocol.md §3 code, its registered status and type, a ``param`` naming the
+Each case checks the typed error (docs/protocol.md, "Error codes"; its registered status and type, a ``param`` naming the
 field), that the connection stays open where the protocol allows, and that a valid rollout then
 succeeds on the same connection. Where the protocol does not allow it (a frame past the limit: 1009,
 invalid UTF-8 in a text frame: 1007), the close code is checked and a new connection must serve.

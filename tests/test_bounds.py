@@ -168,7 +168,7 @@ async def test_ga_refuses_background_like_http_and_the_long_lived_protocol_ignor
         async with connect(srv.url) as ga:
             assert_error((await ws_events(ga, **create("!say hi", background=True)))[-1], "invalid_request", "background")
             assert (await ws_events(ga, **create("!say hi")))[-1]["type"] == "response.completed"  # serves on
-        async with connect(srv.url + "?protocol=longlived") as longlived:  # SPEC §3: background is not used there
+        async with connect(srv.url + "?protocol=longlived") as longlived:  # docs/protocol.md, "Client events": background is not used there
             assert (await ws_events(longlived, **create("!say hi", background=True)))[-1]["type"] == "response.completed"
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
             reply = await http.post("/v1/responses", json=create("!say hi", background=True))

@@ -1,5 +1,5 @@
-"""OpenAI's Codex CLI, unmodified (npm @openai/codex, pinned in tests/clients/codex), against this server
-(issue 12, item 5): ``codex exec`` with a stranger's provider config runs a scripted rollout that calls its
+"""OpenAI's Codex CLI, unmodified (npm @openai/codex, pinned in tests/clients/codex), against this server:
+``codex exec`` with a stranger's provider config runs a scripted rollout that calls its
 shell (``exec_command``), its freeform ``apply_patch`` and ``view_image``, really changes the files in its
 working directory and ends with the scripted answer, over HTTP and over WebSocket mode. The server's own
 log says which transport served each response."""
@@ -71,7 +71,7 @@ async def test_codex_websocket_runs_shell_apply_patch_and_view_image(tmp_path: P
 
 async def test_codex_without_the_catalog_still_runs_its_shell_and_view_image(tmp_path: Path) -> None:
     """The bare provider config (no catalog): Codex runs the model on fallback metadata and offers no
-    apply_patch (NOTES.md, "Issue 12"), but its shell and view_image work and the answer is the script's."""
+    apply_patch (docs/protocol.md, "Model objects"), but its shell and view_image work and the answer is the script's."""
     environ_has_node()
     binary = codex_bin("codex")
     async with lab_server(tmp_path) as server:

@@ -1,5 +1,5 @@
 """Codex CLI 0.107.0's v1 WebSocket transport (``response.append``; openai/codex #9128, removed by #13364) on
-the long-lived endpoint (issue 12, item 6): the prototype's own real client, unmodified (npm, pinned in
+the long-lived endpoint: the prototype's own real client, unmodified (npm, pinned in
 tests/clients/codex-v1). With the script in its prompt it runs a whole rollout on one socket as one
 response — create, ``response.done``, ``response.append`` with every tool output, completed — and the usage
 it sums over every ``response.done`` and the terminal event equals what the server billed.

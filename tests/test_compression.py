@@ -1,4 +1,4 @@
-"""Compressed request bodies on ``POST /v1/responses`` (issue 12, item 3): gzip and zstd accepted and
+"""Compressed request bodies on ``POST /v1/responses`` (docs/protocol.md, "Compressed bodies"): gzip and zstd accepted and
 answered as the plain body would be; a bad stream, an unknown coding and a body that inflates past the
 limit each get their typed error, and the server serves on."""
 

@@ -329,7 +329,7 @@ def test_invalid_json(frame: str | bytes) -> None:
 
 
 # The event's own envelope is ``invalid_event``; the body a create carries, and any item, is
-# ``invalid_request`` as in an HTTP body (one fault, one code on every transport: issue 12).
+# ``invalid_request`` as in an HTTP body (one fault, one code on every transport).
 @pytest.mark.parametrize(
     ("frame", "code", "param"),
     [
@@ -495,7 +495,7 @@ def test_too_many_tools() -> None:
     [
         ({"type": "message", "role": "assistant", "content": "I said"}, "invalid_request", "$.input[0].role"),
         ({"type": "reasoning", "id": "rs_1", "summary": []}, "invalid_request", "$.input[0].type"),
-        # An echo of the model's own call is accepted only for a call the response made (issue 12).
+        # An echo of the model's own call is accepted only for a call the response made.
         ({"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}, "unknown_call_id", "$.input[0].call_id"),
     ],
 )
@@ -585,7 +585,7 @@ def test_user_messages_while_streaming_wait_for_the_next_turn() -> None:
     assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="developer", content="two")]
     assert pipe.core.take_queued() == []  # each is handed over once
     assert pipe.core.state is State.STREAMING
-    empty = pipe.append()  # answered typed (issue 13), nothing changes
+    empty = pipe.append()  # answered typed, nothing changes
     assert (code_of(empty), error_of(empty).param) == ("empty_array", "$.input")
     assert pipe.core.state is State.STREAMING
 

@@ -1,4 +1,4 @@
-"""SIGKILL mid-rollout, then a restart on the same database (issue 13, item 2): nothing silently lost.
+"""SIGKILL mid-rollout, then a restart on the same database: nothing silently lost.
 
 Each response leaves a durable trace when it starts (the ledger's open row) and updates it with what it
 delivered at every turn end and every ``--progress-interval-s`` while a turn streams. A real
@@ -6,7 +6,7 @@ delivered at every turn end and every ``--progress-interval-s`` while a turn str
 one suspended on a call, a GA stream, an SSE stream, a JSON request — and a new one started on the same
 file: before it serves, every response that had started is billed ``incomplete`` with reason
 ``server_crashed``, for at least the last progress its trace recorded and never more than the client
-received; the responses that had ended keep their own rows. The guarantee is written out in NOTES.md, "Issue 13".
+received; the responses that had ended keep their own rows. The guarantee is written out in docs/operations.md, "Billing guarantees".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A response cut short is billed for what it delivered (issue 13, item 1), on every transport.
+"""A response cut short is billed for what it delivered (docs/operations.md, "Billing guarantees"), on every transport.
 
 Before, only finished turns were billed: 3 858 tokens streamed, then ``response.cancel`` → ``usage 0/0`` in the
 terminal event and the ledger. Now the turn in progress books its prompt (once its prefill started) and the

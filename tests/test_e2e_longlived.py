@@ -1,4 +1,4 @@
-"""End-to-end tests of the long-lived protocol (docs/protocol.md §3) over a real uvicorn server on loopback.
+"""End-to-end tests of the long-lived protocol (docs/protocol.md, "The long-lived protocol") over a real uvicorn server on loopback.
 
 Every test talks to the server through the project's own client (``LongLivedClient``), either its
 ``rollout()`` or the low-level ``send`` / ``recv``; server-side facts (tasks, GPU slots, the ledger) are
@@ -309,7 +309,7 @@ async def test_second_create_while_streaming_is_response_in_progress(server: Thr
 
 
 async def test_create_while_suspended_supersedes_it(server: ThreadedServer) -> None:
-    """(issue 12) The suspended response ends incomplete, reason superseded, billed once; the new create
+    """The suspended response ends incomplete, reason superseded, billed once; the new create
     runs on the same connection."""
     ledger = server.app.state.server.pipeline.ledger
     await wait_for(lambda: ledger.pending == 0, "earlier rows written")

@@ -1,4 +1,4 @@
-"""The GPU in its own process (issue 14): ``responses-lab engine`` and API processes sharing it.
+"""The GPU in its own process (docs/engine.md): ``responses-lab engine`` and API processes sharing it.
 
 Every test runs real processes on loopback: the engine (``responses-lab engine``) and two API workers
 (``responses-lab serve --engine URL``, each its own process on its own port, so a test chooses which worker
@@ -207,7 +207,7 @@ async def test_an_api_side_cancel_frees_the_engines_slot_and_pins(topology: Topo
 
 
 async def test_a_cancel_through_the_engine_bills_what_was_delivered_and_limits_come_from_its_cards(topology: Topology) -> None:
-    """Issue 13 over the engine hop: the cut turn bills its prompt and the tokens the client received; the
+    """Billing what was delivered, over the engine hop: the cut turn bills its prompt and the tokens the client received; the
     context window the API tier enforces before the hop is the engine's card's (``max-model-len``)."""
     async with connect(ws_url(topology.a) + "?protocol=longlived") as ws:
         await ws.send(create(STREAM_FOREVER, SLOW))

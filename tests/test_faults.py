@@ -1,4 +1,4 @@
-"""Faults over a real server on loopback (issue 6, item 4): a client that disconnects in every protocol state,
+"""Faults over a real server on loopback: a client that disconnects in every protocol state,
 an engine that fails mid-stream, a client that stops reading, and SIGTERM with responses open.
 
 After every fault the server is checked from the inside: no response or writer task left on its loop, every

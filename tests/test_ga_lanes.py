@@ -1,4 +1,4 @@
-"""GA WebSocket mode as OpenAI documents it today (issue 12, item 4; SPEC §4): ``stream_id`` lanes (parallel
+"""GA WebSocket mode as OpenAI documents it today (docs/protocol.md, "GA WebSocket mode"): ``stream_id`` lanes (parallel
 conversations on one socket, FIFO within a lane, one response in flight per lane, forks across lanes) and
 the beta ``response.steer`` (accepted / pending / failed; a steered response ends ``incomplete``, reason
 ``steered``, and a successor starts by itself). Over raw frames, and with the openai SDK's own lane
@@ -128,7 +128,7 @@ async def started(ws: ClientConnection) -> str:
 
 
 async def test_steer_ends_the_response_steered_and_a_successor_continues(ws: ClientConnection) -> None:
-    # the hosted call runs only because the request offers web_search (docs/protocol.md §6.1)
+    # the hosted call runs only because the request offers web_search (docs/protocol.md, "The directive script")
     await ws.send(create(f'{STEERABLE} !call web_search {{"query": "python"}}\n!say A\n!say B', "s", tools=[*TOOLS, {"type": "web_search"}]))
     first_id = await started(ws)
     await ws.send(steer(first_id))

@@ -1,4 +1,4 @@
-"""GA WebSocket mode (docs/protocol.md §4) over a real server: each documented behaviour."""
+"""GA WebSocket mode (docs/protocol.md, "GA WebSocket mode") over a real server: each documented behaviour."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every tool and input item type OpenAI documents (issue 12, item 1), over a real server.
+"""Every tool and input item type OpenAI documents, over a real server.
 
 The types are the members of the SDK-generated unions (``proto.core.openai_types``, from the ``openai`` package's
 ``openai/types/responses``), so a type OpenAI adds shows up here. Each gets a sample: the shapes real clients

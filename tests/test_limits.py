@@ -1,4 +1,4 @@
-"""The server's limits (issue 6, item 1), each over the wire on its own server. Frame size, tools and
+"""The server's limits (docs/operations.md, "Limits"), each over the wire on its own server. Frame size, tools and
 input items per event are also cases of the bad-input matrix (tests/test_bad_input.py)."""
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_select_policy() -> None:
         select_policy("hi", "oracle")
 
 
-# ---- the tool rule and offered tools (docs/protocol.md §6.1) ------------------------------------------------
+# ---- the tool rule and offered tools (docs/protocol.md, "The directive script") ------------------------------------------------
 def test_tool_rule_calls_the_matching_tool_with_schema_valid_arguments() -> None:
     import jsonschema
 

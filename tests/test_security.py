@@ -1,4 +1,4 @@
-"""Security over a real server (issue 6, item 5): the key on every endpoint, the WebSocket handshake
+"""Security over a real server (docs/operations.md, "Security"): the key on every endpoint, the WebSocket handshake
 included; keys and message text never in the logs; previous_response_id isolated per key on both
 WebSocket protocols (HTTP's GET/DELETE/input_items/previous_response_id isolation: tests/test_http.py)."""
 
@@ -32,7 +32,7 @@ HTTP_ENDPOINTS = [
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),
     ("GET", "/v1/models"),
-    ("GET", "/healthz"),  # authenticated too: docs/protocol.md §2 says every endpoint (a load balancer gets a key)
+    ("GET", "/healthz"),  # authenticated too: docs/protocol.md, "Authentication" says every endpoint (a load balancer gets a key)
     ("GET", "/metrics"),
 ]
 WS_PROTOCOLS = ["", "?protocol=longlived"]

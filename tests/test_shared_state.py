@@ -274,7 +274,7 @@ async def test_killing_one_server_mid_load_leaves_the_other_serving_and_loses_no
     row (committed by the server that served it: the kill cannot take it back), B serves on, A's clients
     continue on B from the store. The ledger's documented crash window — a row accepted in the last
     milliseconds before a crash, still in the dead process's buffer — is not what this checks: at the
-    kill every response on A is mid-stream; issue 13's open rows are what bill such a response."""
+    kill every response on A is mid-stream; the ledger's open rows are what bill such a response."""
     url = pg.fresh()
     a, b = ChildServer(FAST_FLAGS, db=url), ChildServer(FAST_FLAGS, db=url)
     try:

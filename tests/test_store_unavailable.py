@@ -1,4 +1,4 @@
-"""Storage faults over the wire (issue 13, item 2): typed, survivable, nothing lost.
+"""Storage faults over the wire (docs/operations.md, "Databases"): typed, survivable, nothing lost.
 
 Before, a store write that failed (the database locked past its busy timeout) raised inside the response's
 task: no terminal event, the long-lived connection stuck "streaming" for good, and HTTP answered a plain

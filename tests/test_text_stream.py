@@ -24,7 +24,7 @@ def test_deltas_are_the_decoders_and_join_to_the_text(text: str) -> None:
     ids = tokenizer.model_tokens(text)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     expected = [decoder.decode(tokenizer.piece(token)) for token in ids] + [decoder.decode(b"", final=True)]
-    for _ in range(2):  # the second pass runs on the memo
+    for _ in range(2):  # the later rounds run on the memo
         stream = TextStream(tokenizer)
         got = [stream.push(token) for token in ids] + [stream.flush()]
         assert got == expected

@@ -1,4 +1,4 @@
-"""The mock model speaks the whole item vocabulary (issue 12, item 2; SPEC §5): the script in the first
+"""The mock model speaks the whole item vocabulary (docs/protocol.md, "The directive script"): the script in the first
 user message that holds directive lines, custom tool calls, namespace functions, reasoning items carried
 back, one call per turn under ``parallel_tool_calls: false``, and custom outputs appended long-lived."""
 

@@ -67,7 +67,7 @@ def _zlib(body: bytes, coding: str, limit: int) -> bytes:
 
 def _zstd(body: bytes, limit: int) -> bytes:
     # The streaming reader bounds the output (a frame header may claim any content size: the one-shot
-    # API would allocate it); it returns short, silently, on a truncated frame, so a second pass frame by
+    # API would allocate it); it returns short, silently, on a truncated frame, so another read, frame by
     # frame, whose output is bounded by the first, checks that every frame ends.
     try:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True) as reader:
