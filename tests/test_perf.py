@@ -1,9 +1,12 @@
 """``responses-lab perf`` is a command: its help and every subcommand's, a short real ``perf turn`` (the
-figure printed beside its floor, the WebSocket ping on the same connection) and ``perf profile`` over a
-hand-written py-spy file. The suite's figures themselves are benchmarks, never asserted here."""
+figure printed beside its floor, the WebSocket ping on the same connection), a short ``perf cpu`` (the
+HTTP rollout on proto.client's HttpClient) and ``perf profile`` over a hand-written py-spy file; and the
+messages it sends, built with proto.client.messages, as the bytes they have always been on the wire. The
+suite's figures themselves are benchmarks, never asserted here."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from proto.cli import main as cli_main
+from proto.perf.workload import MODEL, TOOLS, rollout_body, say_tokens, stream_body
 
 SUBCOMMANDS = ("turn", "cpu", "stream", "capacity", "rss", "deflate", "topology", "profile")
 
@@ -44,6 +48,23 @@ def test_perf_turn_prints_the_overhead_beside_the_ping_floor() -> None:
     overhead, ping = float(row[2].removesuffix("ms")), float(row[4])
     assert overhead > 0 and ping > 0
     assert row[-1].endswith("ms")  # the server's CPU per turn
+
+
+def test_perf_cpu_prints_long_lived_beside_http_with_the_full_history() -> None:
+    lines = perf("cpu", "--context", "1000", "--turns", "2", "--append", "50").splitlines()
+    row = next(line for line in lines if line.startswith("this")).split()
+    assert row[1].endswith("ms") and row[2].endswith("ms") and row[3].endswith("%")
+    assert float(row[1].removesuffix("ms")) > 0 and float(row[2].removesuffix("ms")) > 0
+
+
+def test_the_messages_the_suite_sends_keep_their_bytes_on_the_wire() -> None:
+    """The counting clients and the raw connections send ``json.dumps`` of these: the suite's workload, the
+    same from one checkout to the next (docs/operations.md, "`responses-lab perf`")."""
+    assert json.dumps(say_tokens(7)) == f'{{"type": "response.create", "model": "{MODEL}", "input": "stream\\n!tokens 7 !say go"}}'
+    assert list(stream_body(3, "capacity", "ok")) == ["model", "input"]
+    body = rollout_body("!call grep {}", 3, salt=2)
+    assert list(body) == ["model", "input", "tools"] and body["tools"] == TOOLS
+    assert body["input"] == [{"role": "user", "content": "!call grep {}"}, {"role": "user", "content": " and run test"}]
 
 
 def test_perf_profile_sums_self_and_inclusive_samples_leaving_the_idle_wait_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,7 +34,11 @@ floor it is compared with, measured in the same run:
 
 Clients that only count (``stream``, ``capacity``, ``deflate`` off) read raw bytes and count frames by a
 marker instead of parsing them: a Python WebSocket client parsing 100 k frames/s would be the bottleneck
-on a 2-core box, not the server it measures.
+on a 2-core box, not the server it measures. Every message the suite sends is built with
+``proto.client.messages`` (``proto/perf/workload.py``), and the HTTP rollout of ``cpu`` is
+``proto.client.http.HttpClient`` (SSE parsed by ``proto.client.sse``); the other clients keep their own
+sockets where they time or count below what a library client exposes (pings between turns, a deflate
+offer, raw bytes), and encode with ``json.dumps`` as they always have: the same frames on the wire.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A counting client: a WebSocket connection read as raw bytes, its frames counted by a marker, never parsed.
 
 A Python WebSocket client parsing 100 k frames/s would be the bottleneck on a 2-core box, not the server it
-measures; counting a marker keeps the client cheap (``stream``, ``capacity``).
+measures; counting a marker keeps the client cheap (``stream``, ``capacity``). Only the reading side is its
+own: what it sends is built with ``proto.client.messages`` (``workload.say_tokens``), like every client's.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ import json
 
 from websockets.asyncio.client import ClientConnection, connect
 
+import proto.client.messages as messages
 from proto.core.events import TERMINAL_TYPES
 from proto.perf.servers import lab_server, servers
-from proto.perf.workload import FAST, MODEL, TOOLS, filler
+from proto.perf.workload import FAST, MODEL, rollout_body
 from proto.processes import ChildServer
 
 
@@ -18,8 +19,7 @@ async def suspend_one(url: str, context: int, salt: int) -> ClientConnection:
     """A long-lived response over a ``context``-token history of its own, suspended on a tool call."""
     ws = await connect(url + "?protocol=longlived", max_size=2**26, compression=None, ping_interval=None)
     script = f"Hold {salt}.\n!call grep {{}}\n!say done"
-    await ws.send(json.dumps({"type": "response.create", "model": MODEL, "tools": TOOLS,
-                              "input": [{"role": "user", "content": script}, {"role": "user", "content": filler(context, salt)}]}))
+    await ws.send(json.dumps(messages.create(rollout_body(script, context, salt))))
     while (kind := json.loads(await ws.recv())["type"]) != "response.done":
         if kind == "error" or kind in TERMINAL_TYPES:
             raise RuntimeError(kind)

@@ -32,8 +32,9 @@ from typing import Any
 import psutil
 from websockets.asyncio.client import connect
 
+import proto.client.messages as messages
 from proto.lab.metrics import percentile
-from proto.perf.workload import FAST, MODEL
+from proto.perf.workload import FAST, MODEL, stream_body
 from proto.processes import ChildEngine, ChildServer, cpu_seconds
 
 OVERRIDE = f"{MODEL}:{FAST}"  # 1 ms prefill: decoding dominates
@@ -70,7 +71,7 @@ async def client(url: str, tokens: int, stop_at: float, ttfts: list[float]) -> i
     """Back-to-back responses on one long-lived connection until ``stop_at``; returns how many completed.
     Frames are only scanned for the two event types that matter (the generator must stay cheap)."""
     done = 0
-    body = json.dumps({"type": "response.create", "model": MODEL, "input": f"capacity\n!tokens {tokens} !say ok"})
+    body = json.dumps(messages.create(stream_body(tokens, "capacity", "ok")))
     async with connect(url + "?protocol=longlived", max_queue=None) as ws:
         while time.perf_counter() < stop_at:
             sent = time.perf_counter()

@@ -10,15 +10,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
+import proto.client.messages as messages
+from proto.client.errors import ProtocolFailure
+from proto.client.http import HttpClient
 from proto.core.events import TERMINAL_TYPES
 from proto.lab.metrics import percentile
 from proto.perf.schedstat import thread_cpu_seconds
 from proto.perf.servers import lab_server, servers
-from proto.perf.workload import FAST, MODEL, TOOLS, filler, turn_script
+from proto.perf.workload import FAST, MODEL, TOOLS, filler, rollout_body, rollout_input, turn_script
 
 # The server's own stages on the path from the append to the first delta (lab.turns[].phases_ms):
 # scanning and tokenizing the appended items, and the mock GPU's clock waking late. engine_lookup runs
@@ -45,9 +47,10 @@ async def longlived_turns(url: str, context: int, turns: int, append: int, serve
     """One long-lived rollout of ``turns`` tool calls over a ``context``-token history, each answered with
     ``append`` tokens; ``pings`` WebSocket pings on the same connection before each append."""
     run = TurnRun(context)
-    create = {"type": "response.create", "model": MODEL, "tools": TOOLS,
-              "input": [{"role": "user", "content": turn_script(turns)}, {"role": "user", "content": filler(context)}]}
+    create = messages.create(rollout_body(turn_script(turns), context))
     output = filler(append)
+    # A websockets connection of its own, its frames json.dumps's as they always were (proto.client.ws would
+    # encode them compactly: other bytes on the wire, another figure than a before/after's earlier runs).
     async with connect(url + "?protocol=longlived", max_size=2**26, compression=None, ping_interval=None) as ws:
         await ws.send(json.dumps(create))
         sent = first = cpu0 = 0.0
@@ -69,8 +72,7 @@ async def longlived_turns(url: str, context: int, turns: int, append: int, serve
             run.ping_ms += await ping_times(ws, pings)
             if turn == 0:
                 cpu0 = thread_cpu_seconds(server)
-            outputs = [{"type": "function_call_output", "call_id": c["call_id"], "output": output} for c in event["pending_calls"]]
-            data = json.dumps({"type": "response.append", "input": outputs})
+            data = json.dumps(messages.append(messages.outputs(event["pending_calls"], output)))
             first = 0.0
             sent = time.perf_counter()
             await ws.send(data)
@@ -111,31 +113,33 @@ def turn_row(label: str, run: TurnRun) -> str:
 
 
 async def http_turns(http_url: str, context: int, turns: int, append: int, server: psutil.Process) -> float:
-    """Server CPU per turn of an ``http`` rollout: the whole history re-sent every turn (SSE)."""
-    history: list[Any] = [{"role": "user", "content": turn_script(turns)}, {"role": "user", "content": filler(context)}]
+    """Server CPU per turn of an ``http`` rollout: the whole history re-sent every turn (SSE), the response's
+    output items as they came and the calls' outputs appended to it."""
+    history: list[Any] = rollout_input(turn_script(turns), context)
     output = filler(append)
     cpu0 = 0.0
-    async with httpx.AsyncClient(base_url=http_url, timeout=600) as client:
+    async with HttpClient(http_url) as client:
         for turn in range(turns + 1):
             if turn == 1:
                 cpu0 = thread_cpu_seconds(server)
-            response = await sse_response(client, {"model": MODEL, "tools": TOOLS, "input": history, "stream": True})
-            calls = [item for item in response["output"] if item["type"] == "function_call"]
+            response = await sse_response(client, messages.body(MODEL, history, TOOLS))
+            calls = messages.function_calls(response)
             if not calls:
                 break
-            history += [*response["output"], *({"type": "function_call_output", "call_id": c["call_id"], "output": output} for c in calls)]
+            history += [*response["output"], *messages.outputs(calls, output)]
     return (thread_cpu_seconds(server) - cpu0) * 1e3 / turns
 
 
-async def sse_response(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    """POST a streamed create; the response its terminal event carries."""
+async def sse_response(client: HttpClient, body: dict[str, Any]) -> dict[str, Any]:
+    """POST a streamed create; the response its terminal event carries. The body is read to its end, so the
+    keep-alive connection goes back to the pool and every turn reuses it."""
     response: dict[str, Any] = {}
-    async with client.stream("POST", "/v1/responses", json=body) as reply:
-        async for line in reply.aiter_lines():
-            if line.startswith("data:"):
-                event = json.loads(line[5:])
-                if event.get("type") in TERMINAL_TYPES:
-                    response = event["response"]
+    async with client.stream(body) as events:
+        async for event in events:
+            if event.type == "error":
+                raise ProtocolFailure(event.data.get("error") or {})
+            if event.type in TERMINAL_TYPES:
+                response = event.data["response"]
     return response
 
 
