@@ -21,7 +21,6 @@ from helpers import (
     GUARD,
     MODEL,
     SLOW_MODEL,
-    TERMINAL,
     TERMINAL_OR_ERROR,
     TOOLS,
     assert_error,
@@ -37,6 +36,7 @@ from helpers import (
 from websockets.asyncio.client import connect
 
 from proto.client.longlived import LongLivedClient
+from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
 from proto.server.storage.ledger import LedgerRow, UsageLedger
 
@@ -331,7 +331,7 @@ async def _long_stream(url: str, head: dict[str, Any], streaming: asyncio.Event)
             frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
             if frame["type"] == "response.output_text.delta":
                 streaming.set()
-            if frame["type"] in TERMINAL:
+            if frame["type"] in TERMINAL_TYPES:
                 response: dict[str, Any] = frame["response"]
                 return response
             if frame["type"] == "error":
