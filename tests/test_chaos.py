@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from proto.load.chaos import Sizes, round_of_chaos, table
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 SEED = int(os.environ.get("CHAOS_SEED", "13"))  # a failure names its seed: rerun with CHAOS_SEED=… to replay it
 

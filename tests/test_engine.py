@@ -43,6 +43,8 @@ from proto.server.config import Settings
 from proto.server.serve import ThreadedServer
 from sampler.engine import EngineFailure, EngineOverloaded
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 FAST = "mock-4000tps"  # a 1 ms prefill, 0.25 ms per token
 SLOW = "mock-65tps"  # 65 tokens/s, two batch slots: `!tokens 5000` streams for over a minute unless cancelled
 ONE_SLOT = "mock-1000tps"  # one batch slot, no waiting room: a second request is refused

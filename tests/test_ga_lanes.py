@@ -20,6 +20,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from proto.core.events import TERMINAL_TYPES
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 LONG = "!tokens 3000"  # ~0.75 s of decode at 4000 tokens/s: long enough to interleave (the text is
 # padded with filler words after what the line says)
 STEERABLE = "!tokens 8000"  # ~2 s: a steer sent on the first delta arrives while it runs, on a busy machine too

@@ -16,6 +16,8 @@ import pytest
 from proto.core.response import MODES
 from proto.lab.bench import main as bench_main
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 TINY = {
     "format": 1,
     "name": "tiny",

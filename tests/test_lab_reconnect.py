@@ -31,6 +31,7 @@ TINY = {
 }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_bench_reconnect_reports_the_store_path_against_the_cached_one(
     database: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -78,6 +78,7 @@ def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     return out
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", ["tracelab-claude-session", "tracelab-session_workload_example"])
 def test_bench_quick_replays_the_file_in_every_mode(quick_runs: dict[str, dict[str, Any]], name: str) -> None:
     runs = {run["mode"]: run for run in quick_runs[name]["runs"]}
@@ -92,6 +93,7 @@ def test_bench_quick_replays_the_file_in_every_mode(quick_runs: dict[str, dict[s
         assert run["usage"]["output_tokens"] == sum(o for rounds in want.values() for _, o in rounds)
 
 
+@pytest.mark.process
 def test_rewrites_reach_every_transport_and_keep_the_prefix_cached(quick_runs: dict[str, dict[str, Any]]) -> None:
     runs = quick_runs["tracelab-session_workload_example"]["runs"]
     rows = load_replay("tracelab-session_workload_example").sessions[0].rounds
@@ -103,6 +105,7 @@ def test_rewrites_reach_every_transport_and_keep_the_prefix_cached(quick_runs: d
             assert (r.keep or 0) - 64 <= cached <= (r.input_tokens or 0)
 
 
+@pytest.mark.process
 def test_the_printed_tables_fit_80_columns(quick_runs: dict[str, dict[str, Any]]) -> None:
     console = Console(width=200, record=True)
     for results in quick_runs.values():

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from helpers import MODEL, http_rollout, running, state, ten_turn_script
 
 from proto.core.response import MODES
 from proto.server.storage.ledger import LedgerRow, UsageLedger
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 HEADER = {"X-Responses-Lab-Cache": "items"}
 
