@@ -200,6 +200,9 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
 
 
 # ------------------------------------------------------------------------------------ the openai SDK's lanes
+# Serial: the steer must land while the right lane's 8000 tokens run. Beside another worker on 2 busy cores it
+# once did not, and the successor's response.created never came (a 30 s TimeoutError at the recv below).
+@pytest.mark.serial
 async def test_openai_sdk_lane_session_and_steer(srv: ThreadedServer) -> None:
     """The SDK's own router (one reader, events routed by stream_id) over two lanes, and its steer call."""
     client = AsyncOpenAI(base_url=srv.http_url + "/v1", api_key="unused", max_retries=0)
