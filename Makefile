@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench serve lint typecheck clean postgres clients vllm-check
+.PHONY: demo test check bench serve lint typecheck clean postgres clients vllm-check
 
 # The real clients the suite runs (tests/clients/*: pinned package.json + package-lock.json), installed
 # from the npm registry into a directory this Makefile owns; npm's own cache lives there too. `npm install`
@@ -41,10 +41,34 @@ postgres:
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; } || \
 	  echo "postgresql-15 is not installed and could not be: the PostgreSQL tests will fail (apt-get install postgresql-15)"
 
+# The whole suite, in two parts (markers: tests/conftest.py). First every test not marked `serial` on
+# $(WORKERS) xdist workers, a test module to a worker (its module-scoped servers start once); then the
+# `serial` tests, which assert on wall-clock pace, alone. Both parts always run; the exit status is the
+# first failure's, and a failed parallel part is named again at the end (the last line is the serial part's).
+WORKERS ?= 2
 test: $(STAMP) postgres clients
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/mypy
-	$(BIN)/pytest
+	@parallel=0; serial=0; \
+	echo "$(BIN)/pytest -n $(WORKERS) --dist loadfile -m 'not serial'"; \
+	$(BIN)/pytest -n $(WORKERS) --dist loadfile -m "not serial" || parallel=$$?; \
+	echo "$(BIN)/pytest -m serial"; \
+	$(BIN)/pytest -m serial || serial=$$?; \
+	if [ $$parallel != 0 ]; then echo "make test: the parallel part failed (pytest exit $$parallel; see above)"; exit $$parallel; fi; \
+	exit $$serial
+
+# The fast tier (< 1 min on 2 cores): ruff, mypy, and the tests that start no server, no process, no
+# PostgreSQL and no real client (not marked `process`; tests/conftest.py refuses those starts in any
+# test without the marker). The `serial` ones among them run alone, after the others.
+check: $(STAMP)
+	$(BIN)/ruff check proto sampler tests scripts
+	$(BIN)/mypy
+	@fast=0; \
+	echo "$(BIN)/pytest -n $(WORKERS) -m 'not process and not serial'"; \
+	$(BIN)/pytest -n $(WORKERS) -m "not process and not serial" || fast=$$?; \
+	echo "$(BIN)/pytest -m 'serial and not process'"; \
+	$(BIN)/pytest -m "serial and not process" || fast=$$?; \
+	exit $$fast
 
 # The latency lab's quick run (< 3 min on 2 cores). Before and after a change to the hot path, the
 # regression suite is `responses-lab perf` (turn, cpu, stream, capacity, rss, deflate, topology; --compare

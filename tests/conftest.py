@@ -1,17 +1,100 @@
 """Shared fixtures: real servers (uvicorn + wsproto) on loopback, each in its own thread and event loop;
-the helpers behind them are in tests/helpers.py."""
+the helpers behind them are in tests/helpers.py.
+
+Two markers sort the suite (pyproject.toml declares them; ``make check`` and ``make test`` use them):
+
+- ``process``: the test starts a server (in a thread or as a child process), a subprocess, PostgreSQL or a
+  real client. Tests that use the ``server``, ``make_server``, ``srv`` or ``pg`` fixtures, or a PostgreSQL
+  ``backend``, get it here; any other test that starts one says so itself (``pytestmark`` or a decorator).
+  ``make check`` runs the others. The guard below keeps the marker true: a test without it that starts a
+  server or a process fails, in ``make check`` and ``make test`` alike.
+- ``serial``: the test asserts on wall-clock time or pace (latencies, rates, CPU per wall second), so it
+  runs alone after the parallel part of ``make test`` (two workers on two cores would distort it).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.process
+import socket
 import sqlite3
-from collections.abc import Callable, Iterator
+import subprocess
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from databases import Backend, PostgresServer, PostgresUnavailable, TableLock
 from helpers import ServerFactory, running
 
 from proto.server.serve import ThreadedServer
+
+# Fixtures that start a server or PostgreSQL: the tests that use them are ``process`` tests. ``srv`` is
+# every module's own server (tests/plain_server.py's, and those modules that define their own).
+PROCESS_FIXTURES = frozenset({"server", "make_server", "pg", "srv"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        on_postgres = params is not None and params.params.get("backend") == "postgresql"
+        if on_postgres or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.process)
+
+
+class StartsAProcess(RuntimeError):
+    """Raised where a test not marked ``process`` starts a server or a process."""
+
+
+# What a test may not start unless it is marked ``process``: (owner, attribute, what it starts).
+GUARDED: tuple[tuple[Any, str, str], ...] = (
+    (ThreadedServer, "__init__", "a server (ThreadedServer)"),
+    (subprocess.Popen, "__init__", "a subprocess"),
+    (multiprocessing.process.BaseProcess, "start", "a multiprocessing process"),
+    (socket.socket, "listen", "a listening socket"),
+)
+
+
+@contextlib.contextmanager
+def refusing(item: pytest.Item) -> Iterator[None]:
+    """GUARDED raise StartsAProcess while inside, unless ``item`` is marked ``process``."""
+    if item.get_closest_marker("process") is not None:
+        yield
+        return
+    # socket.socket inherits listen from _socket.socket: what is not in the class's own __dict__ is deleted after.
+    saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in GUARDED]
+    for owner, name, what in GUARDED:
+
+        def refuse(*args: Any, _what: str = what, **kwargs: Any) -> Any:
+            raise StartsAProcess(
+                f"{item.nodeid} starts {_what} but is not marked `process`: mark it (@pytest.mark.process, or "
+                "pytestmark in its module) so that `make check` leaves it out (tests/conftest.py)"
+            )
+
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+
+# Setup (the fixtures it needs, of any scope, start there) and the call; not the teardown, where a session's
+# fixtures stop (PostgreSQL's pg_ctl stop) after whichever test happens to run last.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    with refusing(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    with refusing(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

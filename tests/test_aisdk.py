@@ -19,6 +19,8 @@ from helpers import MODEL, auth, clean_env, running
 
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 KEY = "sk-aisdk-test-0001"
 SCRIPT = 'Look for it.\n!tokens 12 !call grep {"pattern": "def mean"}\n!call grep {"pattern": "def median"}\n!say Found both.'
 ROLLOUT = Path(__file__).resolve().parent / "clients" / "aisdk" / "rollout.mjs"

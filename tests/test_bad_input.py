@@ -39,6 +39,8 @@ from proto.core.errors import ERROR_CODES
 from proto.core.events import TERMINAL_TYPES
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 MAX_FRAME = 2**20  # the module's server: small enough to cross cheaply, large enough for a big message
 MAX_TOOLS = 8
 MAX_ITEMS = 16

@@ -50,6 +50,7 @@ def test_source_imports_no_io(module: str) -> None:
     assert {name for name in imported if name.startswith(OUTSIDE)} == set()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", CORE)
 def test_importing_loads_no_io(module: str) -> None:
     code = f"import json, sys; import proto.core.{module}; print(json.dumps(sorted(sys.modules)))"

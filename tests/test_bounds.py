@@ -40,6 +40,8 @@ from proto.processes import ChildServer
 from proto.server.serve import ThreadedServer
 from sampler.models import MODELS
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 FAST = f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"
 LONG_PROMPT = "word " * 300  # 300 tokens (" word" is one)
 
@@ -217,6 +219,7 @@ async def gaps_while(url: str, load: bool) -> list[float]:
     return gaps
 
 
+@pytest.mark.serial
 async def test_tokens_of_any_size_or_a_huge_prompt_cannot_stall_another_stream() -> None:
     itl_s = MODELS[SLOW_MODEL].inter_token_latency_ms / 1e3
     # A server process of its own: the gaps measured are the server's, not this process's GIL.

@@ -13,6 +13,8 @@ import pytest
 from proto.cli import main as cli_main
 from proto.load.chaos import Outcome, Sizes, round_of_chaos, table, totals
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 SEED = int(os.environ.get("CHAOS_SEED", "13"))  # a failure names its seed: rerun with CHAOS_SEED=… to replay it
 
 

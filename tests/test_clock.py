@@ -20,6 +20,9 @@ import pytest
 
 from sampler.clock import RealClock, loop_timer
 
+# Sleeps on the real clock: never early, never spinning (CPU per wall second).
+pytestmark = pytest.mark.serial
+
 T = TypeVar("T")
 LOOPS = ["asyncio", "uvloop"]
 CLOCKS = ["timerfd", "coarse"]  # RealClock() and its documented fallback, RealClock(timerfd=False)

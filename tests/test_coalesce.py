@@ -19,6 +19,9 @@ from sampler.clock import FakeClock
 from sampler.gpu import MockGPU
 from sampler.models import ModelSpec
 
+# Every test starts a server or a process; the GPU's wake-ups and deltas are paced in wall-clock time.
+pytestmark = [pytest.mark.process, pytest.mark.serial]
+
 TOKENS = 400  # at 4 000 tok/s: 100 ms of decoding
 SCRIPT = f'Go.\n!call grep {{"pattern": "a long argument to stream", "paths": ["src", "tests"]}}\n!tokens {TOKENS} !say done'
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
 from codex import (
     PATCH,
     VIEW_IMAGE,
@@ -23,6 +24,8 @@ from codex import (
     rollout_prompt,
     shell,
 )
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 ANSWER = "All three tools ran."
 IMAGE_TOKENS = 255  # a 4 x 4 PNG at detail auto: 170 for its one tile + 85 (sampler/media.py)

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from codex import codex_bin, codex_exec, environ_has_node, lab_server, provider_config, shell
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 ANSWER = "Done over v1."
 
 

@@ -18,6 +18,8 @@ from helpers import MODEL, TOOLS, running
 from proto.core.errors import ERROR_CODES
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 LIMIT = 2**20
 BODY = {"model": MODEL, "input": 'Go.\n!call grep {"q": 1}\n!say done', "tools": TOOLS}
 

@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from helpers import GUARD, SLOW_MODEL, query, serve_process, sse_read
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from proto.server.storage.ledger import UsageLedger
 from sampler.tokens import Tokenizer
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 LONG = "Write at length.\n!tokens 5000 !say never"
 TWO_TURNS = "Look first.\n!call grep {}\n!tokens 5000 !say never"

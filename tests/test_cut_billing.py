@@ -52,6 +52,8 @@ from proto.server.storage.ledger import LedgerRow
 from sampler.loop import EMIT_CHUNK
 from sampler.tokens import Tokenizer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 LONG = "Write at length.\n!tokens 5000 !say never"  # 77 s at 65 tokens/s: always cut
 TWO_TURNS = "Look first.\n!call grep {}\n!tokens 5000 !say never"
 TOOLS = [{"type": "function", "name": "grep"}]

@@ -29,6 +29,7 @@ def _exit_code(output: str) -> int:
     return int(first.removeprefix("exit code: "))
 
 
+@pytest.mark.process
 def test_the_repo_fails_before_the_patch_and_passes_after(ws: Workspace) -> None:
     before = ws.run_tests({})
     assert _exit_code(before) != 0
@@ -42,6 +43,7 @@ def test_the_repo_fails_before_the_patch_and_passes_after(ws: Workspace) -> None
     assert "2 passed" in after
 
 
+@pytest.mark.process
 def test_the_scripts_patch_is_the_one_the_model_sends(ws: Workspace) -> None:
     plans = parse_script(SCRIPT)
     assert plans is not None
@@ -149,6 +151,7 @@ def test_a_patch_can_create_a_file(ws: Workspace) -> None:
     assert (ws.root / "pkg" / "new.py").read_text() == "a = 1\nb = 2\n"
 
 
+@pytest.mark.process
 def test_search_replace_edits_exactly_one_occurrence(ws: Workspace) -> None:
     assert ws.apply_patch({"path": "stats.py", "search": "range(len(values) - 1)", "replace": "range(len(values))"}) == (
         "applied: stats.py (1 replacement)"
@@ -218,6 +221,7 @@ def test_the_timeline_shows_suspension_tool_and_resumption_but_not_every_delta()
     assert "20.0 ms" in summary
 
 
+@pytest.mark.process
 def test_the_demo_completes_against_a_real_server() -> None:
     """The whole demo once, end to end (about a second): `make demo` must keep passing."""
     from proto.demo import main

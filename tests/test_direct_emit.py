@@ -59,6 +59,9 @@ def tag(event: ServerEvent) -> str:
     return str(type(event).__struct_config__.tag)
 
 
+# Serial: the mock GPU's timer runs on the real clock (2000 tokens/s), and a wake-up late by CPU contention
+# hands its tokens to the task instead (113 of 120 deltas by the timer once, beside another xdist worker).
+@pytest.mark.serial
 @pytest.mark.parametrize("room", [1_000, 0])
 async def test_the_same_events_whichever_way_they_went(room: int) -> None:
     events = await stream(room)

@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from helpers import MODEL, running, state
 from websockets.asyncio.client import ClientConnection, connect
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 # Every token due at once (1 µs apart): one GPU wake-up releases a whole item, added → deltas → done in
 # one batch. An event that held the live item would show it finished in its own ``added`` frame.
@@ -107,6 +110,7 @@ def _lock(path: Path) -> sqlite3.Connection:
     return holder
 
 
+@pytest.mark.serial
 async def test_a_stalled_ledger_stalls_no_stream_and_every_response_gets_its_row_back(tmp_path: Path) -> None:
     db = tmp_path / "lab.db"
     with running(db=str(db)) as srv:

@@ -430,6 +430,7 @@ async def test_k_local_calls_tokenize_each_input_token_once(server: ThreadedServ
 # ----------------------------------------------------------------------------------------- tool timeout
 
 
+@pytest.mark.process
 async def test_tool_timeout_ends_the_response_incomplete() -> None:
     async with virtual(tool_timeout_s=0.3) as virtual_server:  # the timeout on virtual time
         srv = virtual_server.server
@@ -483,6 +484,7 @@ async def test_api_key_guards_the_handshake_and_models(make_server: ServerFactor
     assert models[MODEL]["settings"]["prefill-overhead"] == 1.0
 
 
+@pytest.mark.process
 def test_open_server_refuses_a_public_bind() -> None:
     done = subprocess.run(
         [*cli_command(), "serve", "--host", "0.0.0.0", "--port", "0", "--db", ":memory:"],

@@ -214,6 +214,7 @@ class RawClient:
                 return None, frames
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("protocol", ["longlived", "ga"])
 async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> None:
     tokens = 200_000  # 50 s of output at 4000 tokens/s: far more than every buffer on the way holds
@@ -247,6 +248,7 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
 # ----------------------------------------------------------------------------------------- SIGTERM
 
 
+@pytest.mark.process
 async def test_sigterm_ends_open_responses_with_an_error_and_1001_and_flushes_the_ledger(tmp_path: Path) -> None:
     db = tmp_path / "lab.db"
     port = free_port()

@@ -20,6 +20,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from proto.core.events import TERMINAL_TYPES
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 LONG = "!tokens 3000"  # ~0.75 s of decode at 4000 tokens/s: long enough to interleave (the text is
 # padded with filler words after what the line says)
 STEERABLE = "!tokens 8000"  # ~2 s: a steer sent on the first delta arrives while it runs, on a busy machine too
@@ -199,6 +201,9 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
 
 
 # ------------------------------------------------------------------------------------ the openai SDK's lanes
+# Serial: the steer must land while the right lane's 8000 tokens run. Beside another worker on 2 busy cores it
+# once did not, and the successor's response.created never came (a 30 s TimeoutError at the recv below).
+@pytest.mark.serial
 async def test_openai_sdk_lane_session_and_steer(srv: ThreadedServer) -> None:
     """The SDK's own router (one reader, events routed by stream_id) over two lanes, and its steer call."""
     client = AsyncOpenAI(base_url=srv.http_url + "/v1", api_key="unused", max_retries=0)

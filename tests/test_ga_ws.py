@@ -16,6 +16,8 @@ from websockets.exceptions import ConnectionClosed
 
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 SCRIPT = 'Go.\n!call grep {"p": 1}\n!call read_file {"path": "a.py"}\n!say done'
 
 

@@ -12,6 +12,8 @@ from helpers import MODEL, ROLLOUT_TOOLS, auth, outputs_for, running, state
 
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 SCRIPT = 'Go.\n!call grep {"p": 1}\n!say done'
 KEYS = ["sk-test-alice-0001", "sk-test-bob-0002"]
 

@@ -18,6 +18,8 @@ from proto.core.response import MODES
 from proto.lab.bench import main as bench_main
 from proto.lab.repredict import repredict
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 TINY = {
     "format": 1,
     "name": "tiny",

@@ -245,6 +245,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_sigkill_mid_response_then_reconcile(path: str, backend: Backend) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, env=env, text=True) as child:

@@ -28,6 +28,8 @@ from proto.core.events import TERMINAL_TYPES
 from proto.server.config import Settings, add_arguments, from_args
 from proto.server.transports.timers import ConnectionTimers
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 THREE_CALLS = 'Go.\n!call grep {"a": 1} | !call grep {"b": 2} | !call read_file {"c": 3}\n!say done'
 LIMITS = {
     "max_frame_bytes": "1234",

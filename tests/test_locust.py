@@ -20,6 +20,8 @@ from helpers import MODEL
 
 from proto.processes import ChildServer, free_port
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = ROOT / "scripts" / "locustfile.py"
 FLAGS = ["--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", "--log-level", "warning"]

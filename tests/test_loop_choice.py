@@ -10,6 +10,8 @@ from helpers import running
 
 from proto.server.config import resolve_http, resolve_loop
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 
 def test_auto_serves_on_uvloop_and_httptools_and_either_can_be_pinned_off() -> None:
     assert resolve_loop("auto") == "uvloop" and resolve_http("auto") == "httptools"

@@ -1,9 +1,6 @@
 """``http-cached``: one independent HTTP request per turn, the server's item cache skipping what it has seen
 (``proto/server/stages/item_cache.py``), counted per response and on /metrics; the ledger takes the new mode, also
-in a database file created before it existed; the HTTP modes' API-cost knob.
-
-Named to run after tests/test_ledger*.py: the ledger migration logs through the ledger's logger, and
-structlog caches a logger on first use, after which ``capture_logs`` in those tests would see nothing."""
+in a database file created before it existed; the HTTP modes' API-cost knob."""
 
 from __future__ import annotations
 
@@ -13,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from helpers import MODEL, http_rollout, running, state, ten_turn_script
 
 from proto.core.response import MODES
 from proto.server.storage.ledger import LedgerRow, UsageLedger
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 HEADER = {"X-Responses-Lab-Cache": "items"}
 

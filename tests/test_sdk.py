@@ -10,6 +10,8 @@ from openai import AsyncOpenAI, NotFoundError
 
 from proto.server.serve import ThreadedServer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 KEY = "sk-test-sdk-0001"
 SCRIPT = 'Go.\n!call grep {"pattern": "def mean"}\n!call read_file {"path": "a.py"}\n!say All good.'
 SDK_TOOLS = [

@@ -97,6 +97,7 @@ def test_the_redaction_runs_over_every_field_and_tracebacks() -> None:
     assert KEYS[0] not in json.dumps(event) and KEYS[1] not in json.dumps(event)
 
 
+@pytest.mark.process
 async def test_keys_and_message_text_never_reach_the_server_log(tmp_path: Path) -> None:
     """A real server at debug level; its whole output is read back after every kind of traffic."""
     logged = await _server_log_after_traffic(tmp_path)
@@ -105,6 +106,7 @@ async def test_keys_and_message_text_never_reach_the_server_log(tmp_path: Path) 
         assert secret not in logged
 
 
+@pytest.mark.process
 async def test_log_text_logs_message_text_but_still_never_a_key(tmp_path: Path) -> None:
     logged = await _server_log_after_traffic(tmp_path, "--log-text")
     assert SECRET_TEXT in logged  # the debugging aid does what it says

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 from databases import PostgresServer
 from helpers import (
     GUARD,
@@ -39,6 +40,8 @@ from proto.client.longlived import LongLivedClient
 from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
 from proto.server.storage.ledger import LedgerRow, UsageLedger
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 FAST_FLAGS = ["--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", "--log-level", "warning"]
 

@@ -10,6 +10,8 @@ import pytest
 
 from proto.load.soak import main
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 
 def test_soak_smoke_leaves_no_session_and_no_task(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"

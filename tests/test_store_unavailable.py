@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from helpers import GUARD, MODEL, TERMINAL_OR_ERROR, assert_error, running, state, until
 from websockets.asyncio.client import ClientConnection, connect
 
 from proto.core.errors import ERROR_CODES
+
+pytestmark = pytest.mark.process  # every test starts a server or a process
 
 BUSY_S = 0.05
 

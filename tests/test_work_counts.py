@@ -23,6 +23,8 @@ from helpers import (
 from proto.server.serve import ThreadedServer
 from sampler.tokens import Tokenizer
 
+pytestmark = pytest.mark.process  # every test starts a server or a process
+
 MODES = ("longlived", "ws", "http", "http-prev")
 
 

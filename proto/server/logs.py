@@ -31,15 +31,20 @@ def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[s
 
 
 def configure(level: str = "warning") -> None:
+    # The one processors list, refilled in place: a logger cached on first use keeps the list it saw, so
+    # a new list on every call (each in-process server's create_app calls this) would leave the loggers
+    # already used on the old one, out of reach of later calls and of structlog.testing.capture_logs.
+    processors = structlog.get_config()["processors"]
+    processors[:] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        redact,  # after the traceback is text: an exception message may quote a header too
+        structlog.processors.JSONRenderer(serializer=_serialize),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            redact,  # after the traceback is text: an exception message may quote a header too
-            structlog.processors.JSONRenderer(serializer=_serialize),
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         cache_logger_on_first_use=True,
     )
