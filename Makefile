@@ -50,12 +50,12 @@ test: $(STAMP) postgres clients
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/mypy
 	@parallel=0; serial=0; \
-	echo "$(BIN)/pytest -n $(WORKERS) --dist loadfile -m 'not serial'"; \
-	$(BIN)/pytest -n $(WORKERS) --dist loadfile -m "not serial" || parallel=$$?; \
 	echo "$(BIN)/pytest -m serial"; \
 	$(BIN)/pytest -m serial || serial=$$?; \
-	if [ $$parallel != 0 ]; then echo "make test: the parallel part failed (pytest exit $$parallel; see above)"; exit $$parallel; fi; \
-	exit $$serial
+	echo "$(BIN)/pytest -n $(WORKERS) --dist loadfile -m 'not serial'"; \
+	$(BIN)/pytest -n $(WORKERS) --dist loadfile -m "not serial" || parallel=$$?; \
+	if [ $$serial != 0 ]; then echo "make test: the serial part failed (pytest exit $$serial; see above)"; exit $$serial; fi; \
+	exit $$parallel
 
 # The fast tier (< 1 min on 2 cores): ruff, mypy, and the tests that start no server, no process, no
 # PostgreSQL and no real client (not marked `process`; tests/conftest.py refuses those starts in any

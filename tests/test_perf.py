@@ -25,6 +25,7 @@ def perf(*args: str, timeout: float = 120) -> str:
     return done.stdout
 
 
+@pytest.mark.process
 def test_perf_help_names_every_subcommand_and_the_before_after_flags() -> None:
     text = perf("--help")
     for name in (*SUBCOMMANDS, "--compare", "--server-path"):
@@ -39,6 +40,7 @@ def test_each_subcommand_has_its_help(name: str, capsys: pytest.CaptureFixture[s
     assert f"responses-lab perf {name}" in capsys.readouterr().out
 
 
+@pytest.mark.process
 def test_perf_turn_prints_the_overhead_beside_the_ping_floor() -> None:
     lines = perf("turn", "--contexts", "1000", "--turns", "5", "--append", "100").splitlines()
     header = next(line for line in lines if line.startswith("server"))
@@ -50,6 +52,7 @@ def test_perf_turn_prints_the_overhead_beside_the_ping_floor() -> None:
     assert row[-1].endswith("ms")  # the server's CPU per turn
 
 
+@pytest.mark.process
 def test_perf_cpu_prints_long_lived_beside_http_with_the_full_history() -> None:
     lines = perf("cpu", "--context", "1000", "--turns", "2", "--append", "50").splitlines()
     row = next(line for line in lines if line.startswith("this")).split()
