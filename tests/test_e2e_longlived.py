@@ -373,7 +373,7 @@ async def test_disconnect_while_suspended_leaves_no_task(make_server: ServerFact
             await client.close()  # a clean close handshake
         else:
             client.ws.transport.abort()  # the TCP connection just drops
-        await wait_for(lambda: not state.sessions, "the session ended")
+        await wait_for(lambda: not state.connections, "the session ended")
 
         assert task.done()
         names = server_tasks(srv)
