@@ -19,7 +19,7 @@ import httpx
 import pytest
 from helpers import (
     MODEL,
-    TERMINAL,
+    TERMINAL_TYPES,
     TOOLS,
     assert_error,
     create,
@@ -171,7 +171,7 @@ async def ll_setup(ws: ClientConnection, setup: str) -> Ctx:
         ctx["last_id"] = (await longlived_rollout_ok(ws))["id"]
     if setup in ("suspended", "second"):
         await ws.send(dumps(create()))
-        ctx["done"] = (await until(ws, {"response.done", *TERMINAL}))[-1]
+        ctx["done"] = (await until(ws, {"response.done", *TERMINAL_TYPES}))[-1]
         assert ctx["done"]["type"] == "response.done"
     if setup == "running":
         await ws.send(dumps(create(LONG_TURN)))
@@ -185,11 +185,11 @@ async def ll_finish(ws: ClientConnection, case: LLCase, ctx: Ctx) -> None:
     if case.setup in ("suspended", "second"):
         calls = ctx["done"]["pending_calls"][case.answered :]
         await ws.send(append(outputs(calls)))
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.completed", terminal
     elif case.setup == "running":
         await ws.send('{"type": "response.cancel"}')
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.incomplete" and terminal["response"]["status"] == "cancelled", terminal
 
 
@@ -212,7 +212,7 @@ async def test_longlived_huge_string_within_the_limit_works(srv: ThreadedServer)
     big = "lorem ipsum " * (MAX_FRAME // 2 // 12)  # half the frame limit
     async with connect(ll_url(srv), max_size=None) as ws:
         await ws.send(dumps(create("!say short\n" + big)))
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.completed", terminal
         await longlived_rollout_ok(ws)
 
@@ -288,14 +288,14 @@ async def test_ga(srv: ThreadedServer, case: GACase) -> None:
             await until(ws, {"response.output_text.delta"})
         elif case.setup == "after":
             await ws.send(ga(input=[user("!say first")]))
-            first = (await until(ws, {*TERMINAL, "error"}))[-1]
+            first = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
             assert first["type"] == "response.completed"
             frame = ga(previous_response_id=first["response"]["id"], input=[output("call_nope", "x")])
         await ws.send(frame)
         reply = (await until(ws, {"error"}))[-1]
         assert_error(reply, case.code, case.param)
         if case.setup == "running":  # the response in flight was not disturbed
-            terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+            terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
             assert terminal["type"] == "response.completed", terminal
         await ga_rollout_ok(ws)
 
@@ -304,7 +304,7 @@ async def test_ga_huge_string_within_the_limit_works(srv: ThreadedServer) -> Non
     big = "lorem ipsum " * (MAX_FRAME // 2 // 12)
     async with connect(srv.url, max_size=None) as ws:
         await ws.send(ga(input=[user("!say short\n" + big)]))
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.completed", terminal
         await ga_rollout_ok(ws)
 

@@ -27,8 +27,8 @@ from helpers import (
     GUARD,
     MODEL,
     SLOW_MODEL,
-    TERMINAL,
     TERMINAL_OR_ERROR,
+    TERMINAL_TYPES,
     assert_error,
     output,
     running,
@@ -191,11 +191,11 @@ async def gaps_while(url: str, load: bool) -> list[float]:
         async with connect(url + "?protocol=longlived", max_size=None) as ws:
             # A 4 MB prompt: scanned and tokenized (~0.5 s of work) off the loop, then refused before prefill.
             await ws.send(json.dumps({"type": "response.create", **create("word " * 800_000)}))
-            while json.loads(await asyncio.wait_for(ws.recv(), GUARD))["type"] not in TERMINAL:
+            while json.loads(await asyncio.wait_for(ws.recv(), GUARD))["type"] not in TERMINAL_TYPES:
                 pass
             for fields in ({}, {"max_output_tokens": 1}, {}):
                 await ws.send(json.dumps({"type": "response.create", **create("!tokens 30000000 !say burst", "mock-1000tps", **fields)}))
-                while (frame := await asyncio.wait_for(ws.recv(), GUARD)).startswith(DELTA_PREFIX) or json.loads(frame)["type"] not in TERMINAL:
+                while (frame := await asyncio.wait_for(ws.recv(), GUARD)).startswith(DELTA_PREFIX) or json.loads(frame)["type"] not in TERMINAL_TYPES:
                     pass  # 16 k deltas: not decoded, so this client does not hog the measuring process
 
     async def measured() -> list[float]:
@@ -206,7 +206,7 @@ async def gaps_while(url: str, load: bool) -> list[float]:
                 event = json.loads(await asyncio.wait_for(ws.recv(), GUARD))
                 if event["type"] == "response.output_text.delta":
                     arrivals.append(time.perf_counter())
-                if event["type"] in TERMINAL:
+                if event["type"] in TERMINAL_TYPES:
                     break
         return [b - a for a, b in itertools.pairwise(arrivals)]
 

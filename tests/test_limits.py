@@ -10,7 +10,7 @@ import httpx
 import pytest
 from helpers import (
     MODEL,
-    TERMINAL,
+    TERMINAL_TYPES,
     TOOLS,
     assert_error,
     create,
@@ -81,7 +81,7 @@ async def test_too_many_pending_calls_fails_the_response_and_the_connection_serv
     with running(max_pending_calls=2) as srv:
         async with connect(ll(srv.url)) as ws:
             await ws.send(json.dumps(create(THREE_CALLS)))
-            events = await until(ws, {*TERMINAL, "response.done", "error"})
+            events = await until(ws, {*TERMINAL_TYPES, "response.done", "error"})
             terminal = events[-1]
             assert terminal["type"] == "response.failed", terminal
             assert terminal["response"]["error"]["code"] == "too_many_pending_calls"
@@ -94,7 +94,7 @@ async def test_pending_calls_limit_is_long_lived_only() -> None:
     with running(max_pending_calls=2) as srv:
         async with connect(srv.url) as ws:
             await ws.send(json.dumps(create(THREE_CALLS, store=False)))
-            terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+            terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.completed", terminal
         assert [item["type"] for item in terminal["response"]["output"]].count("function_call") == 3
         async with httpx.AsyncClient(base_url=srv.http_url) as client:
@@ -131,11 +131,11 @@ async def test_idle_clock_starts_after_the_last_response(protocol: str) -> None:
 async def test_a_suspended_response_is_governed_by_the_tool_timeout_not_idle() -> None:
     async with virtual(idle_timeout_s=0.2, tool_timeout_s=0.8) as srv, connect(ll(srv.url)) as ws:
         await ws.send(json.dumps(create()))
-        events = await until(ws, {*TERMINAL, "response.done", "error"})
+        events = await until(ws, {*TERMINAL_TYPES, "response.done", "error"})
         assert events[-1]["type"] == "response.done"
         await srv.advance(0.7)  # idle would have closed it three times over: a suspended response is not idle
         await srv.advance(0.15)
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.incomplete", terminal
         assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
         await srv.advance(0.25)
@@ -146,11 +146,11 @@ async def test_a_suspended_response_is_governed_by_the_tool_timeout_not_idle() -
 async def test_tool_timeout_ends_the_response_and_the_connection_serves_on() -> None:
     async with virtual(tool_timeout_s=0.3) as srv, connect(ll(srv.url)) as ws:
         await ws.send(json.dumps(create()))
-        events = await until(ws, {*TERMINAL, "response.done", "error"})
+        events = await until(ws, {*TERMINAL_TYPES, "response.done", "error"})
         done = events[-1]
         assert done["type"] == "response.done"
         await srv.advance(0.3)
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
         await ws.send(json.dumps({"type": "response.append", "input": outputs(done["pending_calls"])}))
         assert_error(await recv(ws), "response_already_completed", None)  # too late: typed, not a crash
@@ -160,12 +160,12 @@ async def test_tool_timeout_ends_the_response_and_the_connection_serves_on() -> 
 async def test_tool_timeout_does_not_apply_to_ga_where_nothing_waits_server_side() -> None:
     async with virtual(tool_timeout_s=0.2) as srv, connect(srv.url) as ws:
         await ws.send(json.dumps(create(store=False)))
-        first = (await until(ws, {*TERMINAL, "error"}))[-1]
+        first = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         calls = [item for item in first["response"]["output"] if item["type"] == "function_call"]
         await srv.advance(0.5)  # longer than the tool timeout: the cached response is still there
         follow = {"type": "response.create", "model": MODEL, "tools": TOOLS, "store": False, "previous_response_id": first["response"]["id"], "input": outputs(calls)}
         await ws.send(json.dumps(follow))
-        second = (await until(ws, {*TERMINAL, "error"}))[-1]
+        second = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert second["type"] == "response.completed", second
 
 
@@ -185,10 +185,10 @@ async def test_longlived_age_limit_closes_an_idle_connection() -> None:
 async def test_longlived_age_limit_ends_a_suspended_response_with_its_terminal_event() -> None:
     async with virtual(connection_max_age_s=0.5) as srv, connect(ll(srv.url)) as ws:
         await ws.send(json.dumps(create()))
-        events = await until(ws, {*TERMINAL, "response.done", "error"})
+        events = await until(ws, {*TERMINAL_TYPES, "response.done", "error"})
         assert events[-1]["type"] == "response.done"
         await srv.advance(0.5)
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.incomplete", terminal
         assert terminal["response"]["incomplete_details"]["reason"] == "websocket_connection_limit_reached"
         await aged(ws)
@@ -199,7 +199,7 @@ async def test_longlived_age_limit_lets_a_streaming_response_finish() -> None:
         await ws.send(json.dumps(create("!tokens 4000 !say long")))  # ~1 s of real decode at 4000 tokens/s
         await until(ws, {"response.output_text.delta"})
         await srv.advance(0.2)  # aged while streaming: the response is let finish
-        terminal = (await until(ws, {*TERMINAL, "error"}))[-1]
+        terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert terminal["type"] == "response.completed", terminal
         await srv.advance(0.1)  # the next check after the response ended closes the connection
         await aged(ws)

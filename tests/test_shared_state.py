@@ -21,8 +21,8 @@ from helpers import (
     GUARD,
     MODEL,
     SLOW_MODEL,
-    TERMINAL,
     TERMINAL_OR_ERROR,
+    TERMINAL_TYPES,
     TOOLS,
     assert_error,
     auth,
@@ -331,7 +331,7 @@ async def _long_stream(url: str, head: dict[str, Any], streaming: asyncio.Event)
             frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
             if frame["type"] == "response.output_text.delta":
                 streaming.set()
-            if frame["type"] in TERMINAL:
+            if frame["type"] in TERMINAL_TYPES:
                 response: dict[str, Any] = frame["response"]
                 return response
             if frame["type"] == "error":
