@@ -299,7 +299,7 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
     with pytest.raises(LedgerFullError):
         led.record(row(2))
     pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}, remote=None), totals=WorkCounters(), ledger=led)
-    server = SimpleNamespace(pipeline=pipeline, sessions=[])
+    server = SimpleNamespace(pipeline=pipeline, connections=[])
     values = {m.name: m.samples[0].value for m in ServerCollector(server).collect() if m.name.startswith("responses_lab_ledger")}  # type: ignore[arg-type]
     assert values == {
         "responses_lab_ledger_rows_written": 0,
