@@ -4,8 +4,9 @@ The engine paces tokens against absolute deadlines (``sleep_until``), never agai
 the interval": a late wake-up then costs nothing downstream, and long outputs cannot drift.
 ``RealClock`` keeps those deadlines to tens of µs with a timerfd per event loop (Linux), without a
 busy core; ``FakeClock`` is virtual time for tests. Both also call functions at deadlines
-(``timer().call_at``), on the same heap as the sleepers: the mock GPU streams a batch's tokens that way,
-with no task woken per token.
+(``timer().call_at``), on the same heap as the sleepers: a paced GPU turn hands its clock's timer to the
+response driver, which takes the stream's tokens from it with no task woken per token
+(docs/architecture.md, "The fast path").
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Clock(Protocol):
 
     def timer(self) -> Timer | None:
         """What calls functions at deadlines on this clock, for the running loop; ``None`` where only
-        ``sleep_until`` is offered. Asked once by whoever paces many deadlines (the mock GPU's turn)."""
+        ``sleep_until`` is offered. Asked once per turn by the mock GPU, for its ``Pacing``."""
         ...
 
 

@@ -5,17 +5,24 @@
 The mock model decides *what* is said (the token ids); the engine decides *when* (each count it yields
 releases that many of them). One ``EngineSequence`` per response: a long-lived response keeps it across
 its turns, so the engine can keep the prefix warm while the response waits for a tool.
+
+An engine that paces its tokens by deadlines on a clock of the server's own (the mock GPU) is also a
+``PacedSequence``: its turn says *when* the next tokens fall due (a ``Pacing``) instead of sleeping until
+then, so that its owner may wait for them on that clock's timer and take them from there, with no task
+woken (docs/architecture.md, "The fast path"). An engine whose tokens arrive on the task's own reads (one
+in another process) is not: it only yields counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from sampler.clock import Timer
 from sampler.models import ModelLimits
 
-__all__ = ["Engine", "EngineFailure", "EngineOverloaded", "EngineReport", "EngineSequence"]
+__all__ = ["Engine", "EngineFailure", "EngineOverloaded", "EngineReport", "EngineSequence", "PacedSequence", "Pacing"]
 
 
 class EngineOverloaded(Exception):
@@ -63,16 +70,11 @@ class EngineSequence(Protocol):
         """The model's context window and max output per call: the loop bounds every turn by them."""
         ...
 
-    def run_turn(
-        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0, take: Callable[[int], bool] | None = None
-    ) -> AsyncGenerator[int, None]:
+    def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
         """Yield how many of ``output_ids`` are due at each wake-up (each ≥ 1, summing to their count);
         iterate under ``contextlib.aclosing`` so an abandoned turn frees the engine's slot at once.
         ``every_s`` > 0: no two yields closer than that (``--coalesce-ms``: what falls due meanwhile is
         yielded together; the first tokens are not held back).
-        ``take``: an engine that wakes on a timer of its own may offer a wake-up's tokens to ``take(k)``
-        first, from that timer, without waking the iterating task; ``True``: they are taken and not
-        yielded. Never before the first yield; an engine may ignore it and yield everything.
         Raises ``EngineOverloaded`` (the engine refused: queue full) or ``EngineFailure`` (it failed,
         crashed, timed out or broke the protocol), before or during the stream."""
         ...
@@ -83,6 +85,39 @@ class EngineSequence(Protocol):
 
     def close(self) -> None:
         """Give everything back (slot, pins); idempotent, safe while a turn is suspended at a yield."""
+        ...
+
+
+class Pacing(Protocol):
+    """A paced turn's schedule, handed to the owner while nothing is due (``PacedSequence.run_paced``): when
+    the next tokens fall due on the engine's clock, and how to take them from that clock's timer."""
+
+    @property
+    def timer(self) -> Timer:
+        """The engine clock's timer: deadlines from ``next_due`` are on its time scale."""
+        ...
+
+    def next_due(self) -> float | None:
+        """When the next tokens fall due (a time already past when the wake-up is late); ``None`` when
+        what comes next is the iterating task's: the turn's last tokens are out, an injected failure is
+        next, the sequence was closed."""
+        ...
+
+    def release(self, limit: int) -> int:
+        """Up to ``limit`` of the tokens due now (0 when none, or closed): they are the caller's, as a
+        yield's count is, and are not yielded. Never blocks."""
+        ...
+
+
+@runtime_checkable
+class PacedSequence(Protocol):
+    """An ``EngineSequence`` whose turns are paced by deadlines on a clock with a timer (the mock GPU)."""
+
+    def run_paced(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> AsyncGenerator[int | Pacing, None]:
+        """``run_turn`` without coalescing, where, after a yielded count, a wait for the next tokens is
+        yielded as the ``Pacing`` of the turn instead of slept in the task. The owner may then release
+        tokens from its timer; resuming the turn hands the rest back to it: what is due then is yielded, and
+        if nothing is, the turn sleeps until it is (so resuming at once is always right)."""
         ...
 
 

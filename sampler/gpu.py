@@ -15,20 +15,24 @@ block keys and the few tokens past the log's part of it, so the next prompt is c
 up and pinned from where the history could have changed on — the blocks it already holds are neither
 rehashed nor looked up nor re-counted. A plain token list (or a rewritten log) is hashed from scratch;
 the keys are the same either way (``tests/test_gpu_hashing.py``).
+
+A turn run with ``run_paced`` (``sampler.engine.PacedSequence``) does not sleep between its wake-ups itself:
+after each yielded count it yields its pace (``_Pace``, the turn's ``Pacing``), so that its owner waits on
+the clock's timer and releases the next tokens from there, with no task woken per token.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import random
 import time
 from array import array
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from typing import cast
 
 from sampler.batch import BatchSlots
-from sampler.clock import Clock, RealClock, Timer, TimerCall
-from sampler.engine import EngineFailure, EngineReport
+from sampler.clock import Clock, RealClock, Timer
+from sampler.engine import EngineFailure, EngineReport, Pacing
 from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, tokens_from
 from sampler.models import ModelLimits, ModelSpec, check_prompt
 from sampler.timing import Timing
@@ -124,9 +128,7 @@ class GpuSequence:
         self._busy = False
         self._closed = False
 
-    async def run_turn(
-        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0, take: Callable[[int], bool] | None = None
-    ) -> AsyncGenerator[int, None]:
+    def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
         """Yield how many output tokens became due at each wake-up (each ≥ 1, summing to
         ``len(output_ids)``); ``last_report`` is set when the turn completes. Iterate it under
         ``contextlib.aclosing`` so an abandoned turn gives its slot back at once.
@@ -136,15 +138,18 @@ class GpuSequence:
         ``every_s`` later, so the tokens that fall due meanwhile are released together (the server's
         ``--coalesce-ms``); the first token is not delayed and the deadlines themselves do not move.
 
-        ``take`` (the sampling loop's, see ``EngineSequence.run_turn``): after the first wake-up, the
-        tokens of a wake-up are offered to ``take(k)`` first, called from the clock's timer
-        (``Timer.call_at``) while the iterating task stays parked; ``True``: taken, not yielded. Only
-        what ``take`` declines, and the turn's end, wake the task. Not with ``every_s`` or a clock
-        without a timer: then every wake-up is yielded.
-
         Raises ContextLengthExceeded (the prompt can never fit) and EngineOverloaded (queue full) before
         anything is yielded, EngineFailure (injected fault) at any point.
         """
+        return cast(AsyncGenerator[int, None], self._turn(prompt_ids, output_ids, every_s, paced=False))  # it yields no Pacing
+
+    def run_paced(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> AsyncGenerator[int | Pacing, None]:
+        """``run_turn`` (no coalescing) that, after each yielded count, yields its ``_Pace`` instead of
+        sleeping until the next tokens are due (``sampler.engine.PacedSequence``); on a clock without a
+        timer it sleeps as ``run_turn`` does."""
+        return self._turn(prompt_ids, output_ids, 0.0, paced=True)
+
+    async def _turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float, paced: bool) -> AsyncGenerator[int | Pacing, None]:
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         gpu, clock, spec = self._gpu, self._gpu.clock, self._gpu.spec
@@ -169,8 +174,9 @@ class GpuSequence:
 
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
-            pace = _Pace(gpu, n, fail_at, t_first, every_s, live)
-            timer = clock.timer() if take is not None and not every_s else None
+            timer = clock.timer() if paced else None
+            pace = _Pace(self, n, fail_at, t_first, every_s, live, timer)
+            offer = False  # the next wait may be the owner's: after a yielded count, not twice in a row
             if n == 0:
                 await clock.sleep_until(t_first)
             while pace.sent < n:
@@ -181,16 +187,17 @@ class GpuSequence:
                 now = clock.now()
                 wake = pace.wake()
                 if wake <= now:
-                    k = pace.release(now)
-                elif timer is not None and take is not None and pace.sent:
-                    k = await self._offer(timer, take, pace, wake)  # the task parks while `take` streams
+                    k = pace.release_at(now, n)
+                    if k:
+                        offer = timer is not None
+                        yield k
+                        if self._closed:
+                            return  # closed under our feet: the caller wants nothing more
+                elif offer:
+                    offer = False
+                    yield pace  # the owner waits, and may release the next tokens from its timer meanwhile
                 else:
                     await clock.sleep_until(wake)
-                    continue
-                if k:
-                    yield k
-                    if self._closed:
-                        return  # closed under our feet: the caller wants nothing more
 
             self._store(prompt_ids, output_ids)
             self.last_report = EngineReport(
@@ -205,42 +212,6 @@ class GpuSequence:
             )
         finally:
             self._end_turn()
-
-    async def _offer(self, timer: Timer, take: Callable[[int], bool], pace: _Pace, wake: float) -> int:
-        """From ``wake`` on, at each wake-up: release what is due and offer it to ``take``, on the timer,
-        while the task waits here; return what ``take`` declined, or 0 once the turn's last tokens were
-        taken (its end is the task's), a failure is next, or the sequence was closed."""
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        call: TimerCall | None = None
-
-        now = self._gpu.clock.now
-
-        def due_now() -> None:
-            nonlocal call
-            if done.done():
-                return  # the task was cancelled (its wait with it) and has not run yet: it is on its way out
-            if self._closed:
-                done.set_result(0)  # closed under our feet: nothing more is released
-                return
-            try:
-                k = pace.release(now())
-                if k and take(k):
-                    if pace.sent < pace.n and pace.sent != pace.fail_at:
-                        call = timer.call_at(pace.wake(), due_now)
-                        return
-                    k = 0
-            except Exception as exc:  # a bug in take: the turn fails in its task
-                if not done.done():
-                    done.set_exception(exc)
-                return
-            if not done.done():
-                done.set_result(k)
-
-        call = timer.call_at(wake, due_now)
-        try:
-            return await done
-        finally:
-            call.cancel()  # the task was cancelled meanwhile: nothing more is offered
 
     @property
     def limits(self) -> ModelLimits:
@@ -314,12 +285,16 @@ class GpuSequence:
 
 
 class _Pace:
-    """One turn's decode: which tokens are out, when the next is due (on the batch's steps)."""
+    """One turn's decode: which tokens are out, when the next is due (on the batch's steps). Between the
+    turn's yields it is the owner's ``sampler.engine.Pacing``: what the owner releases from the timer
+    counts as sent, and the turn goes on from there when resumed."""
 
-    __slots__ = ("due", "every_s", "fail_at", "first_late_ms", "floor", "gpu", "last_due", "live", "n", "sent", "t_first")
+    __slots__ = ("_timer", "due", "every_s", "fail_at", "first_late_ms", "floor", "gpu", "last_due", "live", "n", "now", "sent", "seq", "t_first")
 
-    def __init__(self, gpu: MockGPU, n: int, fail_at: int, t_first: float, every_s: float, live: EngineReport) -> None:
-        self.gpu, self.n, self.fail_at, self.t_first, self.every_s, self.live = gpu, n, fail_at, t_first, every_s, live
+    def __init__(self, seq: GpuSequence, n: int, fail_at: int, t_first: float, every_s: float, live: EngineReport, timer: Timer | None) -> None:
+        self.seq, self.gpu, self.n, self.fail_at, self.t_first, self.every_s, self.live = seq, seq._gpu, n, fail_at, t_first, every_s, live
+        self._timer = timer  # when the turn is paced (run_paced on a clock with a timer)
+        self.now = seq._gpu.clock.now
         self.sent = 0
         self.due = self.last_due = self.floor = t_first  # floor: the next wake-up comes no sooner (every_s after the last)
         self.first_late_ms = 0.0
@@ -327,15 +302,33 @@ class _Pace:
     def wake(self) -> float:
         return self.due if self.due > self.floor else self.floor
 
-    def release(self, now: float) -> int:
-        """Release every token whose deadline has passed (up to an injected failure); the next interval
-        is drawn with the load factor of the moment, so a batch that fills up slows decoding down."""
-        sent, n, fail_at, due = self.sent, self.n, self.fail_at, self.due
+    @property
+    def timer(self) -> Timer:
+        """``Pacing.timer``: a paced turn's own clock's."""
+        assert self._timer is not None, "only a paced turn is a Pacing"
+        return self._timer
+
+    def next_due(self) -> float | None:
+        """``Pacing.next_due``."""
+        sent = self.sent
+        if sent >= self.n or sent == self.fail_at or self.seq._closed:
+            return None
+        return self.due if self.due > self.floor else self.floor
+
+    def release(self, limit: int) -> int:
+        """``Pacing.release``: from the owner's timer call."""
+        return 0 if self.seq._closed else self.release_at(self.now(), limit)
+
+    def release_at(self, now: float, limit: int) -> int:
+        """Release the tokens whose deadline has passed, up to ``limit`` and an injected failure; the next
+        interval is drawn with the load factor of the moment, so a batch that fills up slows decoding down."""
+        sent, fail_at, due = self.sent, self.fail_at, self.due
+        n = min(self.n, sent + limit)
         k = 0
         while sent + k < n and due <= now and sent + k != fail_at:
             k += 1
             self.last_due = due
-            if sent + k < n:
+            if sent + k < self.n:
                 due = self.gpu.next_step(due)
         if k:
             if not sent:

@@ -13,13 +13,13 @@ and its owner (``proto.server.driver``) decides what each step means:
   ingested (the outputs, then any user messages), or ``None`` when the response ends here (HTTP and GA
   WebSocket end a response at its first local call).
 
-One exception, for the hot path: the stream's plain case. A decode step releases one token per running
-sequence, and most of them are a delta inside an item already open. Those the owner takes directly
-(``sample``'s ``direct``, a ``Direct``): the GPU offers a wake-up's tokens from its clock's timer (``run_turn``'s
-``take``), the loop frames their deltas and the owner writes them, while the response's task stays
-parked — no task wake-up, no trip up and down the generators, per token. Anything else (an item opening
-or ending, a burst, a full send queue, a turn's end) is declined and goes the ``Emit`` way, unchanged: the
-same events, the same order, the same billing count (``rollout.streamed``).
+* ``Wait(pacing, turn)`` — nothing is due before the engine's next deadline (a paced engine, the mock
+  GPU: ``sampler.engine.PacedSequence``). The owner may wait for the tokens on the engine's timer and take
+  the plain ones from there — ``turn.inside()`` of them at most, framed by ``turn.advance`` — with no task
+  woken (docs/architecture.md, "The fast path"); resumed with ``None`` when the rest is the task's.
+
+Every event of a turn's tokens is made by its ``proto.core.turn.TurnEncoder``, whichever way the tokens
+went: here, for what the engine yields (in chunks of ``EMIT_CHUNK``), or by the owner at a ``Wait``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from proto.core.builder import CallStream, CustomCallStream, MessageStream, ReasoningStream, ResponseBuilder
+from proto.core.builder import ResponseBuilder
 from proto.core.events import ServerEvent
 from proto.core.items import (
     CALL_ITEMS,
@@ -48,7 +47,8 @@ from proto.core.items import (
     namespace_of,
 )
 from proto.core.response import TurnReport
-from sampler.engine import EngineSequence
+from proto.core.turn import PlannedItem, TurnEncoder
+from sampler.engine import EngineSequence, PacedSequence, Pacing
 from sampler.models import check_prompt
 from sampler.policy import Policy, TurnPlan
 from sampler.tokens import Conversation, TextStream, Tokenizer, reasoning_content, web_results_text
@@ -79,22 +79,13 @@ class Suspend:
     calls: tuple[CallItem, ...]
 
 
-Step = Emit | Boundary | Suspend
+@dataclass(frozen=True)
+class Wait:
+    pacing: Pacing  # the engine's schedule: when the next tokens fall due, and its timer
+    turn: TurnEncoder  # the turn's events: what the owner frames the tokens it takes with
 
 
-class Direct(Protocol):
-    """How the owner takes a wake-up's deltas without its task: the common case of a stream (one token
-    per decode step, inside an item already open) is framed and sent from the GPU's timer, so a token
-    costs no task wake-up and no trip through the generators (``_sample``'s ``take``). The owner's
-    ``Emit`` path stays the only one for everything else."""
-
-    def ready(self, count: int) -> bool:
-        """Up to ``count`` events can be sent now, with no wait."""
-        ...
-
-    def emit(self, events: tuple[ServerEvent, ...]) -> None:
-        """Send them now (``ready`` said so, in this same step); must not block."""
-        ...
+Step = Emit | Boundary | Suspend | Wait
 
 
 @dataclass
@@ -115,27 +106,20 @@ class Rollout:
     input_items: list[Item] = field(default_factory=list)
     summary: bool = False  # reasoning.summary asked for summaries of reasoning items
     encrypted_reasoning: bool = False  # include asked for reasoning.encrypted_content
-    # Output tokens emitted (handed to the owner as events) in the turn in progress; None between turns.
-    # With the engine's live report it is what a turn cut short bills (``cut_turn``).
-    streamed: int | None = None
+    # The turn in progress (its encoder) once it reached the engine; None between turns.
+    encoder: TurnEncoder | None = None
+
+    @property
+    def streamed(self) -> int | None:
+        """Output tokens emitted (made into events for the owner) in the turn in progress; None between
+        turns. With the engine's live report it is what a turn cut short bills (``cut_turn``)."""
+        encoder = self.encoder
+        return None if encoder is None else encoder.sent
 
 
-@dataclass
-class _Output:
-    kind: str  # "reasoning" | "message" | "call" | "custom" | "web_search"
-    ids: list[int]
-    name: str = ""
-    call_id: str = ""
-    query: str = ""
-    namespace: str | None = None
-    summary: str | None = None  # reasoning: its summary text, when one is asked for
-
-
-async def sample(rollout: Rollout, direct: Direct | None = None) -> AsyncGenerator[Step, list[Item] | None]:
+async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
     """Sample until the model gives its final answer (see the module's steps); the owner frames the
-    terminal event. Raises ``MaxOutputTokens``; the GPU sequence is the owner's to close. ``direct``:
-    the owner's way to take a wake-up's plain deltas from the GPU's timer (``Direct``); ``None``: every
-    event is an ``Emit``."""
+    terminal event. Raises ``MaxOutputTokens``; the GPU sequence is the owner's to close."""
     while True:
         yield Boundary(final=False)  # items queued before this turn join now (the owner added them)
         plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
@@ -143,9 +127,9 @@ async def sample(rollout: Rollout, direct: Direct | None = None) -> AsyncGenerat
         room = _room(rollout, len(prompt))
         outputs = _materialize(rollout, plan, room)
         produced: list[Item] = []
-        async with aclosing(_sample(rollout, prompt, outputs, room, produced, direct)) as batches:
-            async for batch in batches:
-                yield Emit(batch)
+        async with aclosing(_sample(rollout, prompt, outputs, room, produced)) as steps:
+            async for step in steps:
+                yield step
         rollout.turn += 1
         calls = [item for item in produced if isinstance(item, (*CALL_ITEMS, WebSearchCall))]
         if not calls:
@@ -183,7 +167,7 @@ def cut_turn(rollout: Rollout) -> None:
     book what it delivered — its prompt and cached figures once its prefill started (the engine's live
     report), and the output tokens already emitted — so the terminal event and the ledger bill them.
     A no-op between turns; idempotent."""
-    streamed, rollout.streamed = rollout.streamed, None
+    streamed, rollout.encoder = rollout.streamed, None
     live = rollout.sequence.live
     if streamed is None or (live is None and not streamed):
         return  # no turn in progress, or one that never reached the engine: nothing was spent on it
@@ -237,141 +221,78 @@ def _head(tok: Tokenizer, text: str, room: int) -> str:
     return text
 
 
-def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[_Output]:
+def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[PlannedItem]:
     """The token ids the mock model samples this turn, item by item; a script-driven size (``!tokens N``)
     is built only up to ``room`` (+1, so that ``_sample`` sees the cut)."""
     tok = rollout.conversation.tokenizer
     tools = rollout.builder.response.tools
     local, custom = function_tool_names(tools), custom_tool_names(tools)
-    outputs: list[_Output] = []
+    outputs: list[PlannedItem] = []
     for call in plan.calls:
         call_id = "call_" + secrets.token_hex(12)
         namespace = namespace_of(tools, call.name)
         if call.name in HOSTED_TOOL_NAMES and call.name not in local and not call.custom:
             query = query_of(call.arguments)
-            outputs.append(_Output("web_search", tok.model_tokens(json.dumps({"query": query})), query=query))
+            outputs.append(PlannedItem("web_search", tok.model_tokens(json.dumps({"query": query})), query=query))
         elif call.custom or call.name in custom:
-            outputs.append(_Output("custom", tok.model_tokens(_head(tok, call.arguments, room)), call.name, call_id, namespace=namespace))
+            outputs.append(PlannedItem("custom", tok.model_tokens(_head(tok, call.arguments, room)), call.name, call_id, namespace=namespace))
         else:
             arguments = _head(tok, call.arguments, room)
-            outputs.append(_Output("call", tok.model_tokens(arguments), call.name, call_id, namespace=namespace))
+            outputs.append(PlannedItem("call", tok.model_tokens(arguments), call.name, call_id, namespace=namespace))
     # Hosted calls go last in a turn: their result closes the segment in every transport's rendering.
     outputs.sort(key=lambda out: out.kind == "web_search")
     if not plan.calls:
-        outputs.append(_Output("message", tok.model_tokens(_head(tok, plan.text, room), _capped(plan.output_tokens, room))))
+        outputs.append(PlannedItem("message", tok.model_tokens(_head(tok, plan.text, room), _capped(plan.output_tokens, room))))
     elif plan.output_tokens is not None:
         # `!tokens N` on a call line: the model says a preamble before its calls, as real models do.
         spent = sum(len(o.ids) for o in outputs)
         if plan.output_tokens > spent:
-            outputs.insert(0, _Output("message", tok.model_tokens("", _capped(plan.output_tokens - spent, room))))
+            outputs.insert(0, PlannedItem("message", tok.model_tokens("", _capped(plan.output_tokens - spent, room))))
     if plan.reasoning_tokens:
         # `!reason N`: the turn opens with N reasoning tokens (filler the model "thinks"), summarised in
         # one sentence that names what follows (deterministic, so every transport says the same). Bounded
         # by the same room as every other script-driven size.
         then = "calling " + ", ".join(c.name for c in plan.calls) if plan.calls else "answering"
         summary = f"Reasoned for {plan.reasoning_tokens} tokens before {then}." if rollout.summary else None
-        outputs.insert(0, _Output("reasoning", tok.model_tokens("", _capped(plan.reasoning_tokens, room)), summary=summary))
+        outputs.insert(0, PlannedItem("reasoning", tok.model_tokens("", _capped(plan.reasoning_tokens, room)), summary=summary))
     return outputs
 
 
 async def _sample(
-    rollout: Rollout, prompt: Sequence[int], outputs: list[_Output], room: int, produced: list[Item], direct: Direct | None
-) -> AsyncGenerator[tuple[ServerEvent, ...], None]:
-    """One turn on the GPU: yield each wake-up's events (every output item token by token), fill
-    ``produced``, record the engine's report. ``rollout.streamed`` counts the tokens handed over."""
-    builder, conversation = rollout.builder, rollout.conversation
-    ids = [token for out in outputs for token in out.ids]
-    truncated = len(ids) > room  # max_output_tokens, the model's max output, or its context window
-    if truncated:
-        ids = ids[:room]
-    spans: list[tuple[_Output, int, int]] = []  # (output, first token index, end)
-    at = 0
-    for out in outputs:
-        spans.append((out, at, at + len(out.ids)))
-        at += len(out.ids)
-    streams: dict[int, _Stream] = {}
-    text = TextStream(conversation.tokenizer)
-    due = 0
-    span_index = 0
-    check_prompt(rollout.sequence.limits, len(prompt))  # before the engine sees it, whichever engine it is
-    rollout.streamed = 0
+    rollout: Rollout, prompt: Sequence[int], outputs: list[PlannedItem], room: int, produced: list[Item]
+) -> AsyncGenerator[Emit | Wait, None]:
+    """One turn on the engine: the events of each wake-up's tokens (``TurnEncoder``), and a ``Wait`` where
+    the engine is paced; fill ``produced``, record the engine's report. ``rollout.streamed`` counts the
+    tokens made into events."""
+    builder, conversation, sequence = rollout.builder, rollout.conversation, rollout.sequence
+    check_prompt(sequence.limits, len(prompt))  # before the engine sees it, whichever engine it is
+    if rollout.encrypted_reasoning:
+        at = 0
+        for out in outputs:
+            if out.kind == "reasoning":  # what include asks back: the tokens it said (``reasoning_content``)
+                out.encrypted = reasoning_content(out.ids[: max(0, room - at)])
+            at += len(out.ids)
     coalesce = rollout.coalesce_s > 0
-    held: list[str] = []  # coalescing: this chunk's text of the current item, not yet in a delta
-
-    def take(count: int) -> bool:
-        """The GPU's wake-up, from its timer (``run_turn``'s ``take``): the plain case — tokens inside
-        one item already open, none its last, an owner that can send their deltas now — is framed and
-        sent here, with no task woken; anything else (an item opening or ending, a burst past a chunk,
-        a full send queue) is declined and goes the task's way below, unchanged."""
-        nonlocal due, span_index
-        stop = due + count
-        while spans[span_index][2] <= due:
-            span_index += 1
-        _out, first, end = spans[span_index]
-        if count > EMIT_CHUNK or due == first or stop >= end or stop >= len(ids) or direct is None or not direct.ready(count):
-            return False
-        stream = streams[span_index]
-        if isinstance(stream, _TEXT_STREAMS):
-            push, delta = text.push, stream.delta
-            batch = tuple([delta(piece) for token in ids[due:stop] if (piece := push(token))])
-        else:
-            batch = ()  # reasoning and hosted calls say nothing until their end
-        due = stop
-        rollout.streamed = due  # counted before they are sent, as below
-        if batch:
-            direct.emit(batch)
-        return True
-
-    async with aclosing(rollout.sequence.run_turn(prompt, ids, rollout.coalesce_s, take if direct is not None and not coalesce else None)) as ticks:
-        async for count in ticks:
-            burst = due + count
-            while due < burst:
-                stop = min(burst, due + EMIT_CHUNK)
-                batch: list[ServerEvent] = []
-                i = due
-                while i < stop:  # item by item: this chunk's tokens of one item, then its end if it ends here
-                    while spans[span_index][2] <= i:
-                        span_index += 1
-                    out, first, end = spans[span_index]
-                    if i == first:
-                        batch.extend(_open_item(builder, out, streams, span_index))
-                    stream = streams[span_index]
-                    j = min(stop, end)
-                    if isinstance(stream, _TEXT_STREAMS):
-                        push = text.push
-                        if coalesce:
-                            held.extend(piece for token in ids[i:j] if (piece := push(token)))
-                        else:
-                            delta = stream.delta
-                            batch.extend(delta(piece) for token in ids[i:j] if (piece := push(token)))
-                    if j == end or j == len(ids):  # the item's last token (or the last one the room leaves)
-                        if isinstance(stream, _TEXT_STREAMS):
-                            tail = text.flush()
-                            if tail:
-                                held.append(tail)
-                            if held:
-                                batch.append(stream.delta("".join(held)))
-                                held.clear()
-                        if isinstance(stream, tuple):
-                            produced.append(stream[0])
-                        else:
-                            if isinstance(stream, ReasoningStream):
-                                _reasoned(rollout, stream, ids[first:end])
-                            batch.extend(stream.done())
-                            produced.append(stream.item)
-                    elif held:
-                        assert isinstance(stream, _TEXT_STREAMS)
-                        batch.append(stream.delta("".join(held)))
-                        held.clear()
-                    i = j
-                due = stop
-                rollout.streamed = due  # counted before the owner sends them: a send cut midway bills its chunk
-                yield tuple(batch)
-                if due < burst:
-                    await asyncio.sleep(0)  # a burst (a late wake-up, a very fast model): other streams go first
-    report = rollout.sequence.last_report
+    turn = rollout.encoder = TurnEncoder(builder, outputs, room, TextStream(conversation.tokenizer), coalesce)
+    ticks: AsyncGenerator[int | Pacing, None]
+    if not coalesce and isinstance(sequence, PacedSequence):
+        ticks = sequence.run_paced(prompt, turn.ids)
+    else:
+        ticks = sequence.run_turn(prompt, turn.ids, rollout.coalesce_s)
+    async with aclosing(ticks) as ticks:
+        async for due in ticks:
+            if not isinstance(due, int):
+                yield Wait(due, turn)  # the owner may take the next tokens from the engine's timer
+                continue
+            burst = turn.sent + due
+            while True:
+                yield Emit(turn.advance(min(EMIT_CHUNK, burst - turn.sent)))  # counted before the owner sends them
+                if turn.sent >= burst:
+                    break
+                await asyncio.sleep(0)  # a burst (a late wake-up, a very fast model): other streams go first
+    report = sequence.last_report
     assert report is not None
-    rollout.streamed = None
+    rollout.encoder = None
     phases = dict(rollout.pending_phases)
     if report.lookup_ms is not None and report.first_late_ms is not None:  # the in-process mock GPU's own
         phases["engine_lookup"], phases["clock_late"] = report.lookup_ms, report.first_late_ms
@@ -391,40 +312,11 @@ async def _sample(
         )
     )
     rollout.pending_phases.clear()
-    for item, (_out, first, end) in zip(produced, spans, strict=False):
-        conversation.add_model_output(item, ids[first:end])
-    if truncated:
+    for item, ids in turn.outputs():
+        produced.append(item)
+        conversation.add_model_output(item, ids)
+    if turn.truncated:
         raise MaxOutputTokens
-
-
-_Stream = MessageStream | CallStream | CustomCallStream | ReasoningStream | tuple[WebSearchCall, int]
-_TEXT_STREAMS = (MessageStream, CallStream, CustomCallStream)
-
-
-def _open_item(builder: ResponseBuilder, out: _Output, streams: dict[int, _Stream], key: int) -> list[ServerEvent]:
-    stream: _Stream
-    if out.kind == "message":
-        stream = builder.message()
-    elif out.kind == "call":
-        stream = builder.function_call(out.name, out.call_id, out.namespace)
-    elif out.kind == "custom":
-        stream = builder.custom_call(out.name, out.call_id, out.namespace)
-    elif out.kind == "reasoning":
-        stream = builder.reasoning(out.summary)
-    else:
-        item, index, events = builder.web_search(out.query)
-        streams[key] = (item, index)
-        return events
-    streams[key] = stream
-    return stream.added()
-
-
-def _reasoned(rollout: Rollout, stream: ReasoningStream, ids: list[int]) -> None:
-    """A reasoning item's tokens are done: they count as reasoning tokens, and ``include`` may ask for
-    them back as ``encrypted_content`` (``sampler.tokens.reasoning_content``)."""
-    rollout.builder.usage.output_tokens_details.reasoning_tokens += len(ids)
-    if rollout.encrypted_reasoning:
-        stream.set_encrypted(reasoning_content(ids))
 
 
 def _run_hosted(rollout: Rollout, call: WebSearchCall) -> tuple[ServerEvent, ...]:

@@ -332,7 +332,7 @@ def test_calls_are_never_early_and_keep_deadline_order_with_the_sleepers(loop_ki
 @pytest.mark.skipif(not LINUX, reason="the timerfd exists on Linux only")
 @pytest.mark.parametrize("loop_kind", LOOPS)
 def test_a_chain_of_calls_paces_like_sleeps_and_a_cancelled_one_leaves_no_timer(loop_kind: str) -> None:
-    """Each call schedules the next (as the GPU's ``take`` does): every one on time, none early; then a
+    """Each call schedules the next (as the driver's fast path does): every one on time, none early; then a
     cancelled call (the earliest, then the last) moves or disarms the kernel timer at once."""
     clock = RealClock()
 

@@ -39,12 +39,10 @@ class QueuedTransport:
         for event in events:
             self.queue.put_nowait(event)
 
-    def room(self) -> int:
-        return 1_000_000
-
-    def send_now(self, events: Sequence[ServerEvent]) -> None:
+    def offer(self, events: Sequence[ServerEvent]) -> bool:
         for event in events:
             self.queue.put_nowait(event)
+        return True
 
     def queued(self) -> list[Item]:
         return []

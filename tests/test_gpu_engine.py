@@ -3,14 +3,13 @@
 import asyncio
 import itertools
 import math
-import time
 from collections.abc import Callable
 from contextlib import aclosing
 
 import pytest
 
 from sampler.clock import Clock, FakeClock, RealClock
-from sampler.engine import EngineFailure, EngineOverloaded
+from sampler.engine import EngineFailure, EngineOverloaded, Pacing
 from sampler.gpu import GpuSequence, MockGPU
 from sampler.models import ModelSpec
 
@@ -336,94 +335,130 @@ async def test_real_clock_never_returns_before_the_deadline(timerfd: bool) -> No
         assert clock.now() >= t
 
 
-# ---- take: a wake-up's tokens offered from the clock's timer, with no task woken ---------------------------
+# ---- run_paced: the owner waits on the clock's timer and releases the tokens from there ---------------------
 
 
-async def collect_taking(clock: Clock, seq: GpuSequence, prompt: list[int], n_out: int, take: Callable[[int], bool]) -> Emits:
-    got: Emits = []
-    async with aclosing(seq.run_turn(prompt, list(range(10_000, 10_000 + n_out)), take=take)) as it:
-        async for k in it:
-            got.append((clock.now(), k))
-    return got
+async def collect_paced(clock: Clock, seq: GpuSequence, prompt: list[int], n_out: int, limit: Callable[[int], int]) -> tuple[Emits, Emits]:
+    """Iterate ``run_paced`` as an owner does (``ResponseDriver._stream`` is the real one): at each ``Pacing``
+    wait on its timer, release up to ``limit(deadlines so far)`` tokens at each deadline (0: resume the turn
+    instead), and resume the turn once nothing is left to wait for. (yielded, released), with times."""
+    yielded: Emits = []
+    released: Emits = []
+    deadlines = itertools.count()
+
+    async def wait(pacing: Pacing) -> None:
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def fire() -> None:
+            if woken.done():
+                return
+            k = pacing.release(limit(next(deadlines)))
+            if k:
+                released.append((clock.now(), k))
+                at = pacing.next_due()
+                if at is not None:
+                    calls.append(pacing.timer.call_at(at, fire))
+                    return
+            woken.set_result(None)
+
+        at = pacing.next_due()
+        assert at is not None
+        calls = [pacing.timer.call_at(at, fire)]
+        try:
+            await woken
+        finally:
+            calls[-1].cancel()
+
+    async with aclosing(seq.run_paced(prompt, list(range(10_000, 10_000 + n_out)))) as it:
+        async for due in it:
+            if isinstance(due, int):
+                yielded.append((clock.now(), due))
+            else:
+                await wait(due)
+    return yielded, released
 
 
-async def test_take_gets_every_wake_up_after_the_first_at_the_same_times_and_the_report_is_the_same() -> None:
+async def test_the_owner_releases_every_wake_up_after_the_first_at_the_same_times_and_the_report_is_the_same() -> None:
     plain_gpu, plain_clock = make(itl_jitter_std=0.2, seed=7)
     plain = plain_gpu.open()
     expected = times(await run(plain_clock, plain, list(range(100)), 40))
     gpu, clock = make(itl_jitter_std=0.2, seed=7)
     seq = gpu.open()
-    taken: Emits = []
-
-    def take(k: int) -> bool:
-        taken.append((clock.now(), k))
-        return True
-
-    task = asyncio.create_task(collect_taking(clock, seq, list(range(100)), 40, take))
+    task = asyncio.create_task(collect_paced(clock, seq, list(range(100)), 40, lambda _i: 1000))
     await clock.run_until_idle()
-    yielded = await task
+    yielded, released = await task
     assert yielded == [(expected[0], 1)]  # the first token wakes the task (it opens the item); nothing after
-    assert times(yielded) + times(taken) == pytest.approx(expected, abs=1e-12)
+    assert times(yielded) + times(released) == pytest.approx(expected, abs=1e-12)
     assert seq.last_report is not None and plain.last_report is not None
     assert {**seq.last_report.to_dict(), "lookup_ms": 0} == pytest.approx({**plain.last_report.to_dict(), "lookup_ms": 0})
     assert clock.pending == 0 and gpu.metrics()["running"] == 0
 
 
-async def test_what_take_declines_is_yielded_when_it_was_due() -> None:
+async def test_what_the_owner_leaves_is_yielded_when_it_was_due() -> None:
     gpu, clock = make()
     seq = gpu.open()
-    offers: list[int] = []
-
-    def take(k: int) -> bool:
-        offers.append(k)
-        return len(offers) % 3 != 0  # every third wake-up goes to the task
-
-    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 30, take))
+    task = asyncio.create_task(collect_paced(clock, seq, list(range(40)), 30, lambda i: 0 if i % 3 == 2 else 1))
     await clock.run_until_idle()
-    yielded = await task
+    yielded, released = await task
     t_first = 0.040
     assert times(yielded)[0] == pytest.approx(t_first)
-    declined = times(yielded)[1:]
-    assert len(declined) == len(offers) // 3
-    assert declined == pytest.approx([t_first + 0.001 * (3 * i) for i in range(1, len(declined) + 1)], abs=1e-9)
-    assert 1 + sum(offers) == 30  # every token offered once, or yielded once; none twice
+    assert sorted(times(yielded) + times(released)) == pytest.approx([t_first + 0.001 * i for i in range(30)], abs=1e-9)
+    assert len(yielded) > 5 and sum(k for _, k in yielded) + sum(k for _, k in released) == 30  # each token once
 
 
-async def test_a_task_cancelled_while_take_streams_leaves_no_timer_and_no_slot() -> None:
+async def test_a_release_takes_no_more_than_its_limit_and_the_rest_stays_due() -> None:
+    gpu, clock = make()
+    seq = gpu.open()
+    got: list[int | None] = []
+    paused, go = asyncio.Event(), asyncio.Event()
+
+    async def iterate() -> None:
+        async with aclosing(seq.run_paced(list(range(40)), list(range(20)))) as it:
+            async for due in it:
+                if isinstance(due, int):
+                    got.append(due)
+                    continue
+                if not paused.is_set():
+                    paused.set()
+                    await go.wait()  # ten steps pass with nobody releasing: ten tokens are due
+                    at = due.next_due()
+                    assert at is not None and at < clock.now()  # due already (a late wake-up)
+                    got.append(due.release(3))
+                    got.append(None)
+
+    task = asyncio.create_task(iterate())
+    while not paused.is_set():
+        await clock.advance(0.0005)
+    await clock.advance(0.0105)
+    go.set()
+    await clock.run_until_idle()
+    await task
+    assert got[:4] == [1, 3, None, 7]  # the turn, resumed, yields the other seven at once
+    assert sum(k for k in got if k) == 20
+
+
+async def test_a_task_cancelled_while_the_owner_streams_leaves_no_timer_and_no_slot() -> None:
     gpu, clock = make(max_num_seqs=1)
     seq = gpu.open()
-    taken: list[int] = []
-    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 1000, lambda k: taken.append(k) is None))
+    released: Emits = []
+
+    async def collect() -> None:
+        _yielded, got = await collect_paced(clock, seq, list(range(40)), 1000, lambda _i: 1000)
+        released.extend(got)
+
+    task = asyncio.create_task(collect())
     await clock.advance(0.060)
-    assert 15 <= sum(taken) <= 25 and clock.pending == 1
+    assert clock.pending == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert clock.pending == 0 and gpu.metrics()["running"] == 0
-    before = sum(taken)
-    await clock.advance(0.050)
-    assert sum(taken) == before  # nothing offered after the cancel
 
 
-async def test_take_that_raises_fails_the_turn_in_its_task() -> None:
-    gpu, clock = make()
-    seq = gpu.open()
-
-    def take(k: int) -> bool:
-        raise ValueError("a bug in the consumer")
-
-    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 10, take))
-    await clock.run_until_idle()
-    with pytest.raises(ValueError, match="a bug in the consumer"):
-        await task
-    assert gpu.metrics()["running"] == 0 and clock.pending == 0
-
-
-async def test_an_injected_failure_and_a_close_reach_the_task_while_take_streams() -> None:
+async def test_an_injected_failure_and_a_close_reach_the_task_while_the_owner_streams() -> None:
     gpu, clock = make(fail_rate=1.0, seed=3)
     seq = gpu.open()
-    taken: list[int] = []
-    task = asyncio.create_task(collect_taking(clock, seq, list(range(40)), 200, lambda k: taken.append(k) is None))
+    task = asyncio.create_task(collect_paced(clock, seq, list(range(40)), 200, lambda _i: 1000))
     await clock.run_until_idle()
     with pytest.raises(EngineFailure, match=r"after (\d+) of 200"):
         await task
@@ -431,50 +466,45 @@ async def test_an_injected_failure_and_a_close_reach_the_task_while_take_streams
 
     gpu2, clock2 = make()
     closing = gpu2.open()
-    task = asyncio.create_task(collect_taking(clock2, closing, list(range(40)), 200, lambda k: True))
+    task = asyncio.create_task(collect_paced(clock2, closing, list(range(40)), 200, lambda _i: 1000))
     await clock2.advance(0.050)
     closing.close()
     await clock2.run_until_idle()
-    assert await task == [(pytest.approx(0.040), 1)]
+    yielded, _released = await task
+    assert yielded == [(pytest.approx(0.040), 1)]
     assert gpu2.metrics()["running"] == 0 and closing.last_report is None
 
 
-async def test_take_is_not_offered_with_every_s_or_without_a_timer() -> None:
+async def test_run_turn_and_a_clock_without_a_timer_yield_counts_only() -> None:
     gpu, clock = make()
     seq = gpu.open()
-    offered: list[int] = []
-    emits: Emits = []
+    emits = await run(clock, seq, list(range(40)), 20)
+    assert sum(k for _, k in emits) == 20  # run_turn: ints, slept in the task (``collect`` would fail otherwise)
 
-    async def coalesced() -> None:
-        async with aclosing(seq.run_turn(list(range(40)), list(range(20)), 0.005, take=lambda k: offered.append(k) is None)) as it:
-            async for k in it:
-                emits.append((clock.now(), k))
-
-    task = asyncio.create_task(coalesced())
-    await clock.run_until_idle()
-    await task
-    assert offered == [] and sum(k for _, k in emits) == 20
-
-
-async def test_a_cancel_that_lands_before_a_due_call_in_the_same_loop_turn_stops_it() -> None:
-    """The client's cancel is handled just before the timer's fire in one loop iteration: the task's wait
-    is cancelled but the task has not run yet. The due call must offer nothing more, and fail nothing."""
-    spec = make(prefill_overhead_ms=1.0, prefill_time_per_token_ms=0.0)[0].spec
-    gpu = MockGPU(spec, RealClock())
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, object]] = []
-    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    gpu = MockGPU(make()[0].spec.override(prefill_overhead_ms=1.0, prefill_time_per_token_ms=0.0, inter_token_latency_ms=0.2), RealClock(timerfd=False))
     seq = gpu.open()
-    taken: list[int] = []
-    task = asyncio.create_task(collect_taking(gpu.clock, seq, [1, 2, 3], 1000, lambda k: taken.append(k) is None))
-    while sum(taken) < 5:  # noqa: ASYNC110 - the tokens are the GPU's own pace: nothing to wait on but time
-        await asyncio.sleep(0.001)
-    time.sleep(0.003)  # noqa: ASYNC251 - block the loop past the next step: the timerfd is readable at the next poll
-    loop.call_soon(task.cancel)  # runs before the fire the poll will queue behind it
-    before = sum(taken)
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.sleep(0.005)
-    assert sum(taken) == before and reported == []
-    timer = gpu.clock.timer()
-    assert timer is not None and timer.pending == 0 and gpu.metrics()["running"] == 0
+    got: list[object] = []
+    async with aclosing(seq.run_paced([1, 2, 3], list(range(10)))) as it:
+        async for due in it:
+            got.append(due)
+    assert all(isinstance(k, int) for k in got) and sum(k for k in got if isinstance(k, int)) == 10
+
+
+async def test_resuming_a_paced_turn_at_once_sleeps_in_the_task() -> None:
+    """An owner that does not wait (resumes at once at every ``Pacing``) gets run_turn's counts and times."""
+    plain_gpu, plain_clock = make(itl_jitter_std=0.2, seed=5)
+    expected = await run(plain_clock, plain_gpu.open(), list(range(40)), 25)
+    gpu, clock = make(itl_jitter_std=0.2, seed=5)
+    seq = gpu.open()
+
+    async def resume_at_once() -> Emits:
+        got: Emits = []
+        async with aclosing(seq.run_paced(list(range(40)), list(range(25)))) as it:
+            async for due in it:
+                if isinstance(due, int):
+                    got.append((clock.now(), due))
+        return got
+
+    task = asyncio.create_task(resume_at_once())
+    await clock.run_until_idle()
+    assert times(await task) == pytest.approx(times(expected), abs=1e-12)

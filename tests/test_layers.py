@@ -5,7 +5,9 @@ functions too).
   No module of ``sampler/`` may import the server, the client or the lab (a callback stored on a sampler
   object, or an import reaching up, would make the walk cross back).
 * The engine interface (``sampler/engine.py``) owns its errors and its report: the mock GPU and the remote
-  engine import them from it, never from each other.
+  engine import them from it, never from each other. The fast path is no exception: the GPU *yields* its
+  pacing, the driver waits on its timer (docs/architecture.md, "The fast path"); nothing in ``sampler/``
+  holds a callback of the driver's.
 * Nothing on the server side imports a client tool, and the import graph has no circle but the optional
   backend factory (``storage.database`` picks ``storage.postgres`` when ``--db`` names a server).
 """
@@ -95,7 +97,8 @@ def test_no_sampler_module_reaches_up_into_the_server_or_the_client(module: str)
 
 def test_the_engine_interface_owns_its_types() -> None:
     graph = _graph()
-    assert not graph["sampler.engine"] - {"sampler.models"}  # the interface depends on no engine
+    # The interface depends on no engine: only on the model limits and the clock's timer (a paced turn's).
+    assert not graph["sampler.engine"] - {"sampler.models", "sampler.clock"}
     for remote in ("proto.engine.client", "proto.engine.wire"):
         assert "sampler.gpu" not in graph[remote], remote
     for name in ("sampler.gpu", "proto.engine.client", "proto.server.driver"):
@@ -116,3 +119,20 @@ def test_the_import_graph_has_no_circle_but_the_backend_factory() -> None:
 
 def test_the_circle_check_would_see_one() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def test_every_engine_runs_a_turn_with_the_same_parameters_and_takes_no_callback() -> None:
+    """The engine reports when tokens are due; it is handed nothing to call (docs/architecture.md, "The
+    fast path"): the interface, the mock GPU and the remote engine take the same three parameters."""
+    import inspect
+
+    from proto.engine.client import RemoteSequence
+    from sampler.engine import EngineSequence
+    from sampler.gpu import GpuSequence
+
+    def parameters(fn: object) -> list[str]:
+        return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+
+    expected = ["self", "prompt_ids", "output_ids", "every_s"]
+    assert parameters(EngineSequence.run_turn) == parameters(GpuSequence.run_turn) == parameters(RemoteSequence.run_turn) == expected
+    assert parameters(GpuSequence.run_paced) == expected[:3]

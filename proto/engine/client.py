@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import aiohttp
@@ -206,12 +206,9 @@ class RemoteSequence:
         self._request: asyncio.Task[aiohttp.ClientResponse] | None = None
         self._response: aiohttp.ClientResponse | None = None
 
-    async def run_turn(
-        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0, take: Callable[[int], bool] | None = None
-    ) -> AsyncGenerator[int, None]:
+    async def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
         """``every_s`` (``--coalesce-ms``): tokens the engine streams within that long of the last yield are
-        held and yielded with the next chunk that arrives later (or at the end): the engine paces, we merge.
-        ``take`` is not used: the tokens arrive on this task's own reads, so every chunk is yielded."""
+        held and yielded with the next chunk that arrives later (or at the end): the engine paces, we merge."""
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         engine, n = self.engine, len(output_ids)

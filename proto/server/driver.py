@@ -1,14 +1,15 @@
 """The response driver: one owner for every response, in every transport.
 
-    prepared ─▶ start events ─▶ iterate the sampler ─┬─ Emit ─────▶ transport.send
-                                                     ├─ Boundary ─▶ ingest transport.queued()
-                                                     └─ Suspend ──▶ transport.suspends?
+    prepared ─▶ start events ─▶ iterate the sampler ─┬─ Emit ─────▶ sink.send
+                                                     ├─ Wait ─────▶ stream from the engine's timer
+                                                     ├─ Boundary ─▶ ingest sink.queued()
+                                                     └─ Suspend ──▶ sink.suspends?
                                                                      no: the response ends here
                                                                      yes: send response.done,
                                                                           await resume(items), ingest
                ─▶ exactly one terminal event ─▶ persist (store: true) ─▶ bill once ─▶ send it
 
-A transport says only what differs (``Transport``): how events are framed and sent, what a ``Suspend``
+A transport says only what differs (its ``EventSink``): how events are framed and sent, what a ``Suspend``
 means (HTTP and GA WebSocket end the response at its first local call; the long-lived protocol keeps it
 open and waits for the core's ``Resume``), which user messages wait for the next turn boundary, and why
 its owner cut the response. Everything else — mapping any failure to one terminal event, the GPU
@@ -18,9 +19,14 @@ leaves (so a client that chains on it at once finds it) — happens here, once.
 Appended items enter the context here: scanned, rendered and tokenized once, on arrival
 (``Pipeline.ingest``), before the sampler resumes with them.
 
-The driver is also the rollout's ``sampler.loop.Direct``: the deltas of a decode step inside an item go
-to ``Transport.send_now`` from the GPU's timer while the response's task stays parked, as long as the
-transport has ``room()`` for them without waiting (else they go the ``Emit`` way and may wait).
+The fast path (docs/architecture.md, "The fast path") is decided here alone. At a ``Wait`` (a paced engine,
+the mock GPU, has nothing due yet) the driver waits on the engine's timer instead of in the engine: at each
+deadline it takes the tokens due that fall inside an item already open (``TurnEncoder.inside``, at most
+``EMIT_CHUNK``), has the turn's encoder make their events — the encoder that makes every other event of
+the turn — and offers them to the sink (``EventSink.offer``), all from the timer, with the response's task
+parked on one future. Anything else wakes the task, which resumes the sampler: an item's first or last
+token, a burst, the turn's end, a failure; and events the sink has no room for, which the task sends, and
+waits (back-pressure as ever).
 
 Billing counts what was delivered. A response leaves a durable trace when it starts (``UsageLedger.started``)
 and updates it with what it delivered so far at every turn end and at most every ``--progress-interval-s``
@@ -44,19 +50,31 @@ from proto.core.errors import ClientError
 from proto.core.events import ServerEvent
 from proto.core.items import Item
 from proto.core.longlived import Cancel
+from proto.core.turn import TurnEncoder
 from proto.server.pipeline import Pipeline, Prepared
 from proto.server.stages.chain import persist_response
 from proto.server.storage.ledger import LedgerError, LedgerFullError
 from proto.server.transports.timers import deadline
-from sampler.engine import EngineFailure, EngineOverloaded
-from sampler.loop import Boundary, Emit, MaxOutputTokens, Suspend, cut_turn, delivered, sample
+from sampler.clock import TimerCall
+from sampler.engine import EngineFailure, EngineOverloaded, Pacing
+from sampler.loop import (
+    EMIT_CHUNK,
+    Boundary,
+    Emit,
+    MaxOutputTokens,
+    Suspend,
+    Wait,
+    cut_turn,
+    delivered,
+    sample,
+)
 from sampler.models import ContextLengthExceeded
 
 log = structlog.get_logger("proto.server.driver")
 
 
-class Transport(Protocol):
-    """What one transport says about the response it carries."""
+class EventSink(Protocol):
+    """Where one response's events go, and what its transport says about it."""
 
     def opened(self) -> bool:
         """The pre-inference work is done and the start events follow. False: the client cancelled
@@ -65,12 +83,10 @@ class Transport(Protocol):
     async def send(self, events: Sequence[ServerEvent]) -> None:
         """Frame these events (in order) and queue them for the client; may wait (back-pressure)."""
 
-    def room(self) -> int:
-        """How many events ``send_now`` may take now without any wait (0: none; ``send`` them)."""
-
-    def send_now(self, events: Sequence[ServerEvent]) -> None:
-        """``send`` without waiting, for at most ``room()`` events, asked for in the same step: from the
-        GPU's timer (``sampler.loop.Direct``), so it must not block. Same framing, same order."""
+    def offer(self, events: Sequence[ServerEvent]) -> bool:
+        """``send`` if that needs no wait: the same framing and order, all of them or none. False: nothing
+        was taken (no room, or the client is gone); ``send`` them. Called from the engine's timer (the fast
+        path), so it must never block."""
 
     @property
     def suspends(self) -> bool:
@@ -101,7 +117,7 @@ class ResponseDriver:
     """Runs one prepared response to its terminal event. ``run`` is awaited by the response's owning task;
     ``resume`` is called by the transport when the core says the suspended response may go on."""
 
-    def __init__(self, pipeline: Pipeline, prepared: Prepared, transport: Transport, api_key_id: str, created: float | None = None) -> None:
+    def __init__(self, pipeline: Pipeline, prepared: Prepared, transport: EventSink, api_key_id: str, created: float | None = None) -> None:
         self.pipeline = pipeline
         self.prepared = prepared
         self.transport = transport
@@ -219,18 +235,9 @@ class ResponseDriver:
         except LedgerError as exc:
             log.warning("ledger.progress_refused", response_id=self.response_id, error=str(exc))
 
-    # The rollout's ``Direct``: a wake-up's deltas sent from the GPU's timer, as ``Emit`` sends them.
-    def ready(self, count: int) -> bool:
-        return self.transport.room() >= count
-
-    def emit(self, events: tuple[ServerEvent, ...]) -> None:
-        self.transport.send_now(events)
-        if time.monotonic() >= self._progress_due:
-            self._progress()
-
     async def _sample(self) -> None:
         rollout = self.prepared.rollout
-        async with aclosing(sample(rollout, self)) as steps:
+        async with aclosing(sample(rollout)) as steps:
             reply: list[Item] | None = None
             sampled = False  # a turn has streamed: the next boundary is between turns
             while True:
@@ -242,9 +249,9 @@ class ResponseDriver:
                 match step:
                     case Emit(events):
                         sampled = True
-                        await self.transport.send(events)
-                        if time.monotonic() >= self._progress_due:
-                            self._progress()
+                        await self._send(events)
+                    case Wait(pacing, turn):
+                        await self._stream(pacing, turn)
                     case Boundary(final):
                         self._progress()  # a turn boundary: the turn before it is booked
                         reason = self.transport.end_at_boundary() if sampled and not final else None
@@ -261,6 +268,55 @@ class ResponseDriver:
                             reply = await self._ingest(await self._wait_resume())
                         finally:
                             self._resume = None
+
+    async def _send(self, events: tuple[ServerEvent, ...]) -> None:
+        await self.transport.send(events)
+        if time.monotonic() >= self._progress_due:
+            self._progress()
+
+    async def _stream(self, pacing: Pacing, turn: TurnEncoder) -> None:
+        """The fast path (see the module's docstring): take the turn's next tokens from the engine's timer
+        while they fall inside an open item and the sink has room; return when the rest is the task's."""
+        at = pacing.next_due()
+        if at is None or not turn.inside():
+            return  # the turn's end, a failure, or the next token opens or ends an item: the sampler's
+        woken: asyncio.Future[tuple[ServerEvent, ...]] = asyncio.get_running_loop().create_future()
+        timer = pacing.timer
+        transport = self.transport
+        call: TimerCall | None = None
+
+        def due() -> None:
+            nonlocal call
+            if woken.done():
+                return  # the task was cancelled (its wait with it) and has not run yet: it is on its way out
+            try:
+                plain = turn.inside()
+                k = pacing.release(plain if plain < EMIT_CHUNK else EMIT_CHUNK)
+                events = turn.advance(k) if k else ()
+                if events:
+                    if not transport.offer(events):
+                        woken.set_result(events)  # no room: the task sends them, and waits
+                        return
+                    if time.monotonic() >= self._progress_due:
+                        self._progress()
+                # A full chunk may be a burst (a late wake-up, a very fast model): the task takes the rest,
+                # as it takes any burst, with other streams going first between its chunks.
+                nxt = pacing.next_due() if 0 < k < EMIT_CHUNK and k < plain else None  # k < plain: still inside
+                if nxt is not None:
+                    call = timer.call_at(nxt, due)
+                    return
+            except Exception as exc:  # a bug: the response fails in its task
+                woken.set_exception(exc)
+                return
+            woken.set_result(())
+
+        call = timer.call_at(at, due)
+        try:
+            events = await woken
+        finally:
+            call.cancel()  # the task was cancelled meanwhile: nothing more is taken
+        if events:
+            await self._send(events)
 
     async def _wait_resume(self) -> list[Item]:
         future = self._resume

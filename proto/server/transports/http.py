@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -67,7 +66,7 @@ def sse_frame(event: ServerEvent) -> bytes:
 
 
 class _OneRequest:
-    """The ``Transport`` of one HTTP response: it ends at its first local call, nothing is appended to
+    """The ``EventSink`` of one HTTP response: it ends at its first local call, nothing is appended to
     it, and it is cut only when the client goes away. ``queue`` is where SSE frames go (``None``: a JSON
     reply, nothing is framed — the Response object is the reply)."""
 
@@ -82,16 +81,15 @@ class _OneRequest:
             for event in events:
                 await self.queue.put(sse_frame(event))
 
-    def room(self) -> int:
+    def offer(self, events: Sequence[ServerEvent]) -> bool:
         queue = self.queue
         if queue is None:
-            return sys.maxsize  # a JSON reply: nothing is framed
-        return queue.maxsize - queue.qsize() if queue.maxsize > 0 else sys.maxsize
-
-    def send_now(self, events: Sequence[ServerEvent]) -> None:
-        if self.queue is not None:
-            for event in events:
-                self.queue.put_nowait(sse_frame(event))
+            return True  # a JSON reply: nothing is framed
+        if 0 < queue.maxsize < queue.qsize() + len(events):
+            return False
+        for event in events:
+            queue.put_nowait(sse_frame(event))
+        return True
 
     suspends = False  # a response ends at its first local call: the calls are in its output
 

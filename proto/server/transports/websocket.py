@@ -3,14 +3,14 @@
 **The outbox.** Text frames (each encoded to bytes once, where it was framed) leave in the order they were
 framed, a batch at a time: one ``transport.write``. When nothing is queued or being written and the
 transport takes data now, the frames are written at once by whoever framed them (the protocol's
-``write_now``, see ``run.LabWSProtocol``): a GPU wake-up's tokens go out before its task does anything
+``write_now``, see ``serve.LabWSProtocol``): a GPU wake-up's tokens go out before its task does anything
 else — before the driver stores, bills and encodes the terminal event after the final answer's last tokens
 — with no hop to another task and no deadline (a write that cannot wait cannot time out). Otherwise they
 are queued, and one writer task drains the queue: each of its wake-ups takes *every* frame queued so far
-and writes them in one go (one ASGI message), under one deadline. ``put_now`` is the same without any
-wait, for frames framed from the GPU's timer (``sampler.loop.Direct``): only as many as the queue has
-``room()`` for, so it never needs to wait for the writer. Policy for a *slow reader* (a client
-that stops reading while the model streams):
+and writes them in one go (one ASGI message), under one deadline. ``offer`` is ``put_many`` when that
+needs no wait, for frames made on the engine's timer (docs/architecture.md, "The fast path"): all of them
+or none, so it never waits for the writer. Policy for a *slow reader* (a client that stops reading while
+the model streams):
 
 * back-pressure first: the writer awaits the transport (uvicorn pauses writing past asyncio's high-water
   mark), the queue fills up to ``--send-queue`` frames, then whoever frames an event — the sampler — waits.
@@ -93,7 +93,7 @@ class Outbox:
     async def put(self, data: bytes | None) -> None:
         """One frame, written at once or queued (waits while the queue is full); ``None`` ends the writer
         after what is queued."""
-        if data is not None and self.write_now((data,)):
+        if data is not None and self._write_now((data,)):
             return
         await self._queue.put(data)
         size = self._queue.qsize()
@@ -102,28 +102,28 @@ class Outbox:
 
     async def put_many(self, frames: Sequence[bytes]) -> None:
         """Frames in order: written at once (one write) when nothing is ahead of them, else queued."""
-        if self.write_now(frames):
+        if self._write_now(frames):
             return
         for data in frames:
             await self.put(data)
 
-    def room(self) -> int:
-        """How many frames ``put_now`` may take now (0 once the client is gone: ``put`` discards them)."""
-        return 0 if self.gone else self.bound - self._queue.qsize()
-
-    def put_now(self, frames: Sequence[bytes]) -> None:
-        """``put_many`` that never waits, for at most ``room()`` frames: written at once when nothing is
-        ahead of them, else queued behind what is (the writer takes them, under its deadline)."""
-        if self.write_now(frames):
-            return
+    def offer(self, frames: Sequence[bytes]) -> bool:
+        """``put_many`` if it needs no wait: written at once when nothing is ahead of them, else queued behind
+        what is (the writer takes them, under its deadline) when the queue has room for all of them. False:
+        nothing was taken (the queue is full, or the client is gone); ``put_many`` them."""
         queue = self._queue
+        if self.gone or queue.qsize() + len(frames) > self.bound:
+            return False
+        if self._write_now(frames):
+            return True
         for data in frames:
             queue.put_nowait(data)
         size = queue.qsize()
         if size > self.peak:
             self.peak = size
+        return True
 
-    def write_now(self, frames: Sequence[bytes]) -> bool:
+    def _write_now(self, frames: Sequence[bytes]) -> bool:
         """Write ``frames`` now, if nothing is queued or being written (every frame framed before them has
         been handed to the transport, so the order holds) and the transport takes them without waiting."""
         if self._writing.locked() or not self._queue.empty() or self.gone:
@@ -246,7 +246,7 @@ class WebSocketConnection(StoppableReader):
 
     async def _stop_task(self) -> None:
         """Cancel the response's task (if any) and wait for it: its driver bills it, and frames its
-        terminal event only where the client asked for the end (``Transport.cut``)."""
+        terminal event only where the client asked for the end (``EventSink.cut``)."""
         task, self.task = self.task, None
         if task is not None and not task.done():
             task.cancel()

@@ -59,7 +59,7 @@ class Cached:
 
 
 class _LaneResponse:
-    """The ``Transport`` of one response on one lane: it ends at its first local call, nothing is appended
+    """The ``EventSink`` of one response on one lane: it ends at its first local call, nothing is appended
     to it, and at a turn boundary it ends ``steered`` when steering input waits on it."""
 
     def __init__(self, session: GaConnection, start: Start) -> None:
@@ -73,12 +73,9 @@ class _LaneResponse:
         lane = self.start.stream_id
         await self.session.out.put_many([lane_frame(codec.encode(event), lane) for event in events])
 
-    def room(self) -> int:
-        return self.session.out.room()
-
-    def send_now(self, events: Sequence[ServerEvent]) -> None:
+    def offer(self, events: Sequence[ServerEvent]) -> bool:
         lane = self.start.stream_id
-        self.session.out.put_now([lane_frame(codec.encode(event), lane) for event in events])
+        return self.session.out.offer([lane_frame(codec.encode(event), lane) for event in events])
 
     suspends = False  # a response ends at its first local call: the calls are in its output
 

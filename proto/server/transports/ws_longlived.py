@@ -37,7 +37,7 @@ log = structlog.get_logger("proto.server.longlived")
 
 
 class LongLivedConnection(WebSocketConnection):
-    """One connection; the ``Transport`` of its open response."""
+    """One connection; the ``EventSink`` of its open response."""
 
     def __init__(self, ws: WebSocket, pipeline: Pipeline, api_key_id: str) -> None:
         super().__init__(ws, pipeline, api_key_id)
@@ -153,7 +153,7 @@ class LongLivedConnection(WebSocketConnection):
         check_outputs(history, items, root="$.")
         return await self.pipeline.prepare(start.response_id, start.request, history, items, start.work, "longlived", scan_history=False)
 
-    # --------------------------------------------------------------------------------- Transport
+    # --------------------------------------------------------------------------------- EventSink
     def opened(self) -> bool:
         return self.core.opened()
 
@@ -161,14 +161,11 @@ class LongLivedConnection(WebSocketConnection):
         frame = self.core.frame
         await self.out.put_many([frame(event) for event in events])
 
-    def room(self) -> int:
-        return self.out.room()
-
-    def send_now(self, events: Sequence[ServerEvent]) -> None:
+    def offer(self, events: Sequence[ServerEvent]) -> bool:
         frame = self.core.frame
-        self.out.put_now([frame(event) for event in events])
+        return self.out.offer([frame(event) for event in events])
 
-    suspends = True  # see Transport
+    suspends = True  # see EventSink
 
     def queued(self) -> list[Item]:
         return self.core.take_queued()
