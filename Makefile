@@ -48,6 +48,7 @@ postgres:
 WORKERS ?= 2
 test: $(STAMP) postgres clients
 	$(BIN)/ruff check proto sampler tests scripts
+	$(BIN)/ruff format --check proto sampler tests scripts
 	$(BIN)/mypy
 	@parallel=0; serial=0; \
 	echo "$(BIN)/pytest -m serial"; \
@@ -62,6 +63,7 @@ test: $(STAMP) postgres clients
 # test without the marker). The `serial` ones among them run alone, after the others.
 check: $(STAMP)
 	$(BIN)/ruff check proto sampler tests scripts
+	$(BIN)/ruff format --check proto sampler tests scripts
 	$(BIN)/mypy
 	@fast=0; \
 	echo "$(BIN)/pytest -n $(WORKERS) -m 'not process and not serial'"; \

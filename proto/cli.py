@@ -18,11 +18,30 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--url", default=None, help="a running server (default: start one)")
     demo.add_argument("--model", default="mock-1000tps")
     # bench's flags live in proto/lab/bench.py; everything after `bench` is handed to it.
-    commands.add_parser("bench", help="the latency lab: one workload over the four transports; bench report, bench repredict", add_help=False)
-    commands.add_parser("engine", help="the mock GPU as its own process, behind vLLM's completions API (proto/engine)", add_help=False)
-    commands.add_parser("soak", help="load and soak: N connections x M turns, RSS, leaks (proto/load/soak.py)", add_help=False)
-    commands.add_parser("chaos", help="the long chaos run: every fault scenario, round after round (proto/load/chaos.py)", add_help=False)
-    commands.add_parser("perf", help="the hot-path regression suite: turn, cpu, stream, capacity, rss, deflate, topology (proto/perf)", add_help=False)
+    commands.add_parser(
+        "bench",
+        help="the latency lab: one workload over the four transports; bench report, bench repredict",
+        add_help=False,
+    )
+    commands.add_parser(
+        "engine",
+        help="the mock GPU as its own process, behind vLLM's completions API (proto/engine)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "soak", help="load and soak: N connections x M turns, RSS, leaks (proto/load/soak.py)", add_help=False
+    )
+    commands.add_parser(
+        "chaos",
+        help="the long chaos run: every fault scenario, round after round (proto/load/chaos.py)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "perf",
+        help="the hot-path regression suite: turn, cpu, stream, capacity, rss, deflate, topology "
+        "(proto/perf)",
+        add_help=False,
+    )
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":

@@ -51,9 +51,18 @@ class ChildProcess:
 
     STOP_TIMEOUT_S = 30.0  # after SIGTERM, before SIGKILL
 
-    def __init__(self, command: str, flags: Sequence[str], health: str, *, port: int | None = None,
-                 api_key: str | None = None, new_session: bool = False, capture: bool = True,
-                 pythonpath: str | None = None) -> None:
+    def __init__(
+        self,
+        command: str,
+        flags: Sequence[str],
+        health: str,
+        *,
+        port: int | None = None,
+        api_key: str | None = None,
+        new_session: bool = False,
+        capture: bool = True,
+        pythonpath: str | None = None,
+    ) -> None:
         """``pythonpath``: run the child's code from that checkout (there, so ``-m proto`` imports it first):
         a before/after in one run (``responses-lab perf --compare``)."""
         self.port = port or free_port()
@@ -63,7 +72,8 @@ class ChildProcess:
         self.command = [sys.executable, "-m", "proto", command, "--port", str(self.port), *flags]
         self.new_session = new_session
         self.pythonpath = pythonpath
-        # Captured for log() (the lab, the tests), or the parent's own stdout and stderr (an operator's server).
+        # Captured for log() (the lab, the tests), or the parent's own stdout and stderr (an operator's
+        # server).
         self._log = tempfile.TemporaryFile() if capture else None  # noqa: SIM115 (closed in stop())
         self._start()
 
@@ -74,8 +84,14 @@ class ChildProcess:
         # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching it: its
         # owner stops it, in order (the engine after the workers that use it).
         output = subprocess.STDOUT if self._log is not None else None
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=output, env=env, start_new_session=self.new_session,
-                                     cwd=self.pythonpath)
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=self._log,
+            stderr=output,
+            env=env,
+            start_new_session=self.new_session,
+            cwd=self.pythonpath,
+        )
         self.process = psutil.Process(self.proc.pid)  # for its CPU time and RSS
 
     def restart(self) -> None:
@@ -94,7 +110,9 @@ class ChildProcess:
                 if httpx.get(self.http_url + self.health, headers=headers, timeout=1.0).status_code == 200:
                     return
             time.sleep(0.05)
-        raise RuntimeError(f"{self.command[3]} did not answer {self.health} within {timeout_s} s:\n{self.log()}")
+        raise RuntimeError(
+            f"{self.command[3]} did not answer {self.health} within {timeout_s} s:\n{self.log()}"
+        )
 
     def cpu_s(self) -> float:
         return cpu_seconds(self.process)
@@ -132,17 +150,27 @@ class ChildProcess:
             raise
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
 class ChildServer(ChildProcess):
     """``responses-lab serve --port P --db DB [--api-key K] FLAGS…``."""
 
-    def __init__(self, flags: Sequence[str] = (), *, db: str = ":memory:", api_key: str | None = None,
-                 pythonpath: str | None = None) -> None:
+    def __init__(
+        self,
+        flags: Sequence[str] = (),
+        *,
+        db: str = ":memory:",
+        api_key: str | None = None,
+        pythonpath: str | None = None,
+    ) -> None:
         keyed = ["--api-key", api_key] if api_key else []
-        super().__init__("serve", ["--db", db, *keyed, *flags], "/healthz", api_key=api_key, pythonpath=pythonpath)
+        super().__init__(
+            "serve", ["--db", db, *keyed, *flags], "/healthz", api_key=api_key, pythonpath=pythonpath
+        )
         self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
 
     def __enter__(self) -> ChildServer:
@@ -153,7 +181,14 @@ class ChildServer(ChildProcess):
 class ChildEngine(ChildProcess):
     """``responses-lab engine --port P FLAGS…`` (the mock GPU behind vLLM's completions API)."""
 
-    def __init__(self, flags: Sequence[str] = (), *, port: int | None = None, new_session: bool = False, capture: bool = True) -> None:
+    def __init__(
+        self,
+        flags: Sequence[str] = (),
+        *,
+        port: int | None = None,
+        new_session: bool = False,
+        capture: bool = True,
+    ) -> None:
         super().__init__("engine", flags, "/health", port=port, new_session=new_session, capture=capture)
 
     def __enter__(self) -> ChildEngine:

@@ -150,7 +150,12 @@ class _TimerfdCalls:
         self._create.argtypes = [ctypes.c_int, ctypes.c_int]
         self._create.restype = ctypes.c_int
         self._settime = libc.timerfd_settime
-        self._settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Itimerspec), ctypes.POINTER(_Itimerspec)]
+        self._settime.argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(_Itimerspec),
+            ctypes.POINTER(_Itimerspec),
+        ]
         self._settime.restype = ctypes.c_int
         self._gettime = libc.timerfd_gettime
         self._gettime.argtypes = [ctypes.c_int, ctypes.POINTER(_Itimerspec)]
@@ -249,7 +254,9 @@ class LoopTimer:
             self._discard(entry)
             raise
 
-    def _push(self, t: float, waiter: asyncio.Future[None] | TimerCall) -> tuple[float, int, asyncio.Future[None] | TimerCall]:
+    def _push(
+        self, t: float, waiter: asyncio.Future[None] | TimerCall
+    ) -> tuple[float, int, asyncio.Future[None] | TimerCall]:
         """A sleeper or a call into the heap; the kernel timer moves when it is the earliest."""
         entry = (t, next(self._ids), waiter)
         heapq.heappush(self._heap, entry)
@@ -274,7 +281,9 @@ class LoopTimer:
                 try:  # a call scheduled by it that is already due runs in this same loop
                     waiter.fn()
                 except Exception as exc:  # one caller's bug must not stop the others' wake-ups
-                    asyncio.get_running_loop().call_exception_handler({"message": "Timer.call_at callback failed", "exception": exc})
+                    asyncio.get_running_loop().call_exception_handler(
+                        {"message": "Timer.call_at callback failed", "exception": exc}
+                    )
             elif not waiter.done():
                 waiter.set_result(None)  # in deadline order: the woken tasks run in that order
         self._arm()
@@ -311,7 +320,9 @@ class LoopTimer:
             self._armed = None
 
 
-_LOOP_TIMERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopTimer | None] = weakref.WeakKeyDictionary()
+_LOOP_TIMERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopTimer | None] = (
+    weakref.WeakKeyDictionary()
+)
 _LOOP_TIMERS_LOCK = threading.Lock()
 
 
@@ -355,7 +366,8 @@ class FakeClock:
         return self
 
     def call_at(self, t: float, fn: Callable[[], None]) -> TimerCall:
-        """Called when the test advances time past ``t`` (``Timer.call_at``), in deadline order with the sleepers."""
+        """Called when the test advances time past ``t`` (``Timer.call_at``), in deadline order with the
+        sleepers."""
         call = TimerCall(fn)
         heapq.heappush(self._timers, (t, next(self._ids), call))
         return call

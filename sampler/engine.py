@@ -22,7 +22,15 @@ from typing import Protocol, runtime_checkable
 from sampler.clock import Timer
 from sampler.models import ModelLimits
 
-__all__ = ["Engine", "EngineFailure", "EngineOverloaded", "EngineReport", "EngineSequence", "PacedSequence", "Pacing"]
+__all__ = [
+    "Engine",
+    "EngineFailure",
+    "EngineOverloaded",
+    "EngineReport",
+    "EngineSequence",
+    "PacedSequence",
+    "Pacing",
+]
 
 
 class EngineOverloaded(Exception):
@@ -57,8 +65,6 @@ class EngineReport:
         return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
 
 
-
-
 class EngineSequence(Protocol):
     last_report: EngineReport | None  # set when a turn completes
     # The turn in progress once the engine started it (prompt; cached tokens where the engine says), None
@@ -70,7 +76,9 @@ class EngineSequence(Protocol):
         """The model's context window and max output per call: the loop bounds every turn by them."""
         ...
 
-    def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
+    def run_turn(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0
+    ) -> AsyncGenerator[int, None]:
         """Yield how many of ``output_ids`` are due at each wake-up (each ≥ 1, summing to their count);
         iterate under ``contextlib.aclosing`` so an abandoned turn frees the engine's slot at once.
         ``every_s`` > 0: no two yields closer than that (``--coalesce-ms``: what falls due meanwhile is
@@ -113,7 +121,9 @@ class Pacing(Protocol):
 class PacedSequence(Protocol):
     """An ``EngineSequence`` whose turns are paced by deadlines on a clock with a timer (the mock GPU)."""
 
-    def run_paced(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> AsyncGenerator[int | Pacing, None]:
+    def run_paced(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int]
+    ) -> AsyncGenerator[int | Pacing, None]:
         """``run_turn`` without coalescing, where, after a yielded count, a wait for the next tokens is
         yielded as the ``Pacing`` of the turn instead of slept in the task. The owner may then release
         tokens from its timer; resuming the turn hands the rest back to it: what is due then is yielded, and

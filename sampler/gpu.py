@@ -49,7 +49,8 @@ class MockGPU:
         self.slots = BatchSlots(spec.max_num_seqs, spec.max_waiting)
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
-        # The batch's decode steps (``next_step``): the latest ones, ascending (they restart after a quiet spell).
+        # The batch's decode steps (``next_step``): the latest ones, ascending (they restart after a quiet
+        # spell).
         self._steps: list[float] = []
 
     def next_step(self, due: float) -> float:
@@ -122,13 +123,17 @@ class GpuSequence:
         self._anchor_rewrites = 0
         self._tail: array[int] = array("I")
         self._held = 0  # the first `_held` chain keys are pinned by this sequence between turns
-        self._stale: list[BlockKey] = []  # pinned keys the chain no longer starts with: released at the next store
+        self._stale: list[
+            BlockKey
+        ] = []  # pinned keys the chain no longer starts with: released at the next store
         self._turn_pins: list[BlockKey] = []  # cached blocks pinned while a turn computes on them
         self._has_slot = False
         self._busy = False
         self._closed = False
 
-    def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
+    def run_turn(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0
+    ) -> AsyncGenerator[int, None]:
         """Yield how many output tokens became due at each wake-up (each ≥ 1, summing to
         ``len(output_ids)``); ``last_report`` is set when the turn completes. Iterate it under
         ``contextlib.aclosing`` so an abandoned turn gives its slot back at once.
@@ -141,20 +146,28 @@ class GpuSequence:
         Raises ContextLengthExceeded (the prompt can never fit) and EngineOverloaded (queue full) before
         anything is yielded, EngineFailure (injected fault) at any point.
         """
-        return cast(AsyncGenerator[int, None], self._turn(prompt_ids, output_ids, every_s, paced=False))  # it yields no Pacing
+        return cast(
+            AsyncGenerator[int, None], self._turn(prompt_ids, output_ids, every_s, paced=False)
+        )  # it yields no Pacing
 
-    def run_paced(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> AsyncGenerator[int | Pacing, None]:
+    def run_paced(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int]
+    ) -> AsyncGenerator[int | Pacing, None]:
         """``run_turn`` (no coalescing) that, after each yielded count, yields its ``_Pace`` instead of
         sleeping until the next tokens are due (``sampler.engine.PacedSequence``); on a clock without a
         timer it sleeps as ``run_turn`` does."""
         return self._turn(prompt_ids, output_ids, 0.0, paced=True)
 
-    async def _turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float, paced: bool) -> AsyncGenerator[int | Pacing, None]:
+    async def _turn(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float, paced: bool
+    ) -> AsyncGenerator[int | Pacing, None]:
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         gpu, clock, spec = self._gpu, self._gpu.clock, self._gpu.spec
         self.live = None
-        check_prompt(spec.limits, len(prompt_ids))  # the loop checked already: this is the engine's own admission
+        check_prompt(
+            spec.limits, len(prompt_ids)
+        )  # the loop checked already: this is the engine's own admission
         self._busy = True
         try:
             t_arrive = clock.now()
@@ -164,13 +177,16 @@ class GpuSequence:
             t_lookup = time.perf_counter()  # real CPU time, whatever clock paces the turn
             keys = self._keys_for(prompt_ids)
             n_cached = gpu.cache.match(keys, len(prompt_ids), self._held)
-            # The blocks this sequence holds are pinned already: only the cached ones past them are pinned for the turn.
+            # The blocks this sequence holds are pinned already: only the cached ones past them are pinned for
+            # the turn.
             self._turn_pins = gpu.cache.acquire(keys[self._held : n_cached])
             lookup_ms = (time.perf_counter() - t_lookup) * 1e3
             cached = n_cached * spec.block_size
             prefill_ms = gpu.timing.prefill_ms(len(prompt_ids) - cached, gpu.slots.running)
             t_first = t_start + prefill_ms / 1000.0
-            live = self.live = EngineReport(len(prompt_ids), cached, prefill_ms, (t_start - t_arrive) * 1000.0, 0.0, 0)
+            live = self.live = EngineReport(
+                len(prompt_ids), cached, prefill_ms, (t_start - t_arrive) * 1000.0, 0.0, 0
+            )
 
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
@@ -235,8 +251,13 @@ class GpuSequence:
         prompt still starts with. Keys the chain loses that this sequence holds become ``_stale``."""
         bs = self._gpu.spec.block_size
         reuse = 0
-        if isinstance(prompt, Prompt) and prompt.current and prompt.log is self._anchor and self._anchor_rewrites == prompt.rewrites \
-                and prompt.length >= self._anchor_length:
+        if (
+            isinstance(prompt, Prompt)
+            and prompt.current
+            and prompt.log is self._anchor
+            and self._anchor_rewrites == prompt.rewrites
+            and prompt.length >= self._anchor_length
+        ):
             # The log's first `_anchor_length` ids are unchanged (append-only, no rewrite since): compare
             # only what follows them with the chain's tail (the last turn's opening tokens and output).
             same = _common_prefix(prompt.tokens_from(self._anchor_length), self._tail)
@@ -248,7 +269,11 @@ class GpuSequence:
         del keys[reuse:]
         keys.extend(chain_keys(tokens_from(prompt, reuse * bs), bs, keys[-1] if reuse else 0))
         if isinstance(prompt, Prompt):
-            self._anchor, self._anchor_length, self._anchor_rewrites = prompt.log, prompt.length, prompt.rewrites
+            self._anchor, self._anchor_length, self._anchor_rewrites = (
+                prompt.log,
+                prompt.length,
+                prompt.rewrites,
+            )
             self._tail = array("I", prompt.suffix)
         else:
             self._anchor, self._anchor_length, self._tail = None, 0, array("I")
@@ -289,14 +314,48 @@ class _Pace:
     turn's yields it is the owner's ``sampler.engine.Pacing``: what the owner releases from the timer
     counts as sent, and the turn goes on from there when resumed."""
 
-    __slots__ = ("_timer", "due", "every_s", "fail_at", "first_late_ms", "floor", "gpu", "last_due", "live", "n", "now", "sent", "seq", "t_first")
+    __slots__ = (
+        "_timer",
+        "due",
+        "every_s",
+        "fail_at",
+        "first_late_ms",
+        "floor",
+        "gpu",
+        "last_due",
+        "live",
+        "n",
+        "now",
+        "sent",
+        "seq",
+        "t_first",
+    )
 
-    def __init__(self, seq: GpuSequence, n: int, fail_at: int, t_first: float, every_s: float, live: EngineReport, timer: Timer | None) -> None:
-        self.seq, self.gpu, self.n, self.fail_at, self.t_first, self.every_s, self.live = seq, seq._gpu, n, fail_at, t_first, every_s, live
+    def __init__(
+        self,
+        seq: GpuSequence,
+        n: int,
+        fail_at: int,
+        t_first: float,
+        every_s: float,
+        live: EngineReport,
+        timer: Timer | None,
+    ) -> None:
+        self.seq, self.gpu, self.n, self.fail_at, self.t_first, self.every_s, self.live = (
+            seq,
+            seq._gpu,
+            n,
+            fail_at,
+            t_first,
+            every_s,
+            live,
+        )
         self._timer = timer  # when the turn is paced (run_paced on a clock with a timer)
         self.now = seq._gpu.clock.now
         self.sent = 0
-        self.due = self.last_due = self.floor = t_first  # floor: the next wake-up comes no sooner (every_s after the last)
+        self.due = self.last_due = self.floor = (
+            t_first  # floor: the next wake-up comes no sooner (every_s after the last)
+        )
         self.first_late_ms = 0.0
 
     def wake(self) -> float:

@@ -110,7 +110,8 @@ class Prompt(Sequence[int]):
 
     @property
     def current(self) -> bool:
-        """The log has not been rewritten since this prompt was taken (its first ``length`` ids are as seen)."""
+        """The log has not been rewritten since this prompt was taken (its first ``length`` ids are as
+        seen)."""
         return self.log.rewrites == self.rewrites and len(self.log) >= self.length
 
     def tokens_from(self, start: int) -> array[int]:

@@ -233,28 +233,51 @@ def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[PlannedIte
         namespace = namespace_of(tools, call.name)
         if call.name in HOSTED_TOOL_NAMES and call.name not in local and not call.custom:
             query = query_of(call.arguments)
-            outputs.append(PlannedItem("web_search", tok.model_tokens(json.dumps({"query": query})), query=query))
+            outputs.append(
+                PlannedItem("web_search", tok.model_tokens(json.dumps({"query": query})), query=query)
+            )
         elif call.custom or call.name in custom:
-            outputs.append(PlannedItem("custom", tok.model_tokens(_head(tok, call.arguments, room)), call.name, call_id, namespace=namespace))
+            outputs.append(
+                PlannedItem(
+                    "custom",
+                    tok.model_tokens(_head(tok, call.arguments, room)),
+                    call.name,
+                    call_id,
+                    namespace=namespace,
+                )
+            )
         else:
             arguments = _head(tok, call.arguments, room)
-            outputs.append(PlannedItem("call", tok.model_tokens(arguments), call.name, call_id, namespace=namespace))
+            outputs.append(
+                PlannedItem("call", tok.model_tokens(arguments), call.name, call_id, namespace=namespace)
+            )
     # Hosted calls go last in a turn: their result closes the segment in every transport's rendering.
     outputs.sort(key=lambda out: out.kind == "web_search")
     if not plan.calls:
-        outputs.append(PlannedItem("message", tok.model_tokens(_head(tok, plan.text, room), _capped(plan.output_tokens, room))))
+        outputs.append(
+            PlannedItem(
+                "message", tok.model_tokens(_head(tok, plan.text, room), _capped(plan.output_tokens, room))
+            )
+        )
     elif plan.output_tokens is not None:
         # `!tokens N` on a call line: the model says a preamble before its calls, as real models do.
         spent = sum(len(o.ids) for o in outputs)
         if plan.output_tokens > spent:
-            outputs.insert(0, PlannedItem("message", tok.model_tokens("", _capped(plan.output_tokens - spent, room))))
+            outputs.insert(
+                0, PlannedItem("message", tok.model_tokens("", _capped(plan.output_tokens - spent, room)))
+            )
     if plan.reasoning_tokens:
         # `!reason N`: the turn opens with N reasoning tokens (filler the model "thinks"), summarised in
         # one sentence that names what follows (deterministic, so every transport says the same). Bounded
         # by the same room as every other script-driven size.
         then = "calling " + ", ".join(c.name for c in plan.calls) if plan.calls else "answering"
         summary = f"Reasoned for {plan.reasoning_tokens} tokens before {then}." if rollout.summary else None
-        outputs.insert(0, PlannedItem("reasoning", tok.model_tokens("", _capped(plan.reasoning_tokens, room)), summary=summary))
+        outputs.insert(
+            0,
+            PlannedItem(
+                "reasoning", tok.model_tokens("", _capped(plan.reasoning_tokens, room)), summary=summary
+            ),
+        )
     return outputs
 
 
@@ -286,7 +309,9 @@ async def _sample(
                 continue
             burst = turn.sent + due
             while True:
-                yield Emit(turn.advance(min(EMIT_CHUNK, burst - turn.sent)))  # counted before the owner sends them
+                yield Emit(
+                    turn.advance(min(EMIT_CHUNK, burst - turn.sent))
+                )  # counted before the owner sends them
                 if turn.sent >= burst:
                     break
                 await asyncio.sleep(0)  # a burst (a late wake-up, a very fast model): other streams go first
@@ -323,9 +348,13 @@ def _run_hosted(rollout: Rollout, call: WebSearchCall) -> tuple[ServerEvent, ...
     """A hosted call, inside the loop: the service runs in process, its result joins the context."""
     started = time.perf_counter()
     query = (call.action.query or "") if isinstance(call.action, WebSearchAction) else ""
-    sources = [WebSearchSource(url=s["url"], title=s["title"], snippet=s["snippet"]) for s in rollout.web_search.search(query)]
-    rollout.pending_phases["hosted_tools"] = rollout.pending_phases.get("hosted_tools", 0.0) + (time.perf_counter() - started) * 1e3
+    sources = [
+        WebSearchSource(url=s["url"], title=s["title"], snippet=s["snippet"])
+        for s in rollout.web_search.search(query)
+    ]
+    rollout.pending_phases["hosted_tools"] = (
+        rollout.pending_phases.get("hosted_tools", 0.0) + (time.perf_counter() - started) * 1e3
+    )
     index = rollout.builder.response.output.index(call)
     rollout.conversation.add_hosted_result("web_search to=assistant", web_results_text(sources))
     return tuple(rollout.builder.web_search_done(call, index, sources))
-

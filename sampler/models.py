@@ -2,7 +2,8 @@
 
 Each model stands for a hardware class, and its knobs come from published measurements of that class
 (``Calibration``: the class, and one source per knob, shown by ``GET /v1/models`` and argued in
-docs/mock-gpu.md, "Models"). The decode speeds are the seed's story (65 tokens/s on GPUs; 1 000 sustained and 4 000
+docs/mock-gpu.md, "Models"). The decode speeds are the seed's story (65 tokens/s on GPUs; 1 000 sustained and
+4 000
 in bursts on wafer-scale hardware); the prefill is the class's own, never one profile for every speed.
 ``mock-h100-8b`` keeps llm-d's 8B-on-H100 profile, which every model used before, under its own name.
 """
@@ -66,7 +67,10 @@ class ContextLengthExceeded(Exception):
 
 def check_prompt(limits: ModelLimits, prompt_tokens: int) -> None:
     if prompt_tokens > limits.context_window:
-        raise ContextLengthExceeded(f"{prompt_tokens} prompt tokens; the context window is {limits.context_window} tokens ({limits.bound_by})")
+        raise ContextLengthExceeded(
+            f"{prompt_tokens} prompt tokens; the context window is {limits.context_window} tokens "
+            f"({limits.bound_by})"
+        )
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,11 @@ class ModelSpec:
 
     @property
     def limits(self) -> ModelLimits:
-        bound_by = "max-model-len" if self.max_model_len <= self.kv_tokens else "the KV cache: kv-cache-size x block-size"
+        bound_by = (
+            "max-model-len"
+            if self.max_model_len <= self.kv_tokens
+            else "the KV cache: kv-cache-size x block-size"
+        )
         return ModelLimits(self.context_window, self.max_output_tokens, bound_by)
 
     @property
@@ -147,12 +155,16 @@ class ModelSpec:
         return out
 
     def provenance(self) -> dict[str, object]:
-        """For the model object (``GET /v1/models``): the hardware class and a source per knob, and which knobs
+        """For the model object (``GET /v1/models``): the hardware class and a source per knob, and which
+        knobs
         a ``--model-override`` changed from the catalogue's (their sources no longer apply)."""
         base = MODELS.get(self.name)
         settings = self.public()
         overridden = sorted(k for k, v in settings.items() if base is not None and base.public().get(k) != v)
-        return {"calibration": self.calibration.public() if self.calibration is not None else None, "overridden": overridden}
+        return {
+            "calibration": self.calibration.public() if self.calibration is not None else None,
+            "overridden": overridden,
+        }
 
     def override(self, **changes: Any) -> ModelSpec:
         """A copy with some knobs changed. Accepts field names, llm-d's hyphenated names, and
@@ -172,19 +184,33 @@ class ModelSpec:
 # 32 layers x 8 KV heads x 128 x 2 x fp16) = 480 k tokens = 30 000 blocks of 16.
 _BATCH_SOURCE = {
     "max-num-seqs": "vLLM's default max_num_seqs (256); not calibrated",
-    "time-factor-under-load": "llm-d's formula with f = 2 (a full batch decodes at half speed); plausible, not measured",
+    "time-factor-under-load": "llm-d's formula with f = 2 (a full batch decodes at half speed); plausible, "
+    "not measured",
     "kv-cache-size": "~60 GB of KV at 128 KiB/token (Llama-3-8B shape) = 30 000 blocks of 16; not calibrated",
-    "max-model-len": "128 k, Llama-3.1-8B's window served whole (its model card; Scaleway's generative-APIs table); not calibrated per class",
-    "max-output-tokens": "16 384 (Scaleway's generative-APIs table, llama-3.1-8b-instruct); not calibrated per class",
+    "max-model-len": "128 k, Llama-3.1-8B's window served whole (its model card; Scaleway's generative-APIs "
+    "table); not calibrated per class",
+    "max-output-tokens": "16 384 (Scaleway's generative-APIs table, llama-3.1-8b-instruct); not calibrated "
+    "per class",
 }
-_LLMD = "llm-d-inference-sim latency profiles, 8B on H100: 30 ms + 250 us per uncached prompt token, 12 ms per output token"
-_CEREBRAS = ("Cerebras Llama-3.3-70B, third-party benchmark README (run 2025-03-01, concurrency 1): server prompt_time "
-             "2-4 ms for 40-66 input tokens, 0.07-0.12 s for 1.7-3.1 k; the least-squares line through both groups "
-             "is ~1 ms + ~39 us/token")
-_SEED = "OpenAI, 'Speeding up agentic workflows with WebSockets in the Responses API' (2026-04-22): 65 -> 1 000 tokens/s, bursts to 4 000"
+_LLMD = (
+    "llm-d-inference-sim latency profiles, 8B on H100: 30 ms + 250 us per uncached prompt token, "
+    "12 ms per output token"
+)
+_CEREBRAS = (
+    "Cerebras Llama-3.3-70B, third-party benchmark README (run 2025-03-01, concurrency 1): server "
+    "prompt_time "
+    "2-4 ms for 40-66 input tokens, 0.07-0.12 s for 1.7-3.1 k; the least-squares line through both groups "
+    "is ~1 ms + ~39 us/token"
+)
+_SEED = (
+    "OpenAI, 'Speeding up agentic workflows with WebSockets in the Responses API' (2026-04-22): "
+    "65 -> 1 000 tokens/s, bursts to 4 000"
+)
 
 
-def _model(name: str, tokens_per_s: float, overhead_ms: float, per_token_ms: float, calibration: Calibration) -> ModelSpec:
+def _model(
+    name: str, tokens_per_s: float, overhead_ms: float, per_token_ms: float, calibration: Calibration
+) -> ModelSpec:
     return ModelSpec(
         name=name,
         time_to_first_token_ms=overhead_ms,
@@ -203,29 +229,42 @@ _WAFER = Calibration(
     sources={
         "prefill-overhead": _CEREBRAS + " -> 1 ms",
         "prefill-time-per-token": _CEREBRAS + " -> 0.039 ms",
-        "inter-token-latency": _SEED + " -> 1 ms (the sustained speed; the benchmark's own decode was 1 723-2 535 tokens/s)",
+        "inter-token-latency": _SEED
+        + " -> 1 ms (the sustained speed; the benchmark's own decode was 1 723-2 535 tokens/s)",
         **_BATCH_SOURCE,
     },
 )
 _WAFER_BURST = Calibration(
     hardware="wafer-scale (Cerebras CS-3 class), speculative-decoding burst: the seed's 4 000 tokens/s",
-    sources={**_WAFER.sources, "inter-token-latency": _SEED + " -> 0.25 ms (the burst speed; same hardware, same prefill)"},
+    sources={
+        **_WAFER.sources,
+        "inter-token-latency": _SEED + " -> 0.25 ms (the burst speed; same hardware, same prefill)",
+    },
 )
 _GPU_FRONTIER = Calibration(
-    hardware="GPU-served frontier model (H100/H200 class, tensor-parallel): the seed's 65 tokens/s starting point",
+    hardware="GPU-served frontier model (H100/H200 class, tensor-parallel): the seed's 65 tokens/s starting "
+    "point",
     sources={
-        "prefill-overhead": "llm-d-inference-sim latency profiles, 70B TP8 on H100: 80 ms fixed prefill cost -> 80 ms",
-        "prefill-time-per-token": ("0xmmo, 'Small Model Forensics' (2026-05-13): OpenAI gpt-5.4-mini TTFT 233 / 349 / 779 / "
-                                   "1 376 ms at < 1 KB / 16 k / 64 k / 150 k input tokens = 7.3-8.5 us per marginal token "
-                                   "on OpenAI's GPU fleet -> 0.0085 ms (the upper end: a frontier model is not faster "
-                                   "per token than its mini sibling)"),
+        "prefill-overhead": "llm-d-inference-sim latency profiles, 70B TP8 on H100: 80 ms fixed prefill cost "
+        "-> 80 ms",
+        "prefill-time-per-token": (
+            "0xmmo, 'Small Model Forensics' (2026-05-13): OpenAI gpt-5.4-mini TTFT 233 / 349 / 779 / "
+            "1 376 ms at < 1 KB / 16 k / 64 k / 150 k input tokens = 7.3-8.5 us per marginal token "
+            "on OpenAI's GPU fleet -> 0.0085 ms (the upper end: a frontier model is not faster "
+            "per token than its mini sibling)"
+        ),
         "inter-token-latency": _SEED + " -> 15.385 ms (65 tokens/s)",
         **_BATCH_SOURCE,
     },
 )
 _H100_8B = Calibration(
     hardware="llm-d's 8B-on-H100 profile (the lab's first profile for every model)",
-    sources={"prefill-overhead": _LLMD, "prefill-time-per-token": _LLMD, "inter-token-latency": _LLMD, **_BATCH_SOURCE},
+    sources={
+        "prefill-overhead": _LLMD,
+        "prefill-time-per-token": _LLMD,
+        "inter-token-latency": _LLMD,
+        **_BATCH_SOURCE,
+    },
 )
 
 MODELS: dict[str, ModelSpec] = {

@@ -38,7 +38,9 @@ class TurnPlan:
     reasoning_tokens: int | None = None  # `!reason N`: the turn starts with a reasoning item of N tokens
     final: bool  # this turn ends the rollout
     tool_output_tokens: int | None = None  # trace only: tokens in each call's output
-    client_tool_time_s: float | None = None  # trace only: how long each call's tool runs (parallel calls overlap)
+    client_tool_time_s: float | None = (
+        None  # trace only: how long each call's tool runs (parallel calls overlap)
+    )
 
 
 def say(text: str, output_tokens: int | None = None, reasoning_tokens: int | None = None) -> TurnPlan:
@@ -75,7 +77,8 @@ def is_directive(line: str) -> bool:
 
 
 def has_directives(text: str) -> bool:
-    """Whether a message holds the directive script (the first user message that does is it: docs/protocol.md, "The directive script")."""
+    """Whether a message holds the directive script (the first user message that does is it: docs/protocol.md,
+    "The directive script")."""
     return any(is_directive(line) for line in text.splitlines())
 
 
@@ -101,7 +104,9 @@ def parse_directive(line: str) -> TurnPlan:
             example = "`!tokens 200 !say done`" if word == "!tokens" else "`!reason 50 !call grep {}`"
             raise ScriptError(f"{word} needs a whole number, once, before a !call or !say, e.g. {example}")
         if len(m[1]) > _MAX_DIGITS:  # the script is user input: int() of 10 MB of digits is a CPU sink
-            raise ScriptError(f"{word} N: N has more than {_MAX_DIGITS} digits (the model's limits bound it anyway)")
+            raise ScriptError(
+                f"{word} N: N has more than {_MAX_DIGITS} digits (the model's limits bound it anyway)"
+            )
         prefixes[word], line = int(m[1]), line[m.end() :]
         if not line:
             raise ScriptError(f"{word} N must prefix a !call or !say on the same line")
@@ -109,7 +114,9 @@ def parse_directive(line: str) -> TurnPlan:
     if line == "!say" or line.startswith(("!say ", "!say\t")):
         return say(line[4:].strip(), output_tokens, reasoning)
     if line.startswith("!call"):
-        return TurnPlan(calls=_parse_calls(line), output_tokens=output_tokens, reasoning_tokens=reasoning, final=False)
+        return TurnPlan(
+            calls=_parse_calls(line), output_tokens=output_tokens, reasoning_tokens=reasoning, final=False
+        )
     raise ScriptError(f"expected !call or !say, got {line.split()[0]!r}")
 
 
@@ -175,19 +182,30 @@ def _turn_from_json(d: dict[str, Any]) -> TurnPlan:
     out = int(d["output_tokens"])
     if "say" in d:
         return say(str(d["say"]), out)
-    calls = tuple(PlannedCall(c["name"], json.dumps(c.get("arguments", {}), separators=(",", ":"))) for c in d["calls"])
+    calls = tuple(
+        PlannedCall(c["name"], json.dumps(c.get("arguments", {}), separators=(",", ":"))) for c in d["calls"]
+    )
     if not calls:
         raise ValueError("a turn needs `calls` (non-empty) or `say`")
-    return TurnPlan(calls=calls, output_tokens=out, final=False,
-                    tool_output_tokens=int(d["tool_output_tokens"]), client_tool_time_s=float(d["client_tool_time_s"]))
+    return TurnPlan(
+        calls=calls,
+        output_tokens=out,
+        final=False,
+        tool_output_tokens=int(d["tool_output_tokens"]),
+        client_tool_time_s=float(d["client_tool_time_s"]),
+    )
 
 
 def workload_from_json(d: dict[str, Any]) -> Workload:
     if d.get("format") != 1:
         raise ValueError(f"unsupported workload format {d.get('format')!r} (expected 1)")
-    w = Workload(name=str(d["name"]), description=str(d.get("description", "")),
-                 first_user_text=str(d["first_user_text"]), first_user_tokens=int(d["first_user_tokens"]),
-                 turns=tuple(_turn_from_json(t) for t in d["turns"]))
+    w = Workload(
+        name=str(d["name"]),
+        description=str(d.get("description", "")),
+        first_user_text=str(d["first_user_text"]),
+        first_user_tokens=int(d["first_user_tokens"]),
+        turns=tuple(_turn_from_json(t) for t in d["turns"]),
+    )
     if parse_script(w.first_user_text) is not None:
         raise ValueError(f"workload {w.name!r}: first_user_text must not contain directive lines")
     return w
@@ -217,7 +235,12 @@ def workload_to_script(w: Workload) -> str:
     for t in w.turns:
         prefix = f"!tokens {t.output_tokens} " if t.output_tokens is not None else ""
         if t.calls:
-            lines.append(prefix + " | ".join(f"!call {c.name} {json.dumps(c.arguments) if c.custom else c.arguments}" for c in t.calls))
+            lines.append(
+                prefix
+                + " | ".join(
+                    f"!call {c.name} {json.dumps(c.arguments) if c.custom else c.arguments}" for c in t.calls
+                )
+            )
         else:
             lines.append(prefix + "!say " + " ".join(t.text.split()))
     return "\n".join(lines)
@@ -242,8 +265,28 @@ class EchoPolicy:
         return say(last_user_text or first_user_text or "(empty message)")
 
 
-_WORDS = ("latency", "socket", "token", "cache", "prefix", "stream", "tool", "frame", "batch", "queue",
-          "response", "model", "agent", "turn", "delta", "buffer", "kernel", "decode", "prefill", "block")
+_WORDS = (
+    "latency",
+    "socket",
+    "token",
+    "cache",
+    "prefix",
+    "stream",
+    "tool",
+    "frame",
+    "batch",
+    "queue",
+    "response",
+    "model",
+    "agent",
+    "turn",
+    "delta",
+    "buffer",
+    "kernel",
+    "decode",
+    "prefill",
+    "block",
+)
 
 
 class RandomPolicy:
@@ -280,7 +323,9 @@ def serial(plans: Sequence[TurnPlan]) -> list[TurnPlan]:
             out.append(plan)
             continue
         out.append(replace(plan, calls=plan.calls[:1]))
-        out.extend(replace(plan, calls=(call,), output_tokens=None, reasoning_tokens=None) for call in plan.calls[1:])
+        out.extend(
+            replace(plan, calls=(call,), output_tokens=None, reasoning_tokens=None) for call in plan.calls[1:]
+        )
     return out
 
 
@@ -320,7 +365,11 @@ def only_offered(plan: TurnPlan, offered: Sequence[OfferedTool]) -> TurnPlan:
     if kept:
         return replace(plan, calls=kept)
     missing = ", ".join(dict.fromkeys(call.name for call in plan.calls))
-    return say(f"(not calling {missing}: this request offers no such tool)", plan.output_tokens, plan.reasoning_tokens)
+    return say(
+        f"(not calling {missing}: this request offers no such tool)",
+        plan.output_tokens,
+        plan.reasoning_tokens,
+    )
 
 
 class _OfferedOnly:
@@ -331,12 +380,51 @@ class _OfferedOnly:
         return only_offered(self.inner.plan(turn, first_user_text, last_user_text), self.offered)
 
 
-# The tool rule (docs/protocol.md, "The directive script"): without directives, on the turn that answers a user message, the
+# The tool rule (docs/protocol.md, "The directive script"): without directives, on the turn that answers a
+# user message, the
 # model calls the offered function tool sharing the most words with that message (a word of the tool's
 # name counts twice, one of its description once; ties go to the tool offered first); its arguments are
 # generated from the tool's ``parameters`` schema, seeded by the tool's name and the message. No tool
 # sharing a word, or a turn that answers tool output: the server's default policy answers.
-_STOPWORDS = frozenset(["a", "an", "and", "are", "can", "for", "from", "get", "how", "into", "its", "like", "me", "my", "of", "on", "or", "please", "set", "that", "the", "this", "to", "was", "what", "whats", "when", "where", "which", "who", "why", "will", "with", "you", "your"])
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "can",
+        "for",
+        "from",
+        "get",
+        "how",
+        "into",
+        "its",
+        "like",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "please",
+        "set",
+        "that",
+        "the",
+        "this",
+        "to",
+        "was",
+        "what",
+        "whats",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+    ]
+)
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -345,7 +433,9 @@ def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(spaced) if len(w) > 1 and w not in _STOPWORDS}
 
 
-_RULE_CHARS = 2000  # the rule reads the message's first 2 000 characters: a 4 MB prompt must not stall the loop
+_RULE_CHARS = (
+    2000  # the rule reads the message's first 2 000 characters: a 4 MB prompt must not stall the loop
+)
 
 
 def matching_tool(message: str, offered: Sequence[OfferedTool]) -> OfferedTool | None:
@@ -375,13 +465,21 @@ class ToolRulePolicy:
         self.inner, self.offered, self.answers_user_turn = inner, tuple(offered), answers_user_turn
 
     def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
-        if turn == self.answers_user_turn and (tool := matching_tool(last_user_text, self.offered)) is not None:
+        if (
+            turn == self.answers_user_turn
+            and (tool := matching_tool(last_user_text, self.offered)) is not None
+        ):
             return TurnPlan(calls=(rule_call(tool, last_user_text),), final=False)
         return self.inner.plan(turn, first_user_text, last_user_text)
 
 
-def select_policy(first_user_text: str, default: str, parallel: bool = True, offered: Sequence[OfferedTool] | None = None,
-                  answers_user_turn: int | None = None) -> Policy:
+def select_policy(
+    first_user_text: str,
+    default: str,
+    parallel: bool = True,
+    offered: Sequence[OfferedTool] | None = None,
+    answers_user_turn: int | None = None,
+) -> Policy:
     """Directives in the first user message win; else ``default``: ``echo``, ``random[:SEED]`` or
     ``trace:NAME|PATH``. ValueError/KeyError for a bad default (call once at start-up to check it).
     ``parallel=False`` (the request's ``parallel_tool_calls``): at most one call per turn. ``offered`` (the
@@ -391,7 +489,13 @@ def select_policy(first_user_text: str, default: str, parallel: bool = True, off
     return policy if offered is None else _OfferedOnly(policy, offered)
 
 
-def _select(first_user_text: str, default: str, parallel: bool, offered: Sequence[OfferedTool], answers_user_turn: int | None) -> Policy:
+def _select(
+    first_user_text: str,
+    default: str,
+    parallel: bool,
+    offered: Sequence[OfferedTool],
+    answers_user_turn: int | None,
+) -> Policy:
     plans = parse_script(first_user_text)
     if plans is not None:
         return ScriptPolicy(plans if parallel else serial(plans))

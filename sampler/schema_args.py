@@ -38,8 +38,12 @@ def value_for(schema: Any, rng: random.Random, root: Any = None, depth: int = 0)
         for part in schema["allOf"]:
             part = _resolve(root, part["$ref"]) if isinstance(part, dict) and "$ref" in part else part
             if isinstance(part, dict):
-                merged = {**merged, **part, "properties": {**merged.get("properties", {}), **part.get("properties", {})},
-                          "required": [*merged.get("required", []), *part.get("required", [])]}
+                merged = {
+                    **merged,
+                    **part,
+                    "properties": {**merged.get("properties", {}), **part.get("properties", {})},
+                    "required": [*merged.get("required", []), *part.get("required", [])],
+                }
         return value_for(merged, rng, root, depth + 1)
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -113,5 +117,12 @@ def _null(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -> 
     return None
 
 
-_GENERATORS = {"object": _object, "array": _array, "integer": _integer, "number": _number, "string": _string,
-               "boolean": _boolean, "null": _null}
+_GENERATORS = {
+    "object": _object,
+    "array": _array,
+    "integer": _integer,
+    "number": _number,
+    "string": _string,
+    "boolean": _boolean,
+    "null": _null,
+}

@@ -59,7 +59,9 @@ class Timing:
         if memo is not None:
             itl = memo.get(running)
             if itl is None:
-                itl = memo[running] = self.spec.inter_token_latency_ms * load_factor(self.spec, running) / 1000.0
+                itl = memo[running] = (
+                    self.spec.inter_token_latency_ms * load_factor(self.spec, running) / 1000.0
+                )
             return itl
         s = self.spec
         mean = s.inter_token_latency_ms * load_factor(s, running) / 1000.0

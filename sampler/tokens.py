@@ -63,7 +63,8 @@ def _encoding() -> tiktoken.Encoding:
 
 # Large inputs are tokenized on the loop a slice at a time (``Tokenizer.prepare``), not on a worker thread:
 # after tiktoken has encoded a large text on another thread, its encoding on the loop's thread stays
-# 17–55 % slower for the rest of the process (measured: docs/decisions/0008-tokenize-large-inputs-in-slices-on-the-loop.md), and every
+# 17–55 % slower for the rest of the process (measured:
+# docs/decisions/0008-tokenize-large-inputs-in-slices-on-the-loop.md), and every
 # turn pays that. A slice is ~16 KiB (~1 ms of tiktoken): the longest the loop is held.
 SLICE_CHARS = 16 * 1024
 # Where a text can be cut so that the ids of the pieces, concatenated, are the ids of the whole: a point
@@ -159,7 +160,9 @@ class Tokenizer:
             # costs microseconds on the loop, not a Python append per token.
             start, cycle = len(ids), len(self._filler)
             if n > start:
-                ids.extend((self._filler * ((n - start) // cycle + 2))[start % cycle : start % cycle + n - start])
+                ids.extend(
+                    (self._filler * ((n - start) // cycle + 2))[start % cycle : start % cycle + n - start]
+                )
             del ids[n:]
         return ids
 
@@ -203,7 +206,9 @@ class TextStream:
         if not self._pending:
             text = self._tokenizer.text(token)
             if text is not None:
-                return text  # what the decoder would say: nothing held back, and the token is whole characters
+                return (
+                    text  # what the decoder would say: nothing held back, and the token is whole characters
+                )
         out = self._decoder.decode(self._tokenizer.piece(token))
         self._pending = bool(self._decoder.getstate()[0])
         return out
@@ -242,7 +247,10 @@ def render_parts(item: Item, call_names: dict[str, str]) -> list[Segment]:
             if isinstance(action, WebSearchAction):
                 query = action.query or " ".join(action.queries or [])
                 results = web_results_text(action.sources or [])
-                return [("assistant to=web_search", json.dumps({"query": query})), ("web_search to=assistant", results)]
+                return [
+                    ("assistant to=web_search", json.dumps({"query": query})),
+                    ("web_search to=assistant", results),
+                ]
             return [("assistant to=web_search", msgspec.json.encode(action).decode())]
         case _:
             return [(item_type(item), _generic_body(item)), *_generic_media(item)]
@@ -300,7 +308,9 @@ def _file_segments(header: str, part: FilePart) -> list[Segment]:
     pages, text = media.pdf_pages_and_text(data)
     segments: list[Segment] = [(f"{header} file", text)]
     for page in range(pages):
-        segments.append((f"{header} page", media.media_ids(data + page.to_bytes(4, "big"), media.page_tokens())))
+        segments.append(
+            (f"{header} page", media.media_ids(data + page.to_bytes(4, "big"), media.page_tokens()))
+        )
     return segments
 
 

@@ -47,12 +47,19 @@ class WebSearch:
         scored: list[tuple[float, int]] = []
         for index, tf in enumerate(self._tf):
             norm = self._k1 * (1 - self._b + self._b * self._len[index] / self._avg)
-            score = sum(self._idf.get(t, 0.0) * tf[t] * (self._k1 + 1) / (tf[t] + norm) for t in terms if t in tf)
+            score = sum(
+                self._idf.get(t, 0.0) * tf[t] * (self._k1 + 1) / (tf[t] + norm) for t in terms if t in tf
+            )
             if score > 0:
                 scored.append((score, index))
         scored.sort(key=lambda pair: (-pair[0], pair[1]))
         return [
-            {"type": "url", "title": self.docs[i].title, "url": self.docs[i].url, "snippet": self.docs[i].text}
+            {
+                "type": "url",
+                "title": self.docs[i].title,
+                "url": self.docs[i].url,
+                "snippet": self.docs[i].text,
+            }
             for _, i in scored[:top_k]
         ]
 

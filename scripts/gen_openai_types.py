@@ -1,6 +1,6 @@
-"""Generate ``proto/core/openai_types.py``: the Responses API's request schema as msgspec structs, taken from the
-official ``openai`` Python SDK's generated request types (``openai/types/responses/*_param.py``, themselves
-generated from OpenAI's OpenAPI spec).
+"""Generate ``proto/core/openai_types.py``: the Responses API's request schema as msgspec structs, taken
+from the official ``openai`` Python SDK's generated request types (``openai/types/responses/*_param.py``,
+themselves generated from OpenAI's OpenAPI spec).
 
     python scripts/gen_openai_types.py            # rewrite proto/core/openai_types.py
     python scripts/gen_openai_types.py --check    # exit 1 when the file differs from what the SDK gives
@@ -41,7 +41,10 @@ OUT = Path(__file__).resolve().parent.parent / "proto" / "openai_types.py"
 
 # (struct name, field) -> why the field is optional here although the spec requires it.
 RELAXED: dict[tuple[str, str], str] = {
-    ("ResponseOutputText", "annotations"): "Codex and the AI SDK send output_text parts back without annotations",
+    (
+        "ResponseOutputText",
+        "annotations",
+    ): "Codex and the AI SDK send output_text parts back without annotations",
     # The images guide: "detail ... defaults to auto"; Codex's view_image output and the AI SDK's file
     # parts send input_image without it.
     ("ResponseInputImage", "detail"): "the API defaults it to auto",
@@ -49,7 +52,8 @@ RELAXED: dict[tuple[str, str], str] = {
     ("FunctionTool", "parameters"): "nullable: absent means null",
     ("FunctionTool", "strict"): "nullable: absent means null",
 }
-# struct name -> extra fields (name, type source) the lab adds, documented in docs/protocol.md, "The create body, items and tools".
+# struct name -> extra fields (name, type source) the lab adds, documented in docs/protocol.md, "The create
+# body, items and tools".
 EXTENSIONS: dict[str, list[tuple[str, str]]] = {
     # The mock web search's results: the rendering reads them, so a client that sends the call back
     # (HTTP, store: false) gets the same context as one that continues on the server.
@@ -86,7 +90,9 @@ class Generator:
                 break
         if name in self.structs or name in self.aliases:
             module = td.__module__.rsplit(".", 1)[-1]
-            prefix = "".join(part.capitalize() for part in module.split("_") if part not in ("param", "params"))
+            prefix = "".join(
+                part.capitalize() for part in module.split("_") if part not in ("param", "params")
+            )
             name = prefix + name
         while name in self.structs or name in self.aliases:
             name += "_"
@@ -130,15 +136,25 @@ class Generator:
         if literals and not (has_str and all(isinstance(v, str) for v in literals)):
             parts.append("Literal[" + ", ".join(repr(v) for v in dict.fromkeys(literals)) + "]")
         if lists:
-            elements = [leaf for lst in lists for leaf in self._flatten(get_args(lst)[0] if get_args(lst) else Any)]
+            elements = [
+                leaf for lst in lists for leaf in self._flatten(get_args(lst)[0] if get_args(lst) else Any)
+            ]
             parts.append(f"list[{self._render(elements)}]")
         if tds:
             parts.append(self._union_of(tds))
         if nullable:
             parts.append("None")
-        rest = [leaf for leaf in leaves if not (leaf in (str, int, float, bool, object, dict) or leaf is Any or _is_list(leaf)
-                                                 or get_origin(leaf) in (Literal, dict, typing.Dict, collections.abc.Mapping)  # noqa: UP006
-                                                 or te.is_typeddict(leaf))]
+        rest = [
+            leaf
+            for leaf in leaves
+            if not (
+                leaf in (str, int, float, bool, object, dict)
+                or leaf is Any
+                or _is_list(leaf)
+                or get_origin(leaf) in (Literal, dict, typing.Dict, collections.abc.Mapping)  # noqa: UP006
+                or te.is_typeddict(leaf)
+            )
+        ]
         if rest:
             raise TypeError(f"unsupported type(s) {rest}")
         return " | ".join(dict.fromkeys(parts))
@@ -198,7 +214,9 @@ class Generator:
         name = MERGED_NAMES.get(tag, "Merged" + _ident(tag).capitalize())
         self.merged[key] = name
         members = ", ".join(td.__name__ for td in group)
-        definition = StructDef(name=name, doc=f"One struct for the union members tagged {tag!r}: {members}.", fields=[], tag=tag)
+        definition = StructDef(
+            name=name, doc=f"One struct for the union members tagged {tag!r}: {members}.", fields=[], tag=tag
+        )
         self.structs[name] = definition
         for td in group:
             self.by_type.setdefault(td, name)
@@ -273,7 +291,7 @@ from typing import Any, Literal
 import msgspec
 
 SDK_VERSION = "{version}"
-'''
+'''  # noqa: E501 (the generated file's text, kept as it is)
 
 
 def _render_struct(d: StructDef) -> str:
@@ -356,7 +374,11 @@ def _shape(tp: Any, seen: tuple[Any, ...]) -> Any:
         if tp in seen:  # a recursive shape: name the cycle
             return ("cycle", seen.index(tp))
         hints = te.get_type_hints(tp, include_extras=True)
-        return ("struct", bool(tp.__total__), tuple(sorted((key, _shape(hint, (*seen, tp))) for key, hint in hints.items())))
+        return (
+            "struct",
+            bool(tp.__total__),
+            tuple(sorted((key, _shape(hint, (*seen, tp))) for key, hint in hints.items())),
+        )
     if origin is Union:
         return ("union", frozenset(_shape(arg, seen) for arg in get_args(tp)))
     if origin is Literal:
@@ -383,7 +405,9 @@ def _is_list(tp: Any) -> bool:
     origin = get_origin(tp)
     if origin in (list, collections.abc.Iterable, collections.abc.Sequence, typing.List):  # noqa: UP006
         return True
-    return getattr(tp, "__name__", "") == "SequenceNotStr" or getattr(origin, "__name__", "") == "SequenceNotStr"
+    return (
+        getattr(tp, "__name__", "") == "SequenceNotStr" or getattr(origin, "__name__", "") == "SequenceNotStr"
+    )
 
 
 def _tags(td: Any) -> list[str]:
@@ -391,7 +415,11 @@ def _tags(td: Any) -> list[str]:
     if hint is None:
         return []
     values = [v for leaf in _leaves(hint) if get_origin(leaf) is Literal for v in get_args(leaf)]
-    return [v for v in values if isinstance(v, str)] if all(get_origin(leaf) is Literal or leaf is type(None) for leaf in _leaves(hint)) else []
+    return (
+        [v for v in values if isinstance(v, str)]
+        if all(get_origin(leaf) is Literal or leaf is type(None) for leaf in _leaves(hint))
+        else []
+    )
 
 
 def _leaves(tp: Any) -> list[Any]:
@@ -439,7 +467,10 @@ def main() -> int:
     if args.check:
         current = OUT.read_text(encoding="utf-8") if OUT.exists() else ""
         if current != text:
-            print(f"{OUT} is not what openai {openai.__version__} generates; run scripts/gen_openai_types.py", file=sys.stderr)
+            print(
+                f"{OUT} is not what openai {openai.__version__} generates; run scripts/gen_openai_types.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     OUT.write_text(text, encoding="utf-8")

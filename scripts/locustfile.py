@@ -13,7 +13,8 @@ Many (Locust's distributed mode; every worker runs the same file, the master mer
     locust -f scripts/locustfile.py --worker --master-host MASTER    # on each load machine, as many as cores
 
 A fleet without a load balancer: ``--rl-hosts URL1,URL2,…`` (each user keeps one of them; ``--host`` is
-then only Locust's label). Users (pick with class names on the command line, default all three, equally weighted): ``HttpRollout``
+then only Locust's label). Users (pick with class names on the command line, default all three, equally
+weighted): ``HttpRollout``
 (``--rl-http-mode http``: the whole history re-sent; ``http-prev``: chained), ``GaWebSocketRollout`` (one
 connection, ``previous_response_id`` per turn), ``LongLivedRollout`` (one response, an append per tool
 turn). Each user runs one rollout after another on its own connection, like a lab session. Workload and
@@ -64,13 +65,19 @@ ERRORS: dict[str, int] = defaultdict(int)
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: Any) -> None:
-    parser.add_argument("--rl-workload", default="coding-agent", help="workload NAME or FILE (as bench --workload)")
+    parser.add_argument(
+        "--rl-workload", default="coding-agent", help="workload NAME or FILE (as bench --workload)"
+    )
     parser.add_argument("--rl-model", default="mock-1000tps")
     parser.add_argument("--rl-turns", type=int, default=0, help="shorten the workload to N turns (0: all)")
     parser.add_argument("--rl-tool-time-scale", type=float, default=1.0)
     parser.add_argument("--rl-http-mode", default="http", choices=["http", "http-prev"])
     parser.add_argument("--rl-api-key", default="")
-    parser.add_argument("--rl-hosts", default="", help="comma list of API servers: users take them in turn (instead of --host)")
+    parser.add_argument(
+        "--rl-hosts",
+        default="",
+        help="comma list of API servers: users take them in turn (instead of --host)",
+    )
     parser.add_argument("--rl-out", default="", help="write the exact figures here (JSON), on the master")
 
 
@@ -89,9 +96,12 @@ def _plan(environment: Environment) -> RolloutPlan:
 
 
 def _answers_for(plan: RolloutPlan, turn: int) -> Send:
-    """What the client sends after turn ``turn``'s calls: the plan's next round (its outputs and tool wait)."""
+    """What the client sends after turn ``turn``'s calls: the plan's next round (its outputs and tool
+    wait)."""
     if turn + 1 >= len(plan.sends):
-        raise RuntimeError(f"the model called tools at turn {turn}; the workload has {len(plan.sends) - 1} tool turns")
+        raise RuntimeError(
+            f"the model called tools at turn {turn}; the workload has {len(plan.sends) - 1} tool turns"
+        )
     return plan.sends[turn + 1]
 
 
@@ -121,8 +131,12 @@ class _Rollouts(User):
         except Exception as exc:  # any failure is one failed rollout, counted and shown
             ERRORS[self.mode] += 1
             self.environment.events.request.fire(
-                request_type="E2E", name=self.mode, response_time=(time.perf_counter() - started) * 1e3,
-                response_length=0, exception=exc, context={},
+                request_type="E2E",
+                name=self.mode,
+                response_time=(time.perf_counter() - started) * 1e3,
+                response_length=0,
+                exception=exc,
+                context={},
             )
             self.reconnect()
             return
@@ -131,10 +145,23 @@ class _Rollouts(User):
             for metric, value in (("TTFT", turn.ttft_ms), ("OVERHEAD", turn.overhead_ms)):
                 SAMPLES[self.mode][metric].append(value)
                 # Locust's histogram takes no negative time; the exact figures keep the sign.
-                fire(request_type=metric, name=self.mode, response_time=max(value, 0.0), response_length=0, exception=None, context={})
+                fire(
+                    request_type=metric,
+                    name=self.mode,
+                    response_time=max(value, 0.0),
+                    response_length=0,
+                    exception=None,
+                    context={},
+                )
         SAMPLES[self.mode]["E2E"].append(metrics.e2e_s * 1e3)
-        fire(request_type="E2E", name=self.mode, response_time=metrics.e2e_s * 1e3, response_length=len(metrics.turns),
-             exception=None, context={})
+        fire(
+            request_type="E2E",
+            name=self.mode,
+            response_time=metrics.e2e_s * 1e3,
+            response_length=len(metrics.turns),
+            exception=None,
+            context={},
+        )
 
     def reconnect(self) -> None:
         """After a failure: start the next rollout on a fresh connection."""
@@ -159,7 +186,11 @@ class _Rollouts(User):
             gevent.sleep(send.wait_s)
             new_items = answer(calls, send)
             history = [*history, *response["output"], *new_items]
-            body = messages.continuation(base, new_items, response["id"]) if previous else dict(base, input=history)
+            body = (
+                messages.continuation(base, new_items, response["id"])
+                if previous
+                else dict(base, input=history)
+            )
         raise RuntimeError(f"the rollout ran past the workload's {plan.turns} turns")
 
     def mark(self, trace: Trace, kind: str) -> None:
@@ -194,8 +225,13 @@ class HttpRollout(_Rollouts):
 
     def _exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
         self.mark(trace, SEND)
-        with self.session.post(self.http_url + "/v1/responses", data=encode(messages.streaming(body)), headers=self.json_headers,
-                               stream=True, timeout=600) as reply:
+        with self.session.post(
+            self.http_url + "/v1/responses",
+            data=encode(messages.streaming(body)),
+            headers=self.json_headers,
+            stream=True,
+            timeout=600,
+        ) as reply:
             if reply.status_code != 200:
                 raise RuntimeError(f"HTTP {reply.status_code}: {reply.text[:300]}")
             parser = SseParser()
@@ -222,7 +258,9 @@ class _WebSocketRollout(_Rollouts):
     def connection(self) -> websocket.WebSocket:
         if self.ws is None:
             header = [f"{k}: {v}" for k, v in self.headers.items()]
-            self.ws = websocket.create_connection(self.ws_url + self.query, header=header, enable_multithread=False)
+            self.ws = websocket.create_connection(
+                self.ws_url + self.query, header=header, enable_multithread=False
+            )
         return self.ws
 
     def reconnect(self) -> None:
@@ -310,7 +348,10 @@ def summary() -> dict[str, Any]:
         row: dict[str, Any] = {"errors": ERRORS.get(mode, 0)}
         for metric in METRICS:
             values = SAMPLES[mode].get(metric, [])
-            row[metric.lower()] = {"n": len(values), **{f"p{q}_ms": percentile(values, q) for q in (50, 90, 99)}}
+            row[metric.lower()] = {
+                "n": len(values),
+                **{f"p{q}_ms": percentile(values, q) for q in (50, 90, 99)},
+            }
         out[mode] = row
     return out
 
@@ -322,11 +363,17 @@ def _report(environment: Environment, **_: Any) -> None:
     figures = summary()
     where = "master" if isinstance(environment.runner, MasterRunner) else "local"
     print(f"\nresponses-lab figures ({where}; exact, every sample; ms):")
-    print(f"{'mode':<10} {'rollouts':>8} {'errors':>6} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'E2E p50':>9} {'p99':>9} {'ovh p50':>8} {'p99':>8}")
+    print(
+        f"{'mode':<10} {'rollouts':>8} {'errors':>6} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'E2E p50':>9} "
+        f"{'p99':>9} {'ovh p50':>8} {'p99':>8}"
+    )
     for mode, row in figures.items():
         t, e, o = row["ttft"], row["e2e"], row["overhead"]
-        print(f"{mode:<10} {e['n']:>8} {row['errors']:>6} {t['p50_ms']:>9.2f} {t['p90_ms']:>8.2f} {t['p99_ms']:>8.2f}"
-              f" {e['p50_ms']:>9.1f} {e['p99_ms']:>9.1f} {o['p50_ms']:>8.2f} {o['p99_ms']:>8.2f}")
+        print(
+            f"{mode:<10} {e['n']:>8} {row['errors']:>6} {t['p50_ms']:>9.2f} {t['p90_ms']:>8.2f} "
+            f"{t['p99_ms']:>8.2f}"
+            f" {e['p50_ms']:>9.1f} {e['p99_ms']:>9.1f} {o['p50_ms']:>8.2f} {o['p99_ms']:>8.2f}"
+        )
     out = environment.parsed_options.rl_out if environment.parsed_options else ""
     if out:
         Path(out).write_text(json.dumps(figures, indent=2, allow_nan=True), encoding="utf-8")

@@ -30,9 +30,13 @@ def main() -> None:
         path = OUT / f"{w['name']}.json"
         path.write_text(render(w), encoding="utf-8")
         history = w["first_user_tokens"] + sum(
-            t["output_tokens"] + len(t.get("calls", [])) * t.get("tool_output_tokens", 0) for t in w["turns"])
+            t["output_tokens"] + len(t.get("calls", [])) * t.get("tool_output_tokens", 0) for t in w["turns"]
+        )
         tool_s = sum(t.get("client_tool_time_s", 0.0) for t in w["turns"])
-        print(f"{path}: {len(w['turns'])} turns, final history {history} tokens, client tool time {tool_s:.1f} s")
+        print(
+            f"{path}: {len(w['turns'])} turns, final history {history} tokens, client tool time {tool_s:.1f} "
+            f"s"
+        )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,16 @@ MAX_POSITIONS = 131_072  # the lab's longest histories (long-context workload) s
 def main(out: Path) -> None:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=MAX_POSITIONS, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config)
@@ -35,7 +43,9 @@ def main(out: Path) -> None:
     vocab = {f"t{i}": i for i in range(VOCAB)}
     words = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", bos_token="t1", eos_token="t2")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="t0", bos_token="t1", eos_token="t2"
+    )
     tokenizer.save_pretrained(out)
     print(f"{out}: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {VOCAB:,}")
 

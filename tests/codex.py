@@ -37,8 +37,11 @@ def codex_bin(package: str) -> Path:
     """The installed binary, or a failure that says why it is missing (never a skip)."""
     path = CLIENTS / package / "node_modules" / ".bin" / "codex"
     if not path.exists():
-        pytest.fail(f"Codex CLI ({package}) is not installed at {path}: `make clients` (run by `make test`) installs it "
-                    f"from npm with tests/clients/{package}/package.json; its output says why it failed")
+        pytest.fail(
+            f"Codex CLI ({package}) is not installed at {path}: `make clients` (run by `make test`) installs "
+            f"it "
+            f"from npm with tests/clients/{package}/package.json; its output says why it failed"
+        )
     return path
 
 
@@ -63,12 +66,15 @@ async def lab_server(tmp_path: Path, *extra: str) -> AsyncIterator[LabServer]:
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         server = await asyncio.create_subprocess_exec(
-            *cli_command(), "serve", "--port", str(port), "--db", str(tmp_path / "lab.db"), "--log-level", "info",
-            "--api-key", KEY, "--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", *extra,
+            *cli_command(), "serve", "--port", str(port), "--db", str(tmp_path / "lab.db"),
+            "--log-level", "info", "--api-key", KEY,
+            "--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", *extra,
             env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth(KEY), timeout=GUARD) as http:
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}", headers=auth(KEY), timeout=GUARD
+            ) as http:
                 await wait_healthy(http)
             yield LabServer(port, log)
         finally:
@@ -76,7 +82,9 @@ async def lab_server(tmp_path: Path, *extra: str) -> AsyncIterator[LabServer]:
             await asyncio.wait_for(server.wait(), 30)
 
 
-def provider_config(server: LabServer, *, websockets: bool = False, catalog: bool = True, extra: str = "") -> str:
+def provider_config(
+    server: LabServer, *, websockets: bool = False, catalog: bool = True, extra: str = ""
+) -> str:
     """What a new user writes for a custom provider (Codex's docs, "Custom model providers"), plus the two
     settings that make Codex read the provider's model catalog (proto/server/model_list.py)."""
     lines = [
@@ -113,7 +121,9 @@ def _prepare(home: Path, workdir: Path, config: str) -> Path:
     return home / "last_message.txt"
 
 
-async def codex_exec(binary: Path, home: Path, workdir: Path, config: str, prompt: str, *flags: str) -> CodexRun:
+async def codex_exec(
+    binary: Path, home: Path, workdir: Path, config: str, prompt: str, *flags: str
+) -> CodexRun:
     last = _prepare(home, workdir, config)
     env = {**clean_env(), "CODEX_HOME": str(home), "HOME": str(home), "LAB_API_KEY": KEY, "NO_COLOR": "1"}
     env.pop("OPENAI_API_KEY", None)
@@ -138,7 +148,12 @@ def png(width: int, height: int) -> bytes:
 
     raw = b"".join(b"\x00" + b"\x80\x10\x10" * width for _ in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 def rollout_prompt(*lines: str) -> str:

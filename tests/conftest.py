@@ -62,13 +62,15 @@ def refusing(item: pytest.Item) -> Iterator[None]:
     if item.get_closest_marker("process") is not None:
         yield
         return
-    # socket.socket inherits listen from _socket.socket: what is not in the class's own __dict__ is deleted after.
+    # socket.socket inherits listen from _socket.socket: what is not in the class's own __dict__ is deleted
+    # after.
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in GUARDED]
     for owner, name, what in GUARDED:
 
         def refuse(*args: Any, _what: str = what, **kwargs: Any) -> Any:
             raise StartsAProcess(
-                f"{item.nodeid} starts {_what} but is not marked `process`: mark it (@pytest.mark.process, or "
+                f"{item.nodeid} starts {_what} but is not marked `process`: mark it (@pytest.mark.process, "
+                f"or "
                 "pytestmark in its module) so that `make check` leaves it out (tests/conftest.py)"
             )
 
@@ -109,7 +111,6 @@ def make_server() -> ServerFactory:
     """``with make_server(tool_timeout_s=0.3) as srv:`` — a fresh server with these settings over the fast
     defaults, for tests that need their own settings or a server nobody else has touched."""
     return running
-
 
 
 @pytest.fixture(scope="session")

@@ -73,13 +73,17 @@ class PostgresServer:
             try:
                 account = pwd.getpwnam("postgres")
             except KeyError as exc:
-                raise PostgresUnavailable("running as root and there is no `postgres` user to run PostgreSQL as") from exc
+                raise PostgresUnavailable(
+                    "running as root and there is no `postgres` user to run PostgreSQL as"
+                ) from exc
             os.chown(self.root, account.pw_uid, account.pw_gid)
             self._as = ["runuser", "-u", "postgres", "--"]
         self.started = False
 
     def _run(self, *command: str) -> None:
-        result = subprocess.run([*self._as, *command], capture_output=True, text=True, timeout=GUARD, check=False)
+        result = subprocess.run(
+            [*self._as, *command], capture_output=True, text=True, timeout=GUARD, check=False
+        )
         if result.returncode != 0:
             log = self.root / "log"
             tail = log.read_text()[-2000:] if log.exists() else ""
@@ -88,14 +92,41 @@ class PostgresServer:
             )
 
     def start(self) -> PostgresServer:
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", self.user, "-E", "UTF8",
-                  "--no-sync", "--no-instructions")
-        options = " ".join([
-            f"-p {self.port}", f"-k {self.root}", "-c listen_addresses=127.0.0.1", "-c max_connections=300",
-            *([] if self.durable else ["-c fsync=off", "-c full_page_writes=off"]),
-        ])
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.root / "log"),
-                  "-w", "-t", str(int(GUARD)), "start")
+        self._run(
+            str(self.bin / "initdb"),
+            "-D",
+            str(self.data),
+            "-A",
+            "trust",
+            "-U",
+            self.user,
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
+        options = " ".join(
+            [
+                f"-p {self.port}",
+                f"-k {self.root}",
+                "-c listen_addresses=127.0.0.1",
+                "-c max_connections=300",
+                *([] if self.durable else ["-c fsync=off", "-c full_page_writes=off"]),
+            ]
+        )
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "-t",
+            str(int(GUARD)),
+            "start",
+        )
         self.started = True
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute("CREATE DATABASE lab")
@@ -165,7 +196,10 @@ class TableLock:
 
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url, autocommit=True)
-        tables = [r[0] for r in self.conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
+        tables = [
+            r[0]
+            for r in self.conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        ]
         self.conn.execute("BEGIN")
         self.conn.execute(f"LOCK TABLE {', '.join(tables)} IN EXCLUSIVE MODE")
 
@@ -202,7 +236,9 @@ class Backend:
 
     def transient_error(self, message: str) -> Exception:
         """The driver's own error class for a failure worth retrying (a fault injected at a statement)."""
-        return sqlite3.OperationalError(message) if self.name == "sqlite" else psycopg.OperationalError(message)
+        return (
+            sqlite3.OperationalError(message) if self.name == "sqlite" else psycopg.OperationalError(message)
+        )
 
     def lock(self) -> sqlite3.Connection | TableLock:
         """Another session's write lock on every table, held until ``execute("COMMIT")``."""

@@ -3,7 +3,8 @@ a valid rollout per transport (to show a connection still serves), and the same 
 over each transport so their work can be compared.
 
 Where two tests need slightly different things they get two names, never one name with two meanings:
-``TERMINAL_TYPES`` (a response's terminal events) and ``TERMINAL_OR_ERROR`` (those or a refusal); ``TOOLS`` (the
+``TERMINAL_TYPES`` (a response's terminal events) and ``TERMINAL_OR_ERROR`` (those or a refusal); ``TOOLS``
+(the
 two functions ``create`` declares) and ``ROLLOUT_TOOLS`` (the ten-turn rollout's tools, one of them hosted).
 
 A raw RFC 6455 socket, for frames no conforming client sends, is its own module: tests/raw_socket.py.
@@ -42,7 +43,9 @@ CORE_MODEL = "mock-1000tps"  # the sans-IO core tests' model: any catalogue name
 GUARD = 10.0  # seconds: a guard against hangs only; no assertion depends on timing
 
 # ------------------------------------------------------------------------------------ a server on loopback
-SETTINGS = Settings(db=":memory:", port=0, model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"])
+SETTINGS = Settings(
+    db=":memory:", port=0, model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"]
+)
 ServerFactory = Callable[..., contextlib.AbstractContextManager[ThreadedServer]]
 
 
@@ -154,7 +157,10 @@ def tools_decl(*hosted: str) -> list[dict[str, Any]]:
     return [{"type": "function", "name": name} for name in LOCAL_TOOLS] + [{"type": t} for t in hosted]
 
 
-TOOLS: list[dict[str, Any]] = [{"type": "function", "name": "grep"}, {"type": "function", "name": "read_file"}]
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "name": "grep"},
+    {"type": "function", "name": "read_file"},
+]
 ROLLOUT_TOOLS = tools_decl("web_search")
 TWO_CALLS = 'Go.\n!call grep {"q": 1} | !call read_file {"path": "a.py"}\n!say done'
 TERMINAL_OR_ERROR = TERMINAL_TYPES | {"error"}
@@ -221,7 +227,8 @@ async def until(ws: ClientConnection, types: set[str] | frozenset[str]) -> list[
 
 
 def assert_error(frame: dict[str, Any], code: str, param: str | None) -> None:
-    """The GA error envelope (docs/protocol.md, "Error shape") with this code, its registered status and type, and this param."""
+    """The GA error envelope (docs/protocol.md, "Error shape") with this code, its registered status and type,
+    and this param."""
     assert frame["type"] == "error", frame
     status, kind = ERROR_CODES[code]
     assert (frame["error"]["code"], frame["status"], frame["error"]["type"]) == (code, status, kind), frame
@@ -262,7 +269,9 @@ async def ga_rollout_ok(ws: ClientConnection) -> None:
     assert first["type"] == "response.completed", first
     calls = [item for item in first["response"]["output"] if item["type"] == "function_call"]
     assert len(calls) == 2
-    follow = messages.continuation(messages.body(MODEL, [], tools=TOOLS, store=False), outputs(calls), first["response"]["id"])
+    follow = messages.continuation(
+        messages.body(MODEL, [], tools=TOOLS, store=False), outputs(calls), first["response"]["id"]
+    )
     await ws.send(json.dumps(messages.create(follow)))
     second = (await until(ws, TERMINAL_OR_ERROR))[-1]
     assert second["type"] == "response.completed", second
@@ -277,18 +286,22 @@ async def http_rollout_ok(client: httpx.AsyncClient) -> None:
     assert reply.json()["status"] == "completed"
 
 
-# ------------------------------------------------------------------------------------ one rollout, each transport
+# ------------------------------------------------------------------------------------ one rollout, each
+# transport
 # Every mode answers each call with tool_output, so the four transports see the same conversation and
 # their token usage can be compared exactly.
-async def http_rollout(url: str, script: str, previous: bool, key: str | None = None,
-                       headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+async def http_rollout(
+    url: str, script: str, previous: bool, key: str | None = None, headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """``http`` (full history re-sent) or ``http-prev`` (previous_response_id + new items) to the end;
     ``headers`` are added to every request (``http-cached``'s)."""
     responses: list[dict[str, Any]] = []
     history: list[Any] = [{"role": "user", "content": script}]
     base = messages.body(MODEL, history, tools=ROLLOUT_TOOLS)
     body = base
-    async with httpx.AsyncClient(base_url=url, headers={**auth(key), **(headers or {})}, timeout=60) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers={**auth(key), **(headers or {})}, timeout=60
+    ) as client:
         while True:
             reply = await client.post("/v1/responses", json=body)
             assert reply.status_code == 200, reply.text
@@ -315,7 +328,9 @@ async def ga_events(ws: ClientConnection, event: dict[str, Any]) -> list[dict[st
             return events
 
 
-async def ga_rollout(url: str, script: str, store: bool = False, key: str | None = None) -> list[dict[str, Any]]:
+async def ga_rollout(
+    url: str, script: str, store: bool = False, key: str | None = None
+) -> list[dict[str, Any]]:
     responses: list[dict[str, Any]] = []
     base = messages.body(MODEL, [messages.user_message(script)], tools=ROLLOUT_TOOLS, store=store)
     event = base

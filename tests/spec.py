@@ -34,13 +34,21 @@ SPEC_PATH = Path(__file__).resolve().parent / "openresponses" / "openapi.json"
 SPEC_URI = "urn:openresponses:2026-04-24"
 
 # Events outside the spec, each documented in docs/protocol.md (§3.2 the long-lived protocol, §4 GA mode).
-EXTENSION_EVENTS = frozenset({
-    "response.done",  # long-lived: the response is suspended on tool calls
-    "response.inject.created", "response.inject.failed",  # long-lived: replies to response.inject
-    "response.steer.accepted", "response.steer.pending", "response.steer.failed",  # GA mode's beta steering
-    "response.web_search_call.in_progress", "response.web_search_call.searching", "response.web_search_call.completed",
-    "response.custom_tool_call_input.delta", "response.custom_tool_call_input.done",
-})
+EXTENSION_EVENTS = frozenset(
+    {
+        "response.done",  # long-lived: the response is suspended on tool calls
+        "response.inject.created",
+        "response.inject.failed",  # long-lived: replies to response.inject
+        "response.steer.accepted",
+        "response.steer.pending",
+        "response.steer.failed",  # GA mode's beta steering
+        "response.web_search_call.in_progress",
+        "response.web_search_call.searching",
+        "response.web_search_call.completed",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+    }
+)
 _item_decoder = msgspec.json.Decoder(oa.InputItem)
 _tool_decoder = msgspec.json.Decoder(oa.Tool)
 
@@ -99,7 +107,9 @@ def _openai_item(item: dict[str, Any], where: str) -> None:
     try:
         _item_decoder.decode(json.dumps(item))
     except msgspec.ValidationError as e:
-        raise AssertionError(f"{where}: {item.get('type')!r} is neither an Open Responses item nor a valid OpenAI one: {e}") from None
+        raise AssertionError(
+            f"{where}: {item.get('type')!r} is neither an Open Responses item nor a valid OpenAI one: {e}"
+        ) from None
 
 
 def _split_item(item: Any, where: str) -> Any:
@@ -150,14 +160,21 @@ def check_event(event: Any, transport: str = "sse") -> None:
         if "sequence_number" in event:
             assert isinstance(event["sequence_number"], int), f"{where}: sequence_number is not an integer"
         for i, call in enumerate(event.get("pending_calls", [])):
-            assert isinstance(call.get("call_id"), str) and isinstance(call.get("name"), str), f"{where}.pending_calls[{i}]: {call!r}"
+            assert isinstance(call.get("call_id"), str) and isinstance(call.get("name"), str), (
+                f"{where}.pending_calls[{i}]: {call!r}"
+            )
         return
-    assert kind in event_schemas(), f"{where}: {kind!r} is neither an Open Responses event nor a documented extension"
+    assert kind in event_schemas(), (
+        f"{where}: {kind!r} is neither an Open Responses event nor a documented extension"
+    )
     if "item" in event:
         body["item"] = _split_item(event["item"], f"{where}.item")
     check_schema(body, event_schemas()[kind])
 
 
 def _minimal_response(response: dict[str, Any]) -> dict[str, Any]:
-    return {**response, "output": [i for i in response.get("output", []) if i.get("type") in _discriminated("ItemField")],
-            "tools": [t for t in response.get("tools", []) if t.get("type") in _discriminated("Tool")]}
+    return {
+        **response,
+        "output": [i for i in response.get("output", []) if i.get("type") in _discriminated("ItemField")],
+        "tools": [t for t in response.get("tools", []) if t.get("type") in _discriminated("Tool")],
+    }

@@ -22,7 +22,10 @@ from proto.server.serve import ThreadedServer
 pytestmark = pytest.mark.process  # every test starts a server or a process
 
 KEY = "sk-aisdk-test-0001"
-SCRIPT = 'Look for it.\n!tokens 12 !call grep {"pattern": "def mean"}\n!call grep {"pattern": "def median"}\n!say Found both.'
+SCRIPT = (
+    'Look for it.\n!tokens 12 !call grep {"pattern": "def mean"}\n'
+    '!call grep {"pattern": "def median"}\n!say Found both.'
+)
 ROLLOUT = Path(__file__).resolve().parent / "clients" / "aisdk" / "rollout.mjs"
 
 
@@ -36,11 +39,24 @@ async def rollout(srv: ThreadedServer, stream: bool, store: bool) -> dict[str, A
     environ_has_node()
     modules = CLIENTS / "aisdk" / "node_modules"
     if not (modules / "@ai-sdk" / "openai").exists():
-        pytest.fail(f"the AI SDK is not installed at {modules}: `make clients` (run by `make test`) installs it from npm "
-                    "with tests/clients/aisdk/package.json; its output says why it failed")
-    env = {**clean_env(), "AISDK_MODULES": str(modules), "LAB_BASE_URL": srv.http_url + "/v1", "LAB_API_KEY": KEY,
-           "LAB_MODEL": MODEL, "LAB_PROMPT": SCRIPT, "LAB_STREAM": "1" if stream else "0", "LAB_STORE": json.dumps(store)}
-    proc = await asyncio.create_subprocess_exec("node", str(ROLLOUT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        pytest.fail(
+            f"the AI SDK is not installed at {modules}: `make clients` (run by `make test`) installs it from "
+            f"npm "
+            "with tests/clients/aisdk/package.json; its output says why it failed"
+        )
+    env = {
+        **clean_env(),
+        "AISDK_MODULES": str(modules),
+        "LAB_BASE_URL": srv.http_url + "/v1",
+        "LAB_API_KEY": KEY,
+        "LAB_MODEL": MODEL,
+        "LAB_PROMPT": SCRIPT,
+        "LAB_STREAM": "1" if stream else "0",
+        "LAB_STORE": json.dumps(store),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "node", str(ROLLOUT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
@@ -55,7 +71,9 @@ async def test_aisdk_tool_loop(srv: ThreadedServer, stream: bool, store: bool) -
     assert result["finishReasons"] == ["tool-calls", "tool-calls", "stop"], result
     assert result["text"] == "Found both.", result
     # the first step's preamble (`!tokens 12`) is assistant text: with store, the SDK refers to it by id
-    assert result["stepTexts"].endswith("Found both.") and len(result["stepTexts"]) > len("Found both."), result
+    assert result["stepTexts"].endswith("Found both.") and len(result["stepTexts"]) > len("Found both."), (
+        result
+    )
     if stream:
         assert result["streamed"] == result["stepTexts"], result
     async with httpx.AsyncClient(base_url=srv.http_url, headers=auth(KEY)) as http:

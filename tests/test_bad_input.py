@@ -1,7 +1,9 @@
-"""The bad-input matrix (docs/operations.md, "Bad input") over a real server: one test per case, in the long-lived
+"""The bad-input matrix (docs/operations.md, "Bad input") over a real server: one test per case, in the
+long-lived
 protocol, GA WebSocket mode and HTTP.
 
-Each case checks the typed error (docs/protocol.md, "Error codes"; its registered status and type, a ``param`` naming the
+Each case checks the typed error (docs/protocol.md, "Error codes"; its registered status and type, a ``param``
+naming the
 field), that the connection stays open where the protocol allows, and that a valid rollout then
 succeeds on the same connection. Where the protocol does not allow it (a frame past the limit: 1009,
 invalid UTF-8 in a text frame: 1007), the close code is checked and a new connection must serve.
@@ -47,7 +49,10 @@ MAX_ITEMS = 16
 LONG_TURN = "!tokens 4000 !say long"  # about a second of decode at 4000 tokens/s: "while it runs"
 NESTED = "[" * 100_000 + "]" * 100_000  # far past msgspec's nesting limit, well within the frame limit
 # In a JSON schema (typed ``Any``), so the typed decoder itself must descend, not stop at a wrong type.
-NESTED_EVENT = f'{{"type": "response.create", "model": "{MODEL}", "text": {{"format": {{"type": "json_schema", "name": "x", "schema": {{"a": {NESTED}}}}}}}}}'
+NESTED_EVENT = (
+    f'{{"type": "response.create", "model": "{MODEL}", '
+    f'"text": {{"format": {{"type": "json_schema", "name": "x", "schema": {{"a": {NESTED}}}}}}}}}'
+)
 Ctx = dict[str, Any]
 
 
@@ -122,48 +127,202 @@ LL_CASES = [
     LLCase("server_event_type", one('{"type": "response.done"}'), "unknown_event_type", "$.type"),
     LLCase("missing_type", one(dumps({"model": MODEL, "input": "hi"})), "invalid_event", "$.type"),
     LLCase("type_not_string", one('{"type": 7}'), "invalid_event", "$.type"),
-    LLCase("create_missing_model", one('{"type": "response.create", "input": "hi"}'), "invalid_request", "$.model"),
+    LLCase(
+        "create_missing_model",
+        one('{"type": "response.create", "input": "hi"}'),
+        "invalid_request",
+        "$.model",
+    ),
     LLCase("create_model_null", one(with_(model=None)), "invalid_request", "$.model"),
     LLCase("create_input_ill_typed", one(with_(input=5)), "invalid_request", "$.input"),
     # The SDK types call_id optional: an output without one is well-formed and answers no call.
-    LLCase("create_item_missing_call_id", one(with_(input=[{"type": "function_call_output", "output": "x"}])), "unknown_call_id", "$.input[0].call_id"),
-    LLCase("create_item_missing_output", one(with_(input=[{"type": "function_call_output", "call_id": "c"}])), "invalid_request", "$.input[0].output"),
-    LLCase("create_item_unknown_type", one(with_(input=[{"type": "frobnicate"}])), "invalid_request", "$.input[0].type"),
-    LLCase("create_tool_missing_name", one(with_(tools=[{"type": "function"}])), "invalid_request", "$.tools[0].name"),
+    LLCase(
+        "create_item_missing_call_id",
+        one(with_(input=[{"type": "function_call_output", "output": "x"}])),
+        "unknown_call_id",
+        "$.input[0].call_id",
+    ),
+    LLCase(
+        "create_item_missing_output",
+        one(with_(input=[{"type": "function_call_output", "call_id": "c"}])),
+        "invalid_request",
+        "$.input[0].output",
+    ),
+    LLCase(
+        "create_item_unknown_type",
+        one(with_(input=[{"type": "frobnicate"}])),
+        "invalid_request",
+        "$.input[0].type",
+    ),
+    LLCase(
+        "create_tool_missing_name",
+        one(with_(tools=[{"type": "function"}])),
+        "invalid_request",
+        "$.tools[0].name",
+    ),
     LLCase("create_tools_not_a_list", one(with_(tools=5)), "invalid_request", "$.tools"),
     LLCase("unknown_model", one(with_(model="gpt-nope")), "model_not_found", "$.model"),
     LLCase("too_many_tools", one(with_(tools=many_tools())), "too_many_tools", "$.tools"),
     LLCase("too_many_items", one(with_(input=[user("hi")] * (MAX_ITEMS + 1))), "too_many_items", "$.input"),
-    LLCase("create_output_unknown_call_id", one(with_(input=[user("hi"), output("call_nope", "x")])), "unknown_call_id", "$.input[1].call_id"),
-    LLCase("max_output_tokens_overflow", one(with_(max_output_tokens=10**40)), "invalid_request", "$.max_output_tokens"),
-    LLCase("max_output_tokens_negative", one(with_(max_output_tokens=-1)), "invalid_request", "$.max_output_tokens"),
-    LLCase("max_output_tokens_float", one(with_(max_output_tokens=123456789).replace("123456789", "1e400")), "invalid_request", "$.max_output_tokens"),
+    LLCase(
+        "create_output_unknown_call_id",
+        one(with_(input=[user("hi"), output("call_nope", "x")])),
+        "unknown_call_id",
+        "$.input[1].call_id",
+    ),
+    LLCase(
+        "max_output_tokens_overflow",
+        one(with_(max_output_tokens=10**40)),
+        "invalid_request",
+        "$.max_output_tokens",
+    ),
+    LLCase(
+        "max_output_tokens_negative",
+        one(with_(max_output_tokens=-1)),
+        "invalid_request",
+        "$.max_output_tokens",
+    ),
+    LLCase(
+        "max_output_tokens_float",
+        one(with_(max_output_tokens=123456789).replace("123456789", "1e400")),
+        "invalid_request",
+        "$.max_output_tokens",
+    ),
     LLCase("temperature_out_of_range", one(with_(temperature=3.5)), "invalid_request", "$.temperature"),
     LLCase("temperature_ill_typed", one(with_(temperature="hot")), "invalid_request", "$.temperature"),
     LLCase("deeply_nested", one(NESTED_EVENT), "invalid_json", None),
     LLCase("lone_surrogate", one(with_(input=[user("\ud800")])), "invalid_json", None),
     LLCase("append_no_open_response", one(append([output("call_x", "x")])), "no_open_response", None),
     LLCase("cancel_no_open_response", one('{"type": "response.cancel"}'), "no_open_response", None),
-    LLCase("cancel_unknown_response", one('{"type": "response.cancel", "response_id": "resp_nope"}'), "response_not_found", "$.response_id"),
-    LLCase("append_after_end", one(append([output("call_x", "x")])), "response_already_completed", None, setup="ended"),
-    LLCase("cancel_after_end", one('{"type": "response.cancel"}'), "response_already_completed", None, setup="ended"),
+    LLCase(
+        "cancel_unknown_response",
+        one('{"type": "response.cancel", "response_id": "resp_nope"}'),
+        "response_not_found",
+        "$.response_id",
+    ),
+    LLCase(
+        "append_after_end",
+        one(append([output("call_x", "x")])),
+        "response_already_completed",
+        None,
+        setup="ended",
+    ),
+    LLCase(
+        "cancel_after_end",
+        one('{"type": "response.cancel"}'),
+        "response_already_completed",
+        None,
+        setup="ended",
+    ),
     # (a create while suspended supersedes the open response: tests/test_codex_v1.py)
-    LLCase("create_while_suspended_invalid", one(with_(model="gpt-nope")), "model_not_found", "$.model", setup="suspended"),
+    LLCase(
+        "create_while_suspended_invalid",
+        one(with_(model="gpt-nope")),
+        "model_not_found",
+        "$.model",
+        setup="suspended",
+    ),
     LLCase("create_while_running", one(with_()), "response_in_progress", None, setup="running"),
-    LLCase("append_unknown_call_id", one(append([output("call_nope", "x")])), "unknown_call_id", "$.input[0].call_id", setup="suspended"),
-    LLCase("output_not_yet_pending", one(append([output("call_future", "x")])), "unknown_call_id", "$.input[0].call_id", setup="running"),
-    LLCase("duplicate_in_one_append", lambda c: [append([output(pending(c, 0), "x"), output(pending(c, 0), "x")])], "duplicate_call_output", "$.input[1].call_id", setup="suspended"),
-    LLCase("duplicate_across_appends", lambda c: [append([output(pending(c, 0), "x")]), append([output(pending(c, 0), "x")])], "duplicate_call_output", "$.input[0].call_id", setup="suspended", answered=1),
-    LLCase("append_wrong_response_id", one(append([output("call_x", "x")], response_id="resp_nope")), "response_not_found", "$.response_id", setup="suspended"),
-    LLCase("append_to_previous_response", lambda c: [append([output(pending(c, 0), "x")], response_id=c["last_id"])], "response_already_completed", "$.response_id", setup="second"),
-    LLCase("append_assistant_message", one(append([{"role": "assistant", "content": "I said"}])), "invalid_request", "$.input[0].role", setup="suspended"),
-    LLCase("append_function_call_item", one(append([call("call_mine")])), "unknown_call_id", "$.input[0].call_id", setup="suspended"),
-    LLCase("append_reasoning_item", one(append([{"type": "reasoning", "id": "rs_1", "summary": []}])), "invalid_request", "$.input[0].type", setup="suspended"),
-    LLCase("append_input_not_a_list", one('{"type": "response.append", "input": "hi"}'), "invalid_event", "$.input", setup="suspended"),
-    LLCase("append_missing_input", one('{"type": "response.append"}'), "invalid_event", "$.input", setup="suspended"),
-    LLCase("append_too_many_items", one(append([user("more")] * (MAX_ITEMS + 1))), "too_many_items", "$.input", setup="suspended"),
-    LLCase("cancel_wrong_response_id", one('{"type": "response.cancel", "response_id": "resp_nope"}'), "response_not_found", "$.response_id", setup="suspended"),
-    LLCase("inject_unknown_response", one(dumps({"type": "response.inject", "response_id": "resp_nope", "input": [user("hi")]})), "response_not_found", None, setup="suspended", reply="response.inject.failed"),
+    LLCase(
+        "append_unknown_call_id",
+        one(append([output("call_nope", "x")])),
+        "unknown_call_id",
+        "$.input[0].call_id",
+        setup="suspended",
+    ),
+    LLCase(
+        "output_not_yet_pending",
+        one(append([output("call_future", "x")])),
+        "unknown_call_id",
+        "$.input[0].call_id",
+        setup="running",
+    ),
+    LLCase(
+        "duplicate_in_one_append",
+        lambda c: [append([output(pending(c, 0), "x"), output(pending(c, 0), "x")])],
+        "duplicate_call_output",
+        "$.input[1].call_id",
+        setup="suspended",
+    ),
+    LLCase(
+        "duplicate_across_appends",
+        lambda c: [append([output(pending(c, 0), "x")]), append([output(pending(c, 0), "x")])],
+        "duplicate_call_output",
+        "$.input[0].call_id",
+        setup="suspended",
+        answered=1,
+    ),
+    LLCase(
+        "append_wrong_response_id",
+        one(append([output("call_x", "x")], response_id="resp_nope")),
+        "response_not_found",
+        "$.response_id",
+        setup="suspended",
+    ),
+    LLCase(
+        "append_to_previous_response",
+        lambda c: [append([output(pending(c, 0), "x")], response_id=c["last_id"])],
+        "response_already_completed",
+        "$.response_id",
+        setup="second",
+    ),
+    LLCase(
+        "append_assistant_message",
+        one(append([{"role": "assistant", "content": "I said"}])),
+        "invalid_request",
+        "$.input[0].role",
+        setup="suspended",
+    ),
+    LLCase(
+        "append_function_call_item",
+        one(append([call("call_mine")])),
+        "unknown_call_id",
+        "$.input[0].call_id",
+        setup="suspended",
+    ),
+    LLCase(
+        "append_reasoning_item",
+        one(append([{"type": "reasoning", "id": "rs_1", "summary": []}])),
+        "invalid_request",
+        "$.input[0].type",
+        setup="suspended",
+    ),
+    LLCase(
+        "append_input_not_a_list",
+        one('{"type": "response.append", "input": "hi"}'),
+        "invalid_event",
+        "$.input",
+        setup="suspended",
+    ),
+    LLCase(
+        "append_missing_input",
+        one('{"type": "response.append"}'),
+        "invalid_event",
+        "$.input",
+        setup="suspended",
+    ),
+    LLCase(
+        "append_too_many_items",
+        one(append([user("more")] * (MAX_ITEMS + 1))),
+        "too_many_items",
+        "$.input",
+        setup="suspended",
+    ),
+    LLCase(
+        "cancel_wrong_response_id",
+        one('{"type": "response.cancel", "response_id": "resp_nope"}'),
+        "response_not_found",
+        "$.response_id",
+        setup="suspended",
+    ),
+    LLCase(
+        "inject_unknown_response",
+        one(dumps({"type": "response.inject", "response_id": "resp_nope", "input": [user("hi")]})),
+        "response_not_found",
+        None,
+        setup="suspended",
+        reply="response.inject.failed",
+    ),
 ]
 
 
@@ -192,7 +351,9 @@ async def ll_finish(ws: ClientConnection, case: LLCase, ctx: Ctx) -> None:
     elif case.setup == "running":
         await ws.send('{"type": "response.cancel"}')
         terminal = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
-        assert terminal["type"] == "response.incomplete" and terminal["response"]["status"] == "cancelled", terminal
+        assert terminal["type"] == "response.incomplete" and terminal["response"]["status"] == "cancelled", (
+            terminal
+        )
 
 
 @pytest.mark.parametrize("case", LL_CASES, ids=[case.id for case in LL_CASES])
@@ -201,7 +362,9 @@ async def test_longlived(srv: ThreadedServer, case: LLCase) -> None:
         ctx = await ll_setup(ws, case.setup)
         for frame in case.frames(ctx):
             await ws.send(frame)
-        reply = (await until(ws, {"error", "response.inject.failed"}))[-1]  # a running response's deltas may come first
+        reply = (await until(ws, {"error", "response.inject.failed"}))[
+            -1
+        ]  # a running response's deltas may come first
         if case.reply == "error":
             assert_error(reply, case.code, case.param)
         else:
@@ -266,18 +429,51 @@ GA_CASES = [
     GACase("unknown_model", ga(model="gpt-nope"), "model_not_found", "model"),
     GACase("too_many_tools", ga(tools=many_tools()), "too_many_tools", "tools"),
     GACase("too_many_items", ga(input=[user("hi")] * (MAX_ITEMS + 1)), "too_many_items", "input"),
-    GACase("item_missing_call_id", ga(input=[{"type": "function_call_output", "output": "x"}]), "unknown_call_id", "input[0].call_id"),
-    GACase("item_missing_output", ga(input=[{"type": "function_call_output", "call_id": "c"}]), "invalid_request", "input[0].output"),
+    GACase(
+        "item_missing_call_id",
+        ga(input=[{"type": "function_call_output", "output": "x"}]),
+        "unknown_call_id",
+        "input[0].call_id",
+    ),
+    GACase(
+        "item_missing_output",
+        ga(input=[{"type": "function_call_output", "call_id": "c"}]),
+        "invalid_request",
+        "input[0].output",
+    ),
     GACase("undocumented_tool_type", ga(tools=[{"type": "frobnicate"}]), "invalid_request", "tools[0].type"),
-    GACase("unknown_call_id", ga(input=[user("hi"), output("call_nope", "x")]), "unknown_call_id", "input[1].call_id"),
-    GACase("duplicate_call_output", ga(input=[user("hi"), call("call_1"), output("call_1", "x"), output("call_1", "x")]), "duplicate_call_output", "input[3].call_id"),
-    GACase("previous_response_not_found", ga(previous_response_id="resp_nope", input=[user("hi")]), "previous_response_not_found", "previous_response_id"),
-    GACase("max_output_tokens_overflow", ga(max_output_tokens=10**40), "invalid_request", "max_output_tokens"),
+    GACase(
+        "unknown_call_id",
+        ga(input=[user("hi"), output("call_nope", "x")]),
+        "unknown_call_id",
+        "input[1].call_id",
+    ),
+    GACase(
+        "duplicate_call_output",
+        ga(input=[user("hi"), call("call_1"), output("call_1", "x"), output("call_1", "x")]),
+        "duplicate_call_output",
+        "input[3].call_id",
+    ),
+    GACase(
+        "previous_response_not_found",
+        ga(previous_response_id="resp_nope", input=[user("hi")]),
+        "previous_response_not_found",
+        "previous_response_id",
+    ),
+    GACase(
+        "max_output_tokens_overflow", ga(max_output_tokens=10**40), "invalid_request", "max_output_tokens"
+    ),
     GACase("top_p_out_of_range", ga(top_p=-0.5), "invalid_request", "top_p"),
     GACase("deeply_nested", NESTED_EVENT, "invalid_json", None),
     GACase("lone_surrogate", ga(input=[user("\udc00 alone")]), "invalid_json", None),
     GACase("create_while_in_flight", ga(), "response_in_progress", None, setup="running"),
-    GACase("continue_unknown_call_after_rollout", ga(previous_response_id="", input=[output("call_nope", "x")]), "unknown_call_id", "input[0].call_id", setup="after"),
+    GACase(
+        "continue_unknown_call_after_rollout",
+        ga(previous_response_id="", input=[output("call_nope", "x")]),
+        "unknown_call_id",
+        "input[0].call_id",
+        setup="after",
+    ),
 ]
 
 
@@ -346,18 +542,54 @@ HTTP_CASES = [
     HTTPCase("unknown_model", body(model="gpt-nope"), "model_not_found", "model"),
     HTTPCase("too_many_tools", body(tools=many_tools()), "too_many_tools", "tools"),
     HTTPCase("too_many_items", body(input=[user("hi")] * (MAX_ITEMS + 1)), "too_many_items", "input"),
-    HTTPCase("item_missing_call_id", body(input=[{"type": "function_call_output", "output": "x"}]), "unknown_call_id", "input[0].call_id"),
-    HTTPCase("item_missing_output", body(input=[{"type": "function_call_output", "call_id": "c"}]), "invalid_request", "input[0].output"),
-    HTTPCase("undocumented_tool_type", body(tools=[{"type": "frobnicate"}]), "invalid_request", "tools[0].type"),
-    HTTPCase("unknown_call_id", body(input=[user("hi"), output("call_nope", "x")]), "unknown_call_id", "input[1].call_id"),
-    HTTPCase("duplicate_call_output", body(input=[user("hi"), call("call_1"), output("call_1", "x"), output("call_1", "x")]), "duplicate_call_output", "input[3].call_id"),
-    HTTPCase("previous_response_not_found", body(previous_response_id="resp_nope"), "previous_response_not_found", "previous_response_id"),
-    HTTPCase("max_output_tokens_overflow", body(max_output_tokens=10**40), "invalid_request", "max_output_tokens"),
+    HTTPCase(
+        "item_missing_call_id",
+        body(input=[{"type": "function_call_output", "output": "x"}]),
+        "unknown_call_id",
+        "input[0].call_id",
+    ),
+    HTTPCase(
+        "item_missing_output",
+        body(input=[{"type": "function_call_output", "call_id": "c"}]),
+        "invalid_request",
+        "input[0].output",
+    ),
+    HTTPCase(
+        "undocumented_tool_type", body(tools=[{"type": "frobnicate"}]), "invalid_request", "tools[0].type"
+    ),
+    HTTPCase(
+        "unknown_call_id",
+        body(input=[user("hi"), output("call_nope", "x")]),
+        "unknown_call_id",
+        "input[1].call_id",
+    ),
+    HTTPCase(
+        "duplicate_call_output",
+        body(input=[user("hi"), call("call_1"), output("call_1", "x"), output("call_1", "x")]),
+        "duplicate_call_output",
+        "input[3].call_id",
+    ),
+    HTTPCase(
+        "previous_response_not_found",
+        body(previous_response_id="resp_nope"),
+        "previous_response_not_found",
+        "previous_response_id",
+    ),
+    HTTPCase(
+        "max_output_tokens_overflow", body(max_output_tokens=10**40), "invalid_request", "max_output_tokens"
+    ),
     HTTPCase("temperature_out_of_range", body(temperature=2.5), "invalid_request", "temperature"),
     HTTPCase("stream_ill_typed", body(stream="yes"), "invalid_request", "stream"),
     HTTPCase("background_unsupported", body(background=True), "invalid_request", "background"),
-    HTTPCase("deeply_nested", NESTED_EVENT.replace('"type": "response.create", ', "").encode(), "invalid_json", None),
-    HTTPCase("invalid_utf8", b'{"model": "' + MODEL.encode() + b'", "input": "\xff\xfe"}', "invalid_json", None),
+    HTTPCase(
+        "deeply_nested",
+        NESTED_EVENT.replace('"type": "response.create", ', "").encode(),
+        "invalid_json",
+        None,
+    ),
+    HTTPCase(
+        "invalid_utf8", b'{"model": "' + MODEL.encode() + b'", "input": "\xff\xfe"}', "invalid_json", None
+    ),
     HTTPCase("lone_surrogate", body(input=[user("\ud800")]), "invalid_json", None),
     HTTPCase("body_too_large", body(input=[user("x" * MAX_FRAME)]), "message_too_large", None),
 ]
@@ -386,7 +618,11 @@ async def test_http_chunked_body_too_large(http: httpx.AsyncClient) -> None:
 
 async def test_http_huge_string_within_the_limit_works(http: httpx.AsyncClient) -> None:
     big = "lorem ipsum " * (MAX_FRAME // 2 // 12)
-    reply = await http.post("/v1/responses", content=body(input=[user("!say short\n" + big)]), headers={"content-type": "application/json"})
+    reply = await http.post(
+        "/v1/responses",
+        content=body(input=[user("!say short\n" + big)]),
+        headers={"content-type": "application/json"},
+    )
     assert reply.status_code == 200 and reply.json()["status"] == "completed", reply.text[:300]
     await http_rollout_ok(http)
 
@@ -395,7 +631,10 @@ async def test_http_input_items_limit_ill_typed(http: httpx.AsyncClient) -> None
     reply = await http.post("/v1/responses", content=body())
     response_id = reply.json()["id"]
     bad = await http.get(f"/v1/responses/{response_id}/input_items", params={"limit": "many"})
-    assert bad.status_code == 400 and (bad.json()["error"]["code"], bad.json()["error"]["param"]) == ("invalid_request", "limit")
+    assert bad.status_code == 400 and (bad.json()["error"]["code"], bad.json()["error"]["param"]) == (
+        "invalid_request",
+        "limit",
+    )
     await http_rollout_ok(http)
 
 

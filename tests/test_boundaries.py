@@ -19,12 +19,36 @@ PROTO = Path(__file__).resolve().parent.parent / "proto"
 CORE_DIR = PROTO / "core"
 
 # Anything that does I/O or schedules it, and every way to the network.
-FORBIDDEN = frozenset({"socket", "asyncio", "starlette", "uvicorn", "websockets", "wsproto", "ssl", "selectors", "anyio", "httpx", "trio"})
+FORBIDDEN = frozenset(
+    {
+        "socket",
+        "asyncio",
+        "starlette",
+        "uvicorn",
+        "websockets",
+        "wsproto",
+        "ssl",
+        "selectors",
+        "anyio",
+        "httpx",
+        "trio",
+    }
+)
 
 CORE = sorted(path.stem for path in CORE_DIR.glob("*.py") if path.stem != "__init__")
 # The core may import only itself (and the standard library and msgspec-level dependencies).
-OUTSIDE = ("proto.server", "proto.client", "proto.engine", "proto.lab", "proto.demo", "proto.load", "proto.perf",
-           "proto.processes", "proto.cli", "sampler")
+OUTSIDE = (
+    "proto.server",
+    "proto.client",
+    "proto.engine",
+    "proto.lab",
+    "proto.demo",
+    "proto.load",
+    "proto.perf",
+    "proto.processes",
+    "proto.cli",
+    "sampler",
+)
 
 
 def _imports(path: Path) -> set[str]:
@@ -39,7 +63,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_core_modules_are_the_ones_we_expect() -> None:
     # A floor, not the whole list: new core modules are checked without editing this file.
-    assert {"builder", "codec", "errors", "events", "items", "longlived", "response", "state", "work"} <= set(CORE)
+    assert {"builder", "codec", "errors", "events", "items", "longlived", "response", "state", "work"} <= set(
+        CORE
+    )
 
 
 @pytest.mark.parametrize("module", CORE)
@@ -54,8 +80,9 @@ def test_source_imports_no_io(module: str) -> None:
 @pytest.mark.parametrize("module", CORE)
 def test_importing_loads_no_io(module: str) -> None:
     code = f"import json, sys; import proto.core.{module}; print(json.dumps(sorted(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROTO.parent,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PROTO.parent, check=True
+    )
     loaded = {name.split(".")[0] for name in json.loads(result.stdout)}
     assert loaded & FORBIDDEN == set()
     assert not [name for name in json.loads(result.stdout) if name.startswith(OUTSIDE)]

@@ -30,7 +30,9 @@ from proto.server.serve import ThreadedServer
 def test_each_message_has_the_wire_key_order() -> None:
     base = messages.body(MODEL, [messages.user_message("hi")], tools=TOOLS, store=False)
     assert list(base) == ["model", "input", "tools", "store"]
-    assert encode(messages.create(base)).startswith(b'{"type":"response.create","model":"mock-4000tps","input":[{"role":"user","content":"hi"}]')
+    assert encode(messages.create(base)).startswith(
+        b'{"type":"response.create","model":"mock-4000tps","input":[{"role":"user","content":"hi"}]'
+    )
     chained = messages.continuation(base, [messages.function_call_output("call_1", "ok")], "resp_1")
     assert list(chained) == ["model", "input", "tools", "store", "previous_response_id"]
     assert chained["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "ok"}]
@@ -39,10 +41,19 @@ def test_each_message_has_the_wire_key_order() -> None:
     assert encode(messages.append([{"type": "function_call_output", "call_id": "c", "output": "o"}])) == (
         b'{"type":"response.append","input":[{"type":"function_call_output","call_id":"c","output":"o"}]}'
     )
-    assert messages.append([], response_id="resp_1") == {"type": "response.append", "input": [], "response_id": "resp_1"}
+    assert messages.append([], response_id="resp_1") == {
+        "type": "response.append",
+        "input": [],
+        "response_id": "resp_1",
+    }
     assert messages.cancel() == {"type": "response.cancel"}
     assert messages.cancel("resp_1") == {"type": "response.cancel", "response_id": "resp_1"}
-    assert messages.inject("resp_1", [], event_id="e1") == {"type": "response.inject", "response_id": "resp_1", "input": [], "event_id": "e1"}
+    assert messages.inject("resp_1", [], event_id="e1") == {
+        "type": "response.inject",
+        "response_id": "resp_1",
+        "input": [],
+        "event_id": "e1",
+    }
     assert messages.body(MODEL, "just text") == {"model": MODEL, "input": "just text"}
 
 
@@ -51,7 +62,9 @@ def test_the_server_decodes_every_message_the_client_builds() -> None:
     outputs = messages.outputs([{"call_id": "call_1"}, {"call_id": "call_2"}], "done")
     assert isinstance(decode_client_event(encode(messages.create(base))), ResponseCreate)
     appended = decode_client_event(encode(messages.append(outputs, response_id="resp_1")))
-    assert isinstance(appended, ResponseAppend) and appended.response_id == "resp_1" and len(appended.input) == 2
+    assert (
+        isinstance(appended, ResponseAppend) and appended.response_id == "resp_1" and len(appended.input) == 2
+    )
     assert isinstance(decode_client_event(encode(messages.inject("resp_1", outputs))), ResponseInject)
     assert isinstance(decode_client_event(encode(messages.cancel("resp_1"))), ResponseCancel)
     chained = decode_body(encode(messages.streaming(messages.continuation(base, outputs, "resp_1"))))
@@ -60,18 +73,27 @@ def test_the_server_decodes_every_message_the_client_builds() -> None:
 
 def test_reading_a_response() -> None:
     response = {"output": [
-        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": "x"}]},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "x"}]},
         {"type": "function_call", "call_id": "call_1", "name": "grep", "arguments": "{}"},
     ]}  # fmt: skip
     assert [c["call_id"] for c in messages.function_calls(response)] == ["call_1"]
-    assert messages.as_input(response["output"][0]) == {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x"}]}
+    assert messages.as_input(response["output"][0]) == {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "x"}],
+    }
     assert messages.as_input(response["output"][1]) is response["output"][1]
 
 
 def test_wire_costs() -> None:
     assert ws_frame_bytes(b"x" * 125) == 131 and ws_frame_bytes(126) == 134 and ws_frame_bytes(65536) == 65550
     request = httpx.Request("POST", "http://h/v1/responses", headers={"a": "b"}, content=b"{}")
-    raw = b"POST /v1/responses HTTP/1.1\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in request.headers.raw) + b"\r\n{}"
+    raw = (
+        b"POST /v1/responses HTTP/1.1\r\n"
+        + b"".join(k + b": " + v + b"\r\n" for k, v in request.headers.raw)
+        + b"\r\n{}"
+    )
     assert http_request_bytes(request, 2) == len(raw)
 
 
@@ -90,27 +112,41 @@ def feed_all(chunks: list[bytes]) -> list[SseEvent]:
 def test_sse_rules() -> None:
     body = (
         b"\xef\xbb\xbf: a comment\r\n"
-        b"event: response.created\r\ndata: {\"a\":1}\r\n\r\n"  # CRLF
+        b'event: response.created\r\ndata: {"a":1}\r\n\r\n'  # CRLF
         b"data: one\rdata:two\r\r"  # CR; no space after the colon
         b"id: 7\nevent: x\ndata\n\n"  # a field without a colon: empty data
         b"event: nothing\n\n"  # no data: not dispatched
         b"data: left open"  # unterminated at the end: discarded
     )
-    expected = [SseEvent("response.created", '{"a":1}'), SseEvent("message", "one\ntwo"), SseEvent("x", "", "7")]
+    expected = [
+        SseEvent("response.created", '{"a":1}'),
+        SseEvent("message", "one\ntwo"),
+        SseEvent("x", "", "7"),
+    ]
     assert feed_all([body]) == expected
     assert feed_all([body[i : i + 1] for i in range(len(body))]) == expected
-    assert feed_all([b"data: a\r", b"", b"\ndata: b\n\n"]) == [SseEvent("message", "a\nb")]  # CRLF split by an empty chunk
+    assert feed_all([b"data: a\r", b"", b"\ndata: b\n\n"]) == [
+        SseEvent("message", "a\nb")
+    ]  # CRLF split by an empty chunk
 
 
 _text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=20)
 
 
 @given(
-    events=st.lists(st.tuples(st.sampled_from(["", "response.output_text.delta", "error"]), st.lists(_text, min_size=1, max_size=3)), max_size=6),
+    events=st.lists(
+        st.tuples(
+            st.sampled_from(["", "response.output_text.delta", "error"]),
+            st.lists(_text, min_size=1, max_size=3),
+        ),
+        max_size=6,
+    ),
     ending=st.sampled_from([b"\n", b"\r\n", b"\r"]),
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
 )
-def test_sse_parser_is_indifferent_to_where_the_body_splits(events: list[tuple[str, list[str]]], ending: bytes, cuts: list[int]) -> None:
+def test_sse_parser_is_indifferent_to_where_the_body_splits(
+    events: list[tuple[str, list[str]]], ending: bytes, cuts: list[int]
+) -> None:
     body = b""
     for name, lines in events:
         if name:
@@ -146,9 +182,15 @@ async def test_http_client_streams_and_posts(server: ThreadedServer) -> None:
         [sent] = seen.sent()
         assert sent.event["stream"] is True and sent.wire_bytes > len(encode(sent.event))
         received = seen.received()
-        assert received[0] == "response.created" and received[-1] == "response.completed" and "response.output_item.done" in received
+        assert (
+            received[0] == "response.created"
+            and received[-1] == "response.completed"
+            and "response.output_item.done" in received
+        )
         assert [f.t for f in seen.frames] == sorted(f.t for f in seen.frames)
-        reply = await client.post(messages.continuation(base, messages.outputs(messages.function_calls(first)), first["id"]))
+        reply = await client.post(
+            messages.continuation(base, messages.outputs(messages.function_calls(first)), first["id"])
+        )
         assert reply.status_code == 200 and reply.json()["status"] == "completed"
         with pytest.raises(HttpStatusError) as refused:
             await client.create(messages.body("no-such-model", "hi"))
@@ -163,7 +205,9 @@ async def test_ga_client_chains_and_survives_a_refusal(server: ThreadedServer) -
             await client.create(messages.body("no-such-model", "hi"))
         assert refused.value.error["code"] == "model_not_found"
         first = await client.create(base)
-        second = await client.create(messages.continuation(base, messages.outputs(messages.function_calls(first)), first["id"]))
+        second = await client.create(
+            messages.continuation(base, messages.outputs(messages.function_calls(first)), first["id"])
+        )
         assert second["status"] == "completed" and second["output"][-1]["type"] == "message"
     sent = seen.sent()
     assert [f.type for f in sent] == ["response.create"] * 3

@@ -23,12 +23,23 @@ from sampler.models import ModelSpec
 pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 TOKENS = 400  # at 4 000 tok/s: 100 ms of decoding
-SCRIPT = f'Go.\n!call grep {{"pattern": "a long argument to stream", "paths": ["src", "tests"]}}\n!tokens {TOKENS} !say done'
+SCRIPT = (
+    'Go.\n!call grep {"pattern": "a long argument to stream", "paths": ["src", "tests"]}\n'
+    f"!tokens {TOKENS} !say done"
+)
 
 
 async def wake_ups(every_s: float, n: int = 50) -> list[tuple[float, int]]:
-    spec = ModelSpec(name="t", time_to_first_token_ms=1.0, prefill_overhead_ms=10.0, prefill_time_per_token_ms=0.0,
-                     inter_token_latency_ms=1.0, max_num_seqs=4, time_factor_under_load=1.0, kv_cache_size=100)
+    spec = ModelSpec(
+        name="t",
+        time_to_first_token_ms=1.0,
+        prefill_overhead_ms=10.0,
+        prefill_time_per_token_ms=0.0,
+        inter_token_latency_ms=1.0,
+        max_num_seqs=4,
+        time_factor_under_load=1.0,
+        kv_cache_size=100,
+    )
     clock = FakeClock()
     seq = MockGPU(spec, clock).open()
     got: list[tuple[float, int]] = []
@@ -41,7 +52,9 @@ async def wake_ups(every_s: float, n: int = 50) -> list[tuple[float, int]]:
     task = asyncio.create_task(drive())
     await clock.run_until_idle()
     await task
-    assert seq.last_report is not None and seq.last_report.decode_ms == pytest.approx(n - 1.0)  # deadlines unmoved
+    assert seq.last_report is not None and seq.last_report.decode_ms == pytest.approx(
+        n - 1.0
+    )  # deadlines unmoved
     return got
 
 
@@ -52,7 +65,9 @@ async def test_the_gpu_wakes_at_most_every_window_and_releases_what_fell_due() -
     assert windowed[0] == plain[0]  # the first token is not held back
     times = [t for t, _ in windowed]
     assert all(b - a >= 0.005 - 1e-9 for a, b in itertools.pairwise(times))
-    assert sum(k for _, k in windowed) == 50 and len(windowed) == 11  # t_first, then every 5 ms: 5 tokens each
+    assert (
+        sum(k for _, k in windowed) == 50 and len(windowed) == 11
+    )  # t_first, then every 5 ms: 5 tokens each
     # Never early: each wake-up releases only tokens whose deadline has passed.
     due = [0.010 + i * 0.001 for i in range(50)]
     released = 0
@@ -69,7 +84,9 @@ async def rollout(url: str) -> list[dict[str, Any]]:
             event = await recv(ws)
             events.append(event)
             if event["type"] == "response.done":
-                await ws.send(json.dumps({"type": "response.append", "input": outputs(event["pending_calls"])}))
+                await ws.send(
+                    json.dumps({"type": "response.append", "input": outputs(event["pending_calls"])})
+                )
             if event["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
                 return events
 
@@ -107,7 +124,9 @@ def test_coalesced_deltas_are_fewer_and_say_the_same(both: dict[float, list[dict
         assert "".join(deltas(merged, kind)) == "".join(deltas(plain, kind))
     # 100 ms of text in windows of 5 ms: about 21 deltas, not 400 (generous bounds: the box may be busy).
     assert 2 <= len(deltas(merged, "response.output_text.delta")) <= TOKENS // 4
-    assert len(deltas(merged, "response.function_call_arguments.delta")) < len(deltas(plain, "response.function_call_arguments.delta"))
+    assert len(deltas(merged, "response.function_call_arguments.delta")) < len(
+        deltas(plain, "response.function_call_arguments.delta")
+    )
     assert total_usage(merged) == total_usage(plain)
     text = merged[-1]["response"]["output"][-1]["content"][0]["text"]
     assert "".join(deltas(merged, "response.output_text.delta")) == text
@@ -121,17 +140,28 @@ def test_coalesced_events_are_snapshots_in_strict_sequence(both: dict[float, lis
     assert added and all(item["status"] == "in_progress" for item in added)
     assert all(item.get("content", []) == [] and item.get("arguments", "") == "" for item in added)
     for done in (e for e in events if e["type"] == "response.output_text.done"):
-        before = [e for e in events if e["type"] == "response.output_text.delta" and e["item_id"] == done["item_id"]
-                  and e["sequence_number"] < done["sequence_number"]]
-        assert "".join(e["delta"] for e in before) == done["text"]  # the deltas so far, in order, are the text
+        before = [
+            e
+            for e in events
+            if e["type"] == "response.output_text.delta"
+            and e["item_id"] == done["item_id"]
+            and e["sequence_number"] < done["sequence_number"]
+        ]
+        assert (
+            "".join(e["delta"] for e in before) == done["text"]
+        )  # the deltas so far, in order, are the text
     assert all(e["delta"] for e in events if e["type"].endswith(".delta"))  # no empty delta
     assert MODEL in both[5.0][-1]["response"]["model"]
 
 
-def test_through_an_engine_in_another_process_the_stream_is_merged_the_same_way(both: dict[float, list[dict[str, Any]]]) -> None:
+def test_through_an_engine_in_another_process_the_stream_is_merged_the_same_way(
+    both: dict[float, list[dict[str, Any]]],
+) -> None:
     """The engine paces (one chunk per token); the API side merges what arrives within the window."""
-    with ChildEngine(["--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"]) as engine, \
-            running(engine=engine.http_url, coalesce_ms=5.0) as server:
+    with (
+        ChildEngine(["--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"]) as engine,
+        running(engine=engine.http_url, coalesce_ms=5.0) as server,
+    ):
         merged = asyncio.run(rollout(server.url))
     assert merged[-1]["type"] == "response.completed"
     kind = "response.output_text.delta"

@@ -38,14 +38,20 @@ def _workdir(tmp_path: Path) -> Path:
     return work
 
 
-def _assert_rollout(server: LabServer, mode: str, run_output: str, returncode: int, last: str, work: Path) -> None:
+def _assert_rollout(
+    server: LabServer, mode: str, run_output: str, returncode: int, last: str, work: Path
+) -> None:
     assert returncode == 0, run_output
     assert last == ANSWER, run_output
-    assert (work / "notes.txt").read_text() == "two\n", run_output  # the shell made it, apply_patch changed it
+    assert (work / "notes.txt").read_text() == "two\n", (
+        run_output
+    )  # the shell made it, apply_patch changed it
     ended = [line for line in server.ended() if line["turns"] > 0]  # (a GA warm-up samples nothing)
     assert ended and {line["mode"] for line in ended} == {mode}, ended
     assert [line["status"] for line in ended] == ["completed"] * 4, ended  # shell, patch, image, answer
-    assert ended[0]["output_tokens"] >= 30, ended  # the reasoning item's tokens; Codex sent it back, and went on
+    assert ended[0]["output_tokens"] >= 30, (
+        ended
+    )  # the reasoning item's tokens; Codex sent it back, and went on
     # view_image's output carried the picture: the turn after it costs the image's tokens more
     grew = [b["input_tokens"] - a["input_tokens"] for a, b in itertools.pairwise(ended)]
     assert grew[2] >= IMAGE_TOKENS, grew
@@ -57,9 +63,18 @@ async def _full_rollout(tmp_path: Path, websockets: bool) -> None:
     async with lab_server(tmp_path) as server:
         work = _workdir(tmp_path)
         # `!reason 30`: a reasoning item (with encrypted_content: Codex asks for it) that Codex sends back
-        prompt = rollout_prompt("!reason 30 " + shell("printf 'one\\n' > notes.txt"), apply_patch(PATCH), VIEW_IMAGE, f"!say {ANSWER}")
-        run = await codex_exec(binary, tmp_path / "home", work, provider_config(server, websockets=websockets), prompt)
-        _assert_rollout(server, "ws" if websockets else "http", run.output, run.returncode, run.last_message, work)
+        prompt = rollout_prompt(
+            "!reason 30 " + shell("printf 'one\\n' > notes.txt"),
+            apply_patch(PATCH),
+            VIEW_IMAGE,
+            f"!say {ANSWER}",
+        )
+        run = await codex_exec(
+            binary, tmp_path / "home", work, provider_config(server, websockets=websockets), prompt
+        )
+        _assert_rollout(
+            server, "ws" if websockets else "http", run.output, run.returncode, run.last_message, work
+        )
         if websockets:
             assert {line.get("protocol") for line in server.ended()} == {"ga"}
 
@@ -74,13 +89,16 @@ async def test_codex_websocket_runs_shell_apply_patch_and_view_image(tmp_path: P
 
 async def test_codex_without_the_catalog_still_runs_its_shell_and_view_image(tmp_path: Path) -> None:
     """The bare provider config (no catalog): Codex runs the model on fallback metadata and offers no
-    apply_patch (docs/protocol.md, "Model objects"), but its shell and view_image work and the answer is the script's."""
+    apply_patch (docs/protocol.md, "Model objects"), but its shell and view_image work and the answer is the
+    script's."""
     environ_has_node()
     binary = codex_bin("codex")
     async with lab_server(tmp_path) as server:
         work = _workdir(tmp_path)
         prompt = rollout_prompt(shell("printf 'two\\n' > notes.txt"), VIEW_IMAGE, "!say Shell and image ran.")
-        run = await codex_exec(binary, tmp_path / "home", work, provider_config(server, catalog=False), prompt)
+        run = await codex_exec(
+            binary, tmp_path / "home", work, provider_config(server, catalog=False), prompt
+        )
         assert run.returncode == 0, run.output
         assert run.last_message == "Shell and image ran.", run.output
         assert (work / "notes.txt").read_text() == "two\n"

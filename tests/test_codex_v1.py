@@ -25,9 +25,9 @@ ANSWER = "Done over v1."
 
 def v1_config(base: str, query: bool) -> str:
     extra = 'query_params = { protocol = "longlived" }' if query else ""
-    return base.replace('wire_api = "responses"', f'wire_api = "responses"\nsupports_websockets = true\n{extra}') + (
-        "[features]\nresponses_websockets = true\n"
-    )
+    return base.replace(
+        'wire_api = "responses"', f'wire_api = "responses"\nsupports_websockets = true\n{extra}'
+    ) + ("[features]\nresponses_websockets = true\n")
 
 
 def turn_usage(output: str) -> dict[str, Any]:
@@ -45,23 +45,34 @@ async def test_codex_v1_runs_a_rollout_as_one_long_lived_response(tmp_path: Path
     binary = codex_bin("codex-v1")
     async with lab_server(tmp_path) as server:
         work = tmp_path / "work"
-        prompt = "\n".join([
-            "Make two files and read them.",
-            shell("printf 'one\\n' > a.txt"),
-            f"{shell('printf two > b.txt')} | {shell('printf three > c.txt')}",  # two calls, one append
-            shell("cat a.txt b.txt c.txt"),
-            f"!say {ANSWER}",
-        ])
+        prompt = "\n".join(
+            [
+                "Make two files and read them.",
+                shell("printf 'one\\n' > a.txt"),
+                f"{shell('printf two > b.txt')} | {shell('printf three > c.txt')}",  # two calls, one append
+                shell("cat a.txt b.txt c.txt"),
+                f"!say {ANSWER}",
+            ]
+        )
         config = v1_config(provider_config(server, catalog=False), query)
         run = await codex_exec(binary, tmp_path / "home", work, config, prompt, "--json")
         assert run.returncode == 0, run.output
         assert run.last_message == ANSWER, run.output
-        assert [(work / name).read_text() for name in ("a.txt", "b.txt", "c.txt")] == ["one\n", "two", "three"]
+        assert [(work / name).read_text() for name in ("a.txt", "b.txt", "c.txt")] == [
+            "one\n",
+            "two",
+            "three",
+        ]
         ended = server.ended()
         # One socket, one response: every tool output went in by response.append. Five turns, not four:
         # 0.107 runs an unknown model on fallback metadata, which sends parallel_tool_calls: false, so
         # the mock model makes the line's two calls one per turn.
-        assert [(line["mode"], line["protocol"], line["status"], line["turns"]) for line in ended] == [("longlived", "longlived", "completed", 5)], ended
+        assert [(line["mode"], line["protocol"], line["status"], line["turns"]) for line in ended] == [
+            ("longlived", "longlived", "completed", 5)
+        ], ended
         usage = turn_usage(run.output)
         assert (usage["input_tokens"], usage["cached_input_tokens"], usage["output_tokens"]) == (
-            ended[0]["input_tokens"], ended[0]["cached_tokens"], ended[0]["output_tokens"]), (usage, ended)
+            ended[0]["input_tokens"],
+            ended[0]["cached_tokens"],
+            ended[0]["output_tokens"],
+        ), (usage, ended)

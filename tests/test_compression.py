@@ -1,4 +1,5 @@
-"""Compressed request bodies on ``POST /v1/responses`` (docs/protocol.md, "Compressed bodies"): gzip and zstd accepted and
+"""Compressed request bodies on ``POST /v1/responses`` (docs/protocol.md, "Compressed bodies"): gzip and zstd
+accepted and
 answered as the plain body would be; a bad stream, an unknown coding and a body that inflates past the
 limit each get their typed error, and the server serves on."""
 
@@ -59,7 +60,9 @@ async def test_compressed_body_is_the_body(http: httpx.AsyncClient, encoding: st
     reply = await post(http, CODERS[encoding](raw(BODY)), encoding)
     assert reply.status_code == 200, reply.text
     response = reply.json()
-    assert [i["type"] for i in response["output"]] == [i["type"] for i in plain["output"]] == ["function_call"]
+    assert (
+        [i["type"] for i in response["output"]] == [i["type"] for i in plain["output"]] == ["function_call"]
+    )
     assert response["usage"]["input_tokens"] == plain["usage"]["input_tokens"]
 
 
@@ -67,7 +70,9 @@ async def test_compressed_stream(http: httpx.AsyncClient) -> None:
     content = zstandard.ZstdCompressor().compress(raw({**BODY, "stream": True}))
     headers = {"content-type": "application/json", "content-encoding": "zstd"}
     async with http.stream("POST", "/v1/responses", content=content, headers=headers) as reply:
-        kinds = [json.loads(line[6:])["type"] async for line in reply.aiter_lines() if line.startswith("data: ")]
+        kinds = [
+            json.loads(line[6:])["type"] async for line in reply.aiter_lines() if line.startswith("data: ")
+        ]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
 
 
@@ -80,13 +85,28 @@ async def test_compressed_stream(http: httpx.AsyncClient) -> None:
         (zstandard.ZstdCompressor().compress(raw(BODY))[:-3], "zstd", "invalid_encoding"),
         (raw(BODY), "br", "unsupported_encoding"),
         # a bomb: far under the limit on the wire, far over it decoded
-        (zstandard.ZstdCompressor().compress(raw({**BODY, "instructions": "a" * (8 * LIMIT)})), "zstd", "message_too_large"),
+        (
+            zstandard.ZstdCompressor().compress(raw({**BODY, "instructions": "a" * (8 * LIMIT)})),
+            "zstd",
+            "message_too_large",
+        ),
         (gzip.compress(raw({**BODY, "instructions": "a" * (8 * LIMIT)})), "gzip", "message_too_large"),
         (zstandard.ZstdCompressor().compress(b"{oops"), "zstd", "invalid_json"),
     ],
-    ids=["gzip-garbage", "gzip-truncated", "zstd-garbage", "zstd-truncated", "brotli", "zstd-bomb", "gzip-bomb", "zstd-bad-json"],
+    ids=[
+        "gzip-garbage",
+        "gzip-truncated",
+        "zstd-garbage",
+        "zstd-truncated",
+        "brotli",
+        "zstd-bomb",
+        "gzip-bomb",
+        "zstd-bad-json",
+    ],
 )
-async def test_bad_encoding_is_typed(http: httpx.AsyncClient, content: bytes, encoding: str, code: str) -> None:
+async def test_bad_encoding_is_typed(
+    http: httpx.AsyncClient, content: bytes, encoding: str, code: str
+) -> None:
     assert len(content) < LIMIT
     reply = await post(http, content, encoding)
     assert reply.status_code == ERROR_CODES[code][0], reply.text

@@ -1,6 +1,8 @@
-"""The long-lived connection core with no sockets: frames in, actions / state / frames out (after h11's tests).
+"""The long-lived connection core with no sockets: frames in, actions / state / frames out (after h11's
+tests).
 
-``Pipe`` plays both ends in memory: ``client`` feeds a JSON event to ``LongLivedCore.receive`` as the WebSocket
+``Pipe`` plays both ends in memory: ``client`` feeds a JSON event to ``LongLivedCore.receive`` as the
+WebSocket
 adapter would, ``server`` frames the events a sampler would produce (with the real ``ResponseBuilder``), and
 every frame the client would have received is kept in ``wire`` so the tests can read the whole conversation.
 """
@@ -227,12 +229,16 @@ def test_abort_returns_where_it_came_from(before: State) -> None:
     pipe = pipe_in(before)
     pipe.create()
     assert state_of(pipe) is State.OPENING
-    frame = pipe.core.abort(ClientError("previous_response_not_found", "no such response", "$.previous_response_id"))
+    frame = pipe.core.abort(
+        ClientError("previous_response_not_found", "no such response", "$.previous_response_id")
+    )
     detail = codec.decode_server_event(frame)
     assert isinstance(detail, ErrorEvent) and detail.error.param == "$.previous_response_id"
     assert state_of(pipe) is before
     assert pipe.core.response_id is None
-    assert code_of(pipe.append(user_message("x"))) == ("no_open_response" if before is State.IDLE else "response_already_completed")
+    assert code_of(pipe.append(user_message("x"))) == (
+        "no_open_response" if before is State.IDLE else "response_already_completed"
+    )
     pipe.open()  # and the connection serves the next create
     assert state_of(pipe) is State.STREAMING
 
@@ -282,13 +288,17 @@ def test_cancel_asks_the_adapter_to_stop_then_the_terminal_event_ends(state: Sta
     else:
         assert actions == [Cancel(response_id)]
     assert pipe.client(type="response.cancel", response_id=response_id) == []  # once is enough
-    assert pipe.core.state is (State.STREAMING if state is State.OPENING else state)  # nothing ends until the terminal event
+    assert pipe.core.state is (
+        State.STREAMING if state is State.OPENING else state
+    )  # nothing ends until the terminal event
     builder = ResponseBuilder(response_id, ResponseCreate(model=CORE_MODEL), "longlived")
     ended = codec.decode_server_event(pipe.core.frame(builder.incomplete("cancelled")))
     assert ended.response.status == "cancelled"  # type: ignore[union-attr]
     assert pipe.core.state is State.ENDED
     assert code_of(pipe.client(type="response.cancel")) == "response_already_completed"
-    assert code_of(pipe.client(type="response.cancel", response_id=response_id)) == "response_already_completed"
+    assert (
+        code_of(pipe.client(type="response.cancel", response_id=response_id)) == "response_already_completed"
+    )
 
 
 def test_cancel_names_the_open_response_or_is_refused() -> None:
@@ -301,7 +311,10 @@ def test_cancel_names_the_open_response_or_is_refused() -> None:
 
 @pytest.mark.parametrize("state", [State.IDLE, State.ENDED])
 def test_cancel_of_a_response_never_seen_is_not_found(state: State) -> None:
-    assert code_of(pipe_in(state).client(type="response.cancel", response_id="resp_nope")) == "response_not_found"
+    assert (
+        code_of(pipe_in(state).client(type="response.cancel", response_id="resp_nope"))
+        == "response_not_found"
+    )
 
 
 # ================================================================================================ error codes
@@ -319,9 +332,23 @@ def test_cancel_of_a_response_never_seen_is_not_found(state: State) -> None:
         "\ud800",
         "[" * 100_000 + "]" * 100_000,
         '{"type": "response.create", "model": "m", "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}",
-        '{"type": "response.append", "input": [{"type": "message", "role": "user", "content": ' + "[" * 5000 + "]" * 5000 + "}]}",
+        '{"type": "response.append", "input": [{"type": "message", "role": "user", "content": '
+        + "[" * 5000
+        + "]" * 5000
+        + "}]}",
     ],
-    ids=["text", "truncated", "trailing-comma", "two-values", "wrong-shape-then-junk", "invalid-utf8", "lone-surrogate", "deep-array", "deep-field", "deep-item"],
+    ids=[
+        "text",
+        "truncated",
+        "trailing-comma",
+        "two-values",
+        "wrong-shape-then-junk",
+        "invalid-utf8",
+        "lone-surrogate",
+        "deep-array",
+        "deep-field",
+        "deep-item",
+    ],
 )
 def test_invalid_json(frame: str | bytes) -> None:
     detail = error_of(Pipe().send(frame))
@@ -345,16 +372,56 @@ def test_invalid_json(frame: str | bytes) -> None:
         ('{"type": "response.inject", "input": []}', "invalid_event", "$.response_id"),
         ('{"type": "response.create"}', "invalid_request", "$.model"),
         ('{"type": "response.create", "model": 3}', "invalid_request", "$.model"),
-        ('{"type": "response.create", "model": "m", "tools": [{"type": "function"}]}', "invalid_request", "$.tools[0].name"),
-        ('{"type": "response.create", "model": "m", "tools": [{"type": "frobnicate"}]}', "invalid_request", "$.tools[0].type"),
-        ('{"type": "response.create", "model": "m", "max_output_tokens": "many"}', "invalid_request", "$.max_output_tokens"),
-        ('{"type": "response.create", "model": "m", "max_output_tokens": 1e400}', "invalid_request", "$.max_output_tokens"),
+        (
+            '{"type": "response.create", "model": "m", "tools": [{"type": "function"}]}',
+            "invalid_request",
+            "$.tools[0].name",
+        ),
+        (
+            '{"type": "response.create", "model": "m", "tools": [{"type": "frobnicate"}]}',
+            "invalid_request",
+            "$.tools[0].type",
+        ),
+        (
+            '{"type": "response.create", "model": "m", "max_output_tokens": "many"}',
+            "invalid_request",
+            "$.max_output_tokens",
+        ),
+        (
+            '{"type": "response.create", "model": "m", "max_output_tokens": 1e400}',
+            "invalid_request",
+            "$.max_output_tokens",
+        ),
         ('{"type": "response.create", "model": "m", "input": 5}', "invalid_request", "$.input"),
-        ('{"type": "response.create", "model": "mock-1000tps", "input": [5]}', "invalid_request", "$.input[0]"),
-        ('{"type": "response.create", "model": "mock-1000tps", "input": [{"type": "message", "role": "robot", "content": "x"}]}', "invalid_request", "$.input[0].role"),
-        ('{"type": "response.create", "model": "mock-1000tps", "input": [{"content": "typeless, roleless"}]}', "invalid_request", "$.input[0].role"),
-        ('{"type": "response.append", "input": [{"type": "function_call_output", "call_id": 1, "output": "x"}]}', "invalid_request", "$.input[0].call_id"),
-        ('{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "ok"}, {"type": "function_call_output", "call_id": "c"}]}', "invalid_request", "$.input[1].output"),
+        (
+            '{"type": "response.create", "model": "mock-1000tps", "input": [5]}',
+            "invalid_request",
+            "$.input[0]",
+        ),
+        (
+            '{"type": "response.create", "model": "mock-1000tps", "input": [{"type": "message", "role": '
+            '"robot", "content": "x"}]}',
+            "invalid_request",
+            "$.input[0].role",
+        ),
+        (
+            '{"type": "response.create", "model": "mock-1000tps", "input": [{"content": "typeless, '
+            'roleless"}]}',
+            "invalid_request",
+            "$.input[0].role",
+        ),
+        (
+            '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": 1, "output": '
+            '"x"}]}',
+            "invalid_request",
+            "$.input[0].call_id",
+        ),
+        (
+            '{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "ok"}, '
+            '{"type": "function_call_output", "call_id": "c"}]}',
+            "invalid_request",
+            "$.input[1].output",
+        ),
         ('{"type": "response.append", "input": [{"type": "mystery"}]}', "invalid_request", "$.input[0].type"),
     ],
 )
@@ -376,7 +443,9 @@ def test_unknown_event_type(kind: str) -> None:
 def test_binary_frame_not_supported_in_any_live_state() -> None:
     for state in [State.IDLE, State.OPENING, State.STREAMING, State.SUSPENDED, State.ENDED]:
         pipe = pipe_in(state)
-        assert code_of(pipe.core.receive_binary(b'{"type":"response.cancel"}')) == "binary_frame_not_supported"
+        assert (
+            code_of(pipe.core.receive_binary(b'{"type":"response.cancel"}')) == "binary_frame_not_supported"
+        )
         assert pipe.core.state is state
 
 
@@ -410,15 +479,21 @@ def test_an_output_nobody_waits_for_is_unknown(state: State) -> None:
 
 def test_unknown_call_id_in_a_full_history() -> None:
     pipe = Pipe()
-    actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("hi"), output("call_x")])
+    actions = pipe.client(
+        type="response.create", model=CORE_MODEL, input=[user_message("hi"), output("call_x")]
+    )
     assert (code_of(actions), error_of(actions).param) == ("unknown_call_id", "$.input[1].call_id")
     assert pipe.core.state is State.IDLE
     call = {"type": "function_call", "call_id": "call_x", "name": "grep", "arguments": "{}"}
-    [start] = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("hi"), call, output("call_x")])
+    [start] = pipe.client(
+        type="response.create", model=CORE_MODEL, input=[user_message("hi"), call, output("call_x")]
+    )
     assert isinstance(start, Start) and len(start.items) == 3
     # A continuation answers calls of the stored response: checked where that response is loaded, not here.
     pipe = Pipe()
-    [start] = pipe.client(type="response.create", model=CORE_MODEL, previous_response_id="resp_0", input=[output("call_x")])
+    [start] = pipe.client(
+        type="response.create", model=CORE_MODEL, previous_response_id="resp_0", input=[output("call_x")]
+    )
     assert isinstance(start, Start)
 
 
@@ -467,13 +542,21 @@ def test_append_may_name_the_open_response() -> None:
 def test_model_not_found() -> None:
     pipe = Pipe()
     actions = pipe.client(type="response.create", model="gpt-nope")
-    assert (code_of(actions), status_of(actions), error_of(actions).param) == ("model_not_found", 404, "$.model")
+    assert (code_of(actions), status_of(actions), error_of(actions).param) == (
+        "model_not_found",
+        404,
+        "$.model",
+    )
     assert pipe.core.state is State.IDLE
 
 
 def test_too_many_items() -> None:
     pipe = Pipe(EventLimits(max_input_items=2))
-    actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("a"), user_message("b"), user_message("c")])
+    actions = pipe.client(
+        type="response.create",
+        model=CORE_MODEL,
+        input=[user_message("a"), user_message("b"), user_message("c")],
+    )
     assert (code_of(actions), error_of(actions).param) == ("too_many_items", "$.input")
     assert pipe.core.state is State.IDLE
     pipe.open(input=[user_message("a"), user_message("b")])
@@ -496,10 +579,16 @@ def test_too_many_tools() -> None:
         ({"type": "message", "role": "assistant", "content": "I said"}, "invalid_request", "$.input[0].role"),
         ({"type": "reasoning", "id": "rs_1", "summary": []}, "invalid_request", "$.input[0].type"),
         # An echo of the model's own call is accepted only for a call the response made.
-        ({"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}, "unknown_call_id", "$.input[0].call_id"),
+        (
+            {"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"},
+            "unknown_call_id",
+            "$.input[0].call_id",
+        ),
     ],
 )
-def test_append_accepts_only_outputs_and_user_side_messages(item: dict[str, Any], code: str, param: str) -> None:
+def test_append_accepts_only_outputs_and_user_side_messages(
+    item: dict[str, Any], code: str, param: str
+) -> None:
     actions = pipe_in(State.STREAMING).append(item)
     assert (code_of(actions), error_of(actions).param) == (code, param)
 
@@ -511,7 +600,9 @@ def test_inject_is_acknowledged_then_acts_like_append() -> None:
     pipe = pipe_in(State.SUSPENDED)
     response_id = pipe.core.response_id
     first, second = pipe.core.pending_calls
-    actions = pipe.client(type="response.inject", response_id=response_id, event_id="ev_1", input=[output(second)])
+    actions = pipe.client(
+        type="response.inject", response_id=response_id, event_id="ev_1", input=[output(second)]
+    )
     assert actions == [Reply(codec.encode(InjectCreated(response_id=response_id or "", event_id="ev_1")))]
     actions = pipe.client(type="response.inject", response_id=response_id, input=[output(first)])
     assert isinstance(actions[0], Reply) and isinstance(actions[1], Resume)
@@ -520,7 +611,9 @@ def test_inject_is_acknowledged_then_acts_like_append() -> None:
 
 def test_inject_while_streaming_enqueues_user_messages() -> None:
     pipe = pipe_in(State.STREAMING)
-    actions = pipe.client(type="response.inject", response_id=pipe.core.response_id, input=[user_message("also")])
+    actions = pipe.client(
+        type="response.inject", response_id=pipe.core.response_id, input=[user_message("also")]
+    )
     assert isinstance(codec.decode_server_event(actions[0].data), InjectCreated)  # type: ignore[union-attr]
     assert len(actions) == 1  # the core keeps the message for the next turn boundary
     assert pipe.core.take_queued() == [Message(role="user", content="also")]
@@ -538,7 +631,9 @@ def test_inject_while_streaming_enqueues_user_messages() -> None:
 )
 def test_inject_failed(state: State, target: str, code: str) -> None:
     pipe = pipe_in(state)
-    actions = pipe.client(type="response.inject", response_id=target, event_id="ev_9", input=[output("call_zz")])
+    actions = pipe.client(
+        type="response.inject", response_id=target, event_id="ev_9", input=[output("call_zz")]
+    )
     assert len(actions) == 1 and isinstance(actions[0], Reply)
     failed = codec.decode_server_event(actions[0].data)
     assert isinstance(failed, InjectFailed)
@@ -582,7 +677,10 @@ def test_user_messages_while_streaming_wait_for_the_next_turn() -> None:
     assert pipe.core.take_queued() == [Message(role="user", content="before the first token")]
     actions = pipe.append(user_message("one"), {"role": "developer", "content": "two"})
     assert actions == []
-    assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="developer", content="two")]
+    assert pipe.core.take_queued() == [
+        Message(role="user", content="one"),
+        Message(role="developer", content="two"),
+    ]
     assert pipe.core.take_queued() == []  # each is handed over once
     assert pipe.core.state is State.STREAMING
     empty = pipe.append()  # answered typed, nothing changes
@@ -638,19 +736,37 @@ def test_sequence_numbers_increase_over_a_whole_multi_suspension_response() -> N
 
 def _snapshot(core: LongLivedCore) -> tuple[object, ...]:
     open_ = core._open
-    inner = None if open_ is None else (open_.id, dict(open_.pending), dict(open_.received), set(open_.answered), list(open_.extra), open_.work.items_validated)
+    inner = (
+        None
+        if open_ is None
+        else (
+            open_.id,
+            dict(open_.pending),
+            dict(open_.received),
+            set(open_.answered),
+            list(open_.extra),
+            open_.work.items_validated,
+        )
+    )
     return core.state, inner, core._last_id
 
 
 BAD_FRAMES = [
     "garbage",
-    '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}, {"oops": 1}]}',
-    '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}, {"type": "function_call_output", "call_id": "nope", "output": "x"}]}',
-    '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}, {"type": "function_call_output", "call_id": "CALL0", "output": "x"}]}',
-    '{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "hi"}, {"type": "message", "role": "assistant", "content": "x"}]}',
-    '{"type": "response.append", "response_id": "resp_zz", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}]}',
-    '{"type": "response.inject", "response_id": "RESP", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": "x"}, {}]}',
-    '{"type": "response.create", "model": "gpt-nope"}',  # (a valid one supersedes: test_create_supersedes_a_suspended_response)
+    '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": '
+    '"x"}, {"oops": 1}]}',
+    '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": '
+    '"x"}, {"type": "function_call_output", "call_id": "nope", "output": "x"}]}',
+    '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "CALL0", "output": '
+    '"x"}, {"type": "function_call_output", "call_id": "CALL0", "output": "x"}]}',
+    '{"type": "response.append", "input": [{"type": "message", "role": "user", "content": "hi"}, {"type": '
+    '"message", "role": "assistant", "content": "x"}]}',
+    '{"type": "response.append", "response_id": "resp_zz", "input": [{"type": "function_call_output", '
+    '"call_id": "CALL0", "output": "x"}]}',
+    '{"type": "response.inject", "response_id": "RESP", "input": [{"type": "function_call_output", '
+    '"call_id": "CALL0", "output": "x"}, {}]}',
+    # (a valid one supersedes: test_create_supersedes_a_suspended_response)
+    '{"type": "response.create", "model": "gpt-nope"}',
     '{"type": "response.cancel", "response_id": "resp_zz"}',
 ]
 
@@ -681,12 +797,16 @@ def test_a_bad_frame_changes_nothing(frame: str) -> None:
     assert _snapshot(pipe.core) == before
     [resume] = pipe.append(output(first, "late"))  # the connection carries on as if the frame never came
     assert isinstance(resume, Resume)
-    assert [(i.call_id, i.output) for i in resume.items] == [(first, "late"), (second, "early")]  # type: ignore[union-attr]
+    # type: ignore[union-attr]
+    assert [(i.call_id, i.output) for i in resume.items] == [(first, "late"), (second, "early")]
 
 
 @pytest.mark.parametrize(
     "frame",
-    ['{"type": "response.create", "model": "gpt-nope"}', '{"type": "response.create", "model": "mock-1000tps", "input": [{}]}'],
+    [
+        '{"type": "response.create", "model": "gpt-nope"}',
+        '{"type": "response.create", "model": "mock-1000tps", "input": [{}]}',
+    ],
 )
 def test_a_refused_create_leaves_an_ended_connection_ended(frame: str) -> None:
     pipe = pipe_in(State.ENDED)
@@ -764,5 +884,8 @@ def test_queued_user_messages_are_capped_typed_and_the_refused_append_keeps_noth
     assert pipe.append(user_message("one")) == []
     assert code_of(pipe.append(user_message("two"), user_message("three"))) == "too_many_queued_items"
     assert pipe.append(user_message("two")) == []  # within the cap again
-    assert pipe.core.take_queued() == [Message(role="user", content="one"), Message(role="user", content="two")]
+    assert pipe.core.take_queued() == [
+        Message(role="user", content="one"),
+        Message(role="user", content="two"),
+    ]
     assert pipe.append(user_message("after the turn boundary")) == []  # taking them makes room

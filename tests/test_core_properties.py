@@ -46,13 +46,19 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )
-event_types = st.sampled_from(["response.create", "response.append", "response.inject", "response.cancel", "response.bogus"])
+event_types = st.sampled_from(
+    ["response.create", "response.append", "response.inject", "response.cancel", "response.bogus"]
+)
 fields = st.sampled_from(["input", "model", "response_id", "tools", "x"])
 bad_frames = st.one_of(
     st.text(max_size=30),  # garbage text
     st.binary(max_size=30),  # garbage bytes, invalid UTF-8 among them
     json_values.map(json.dumps),  # JSON, mostly not an event
-    st.builds(lambda kind, junk: json.dumps({"type": kind, **junk}), event_types, st.dictionaries(fields, json_values, max_size=3)),
+    st.builds(
+        lambda kind, junk: json.dumps({"type": kind, **junk}),
+        event_types,
+        st.dictionaries(fields, json_values, max_size=3),
+    ),
 )
 
 
@@ -64,7 +70,9 @@ def live(machine: CoreMachine) -> bool:
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.core = LongLivedCore({CORE_MODEL}, EventLimits(max_input_items=4, max_tools=2, max_pending_calls=3))
+        self.core = LongLivedCore(
+            {CORE_MODEL}, EventLimits(max_input_items=4, max_tools=2, max_pending_calls=3)
+        )
         self.call_ids = (f"call_{n}" for n in itertools.count())
         self.builder: ResponseBuilder | None = None
         self.start: Start | None = None  # a create the pre-inference pipeline is working on
@@ -159,7 +167,9 @@ class CoreMachine(RuleBasedStateMachine):
     def some_items(self, data: st.DataObject) -> list[Any]:
         known = [*self.core.pending_calls, *self.answered[-3:], "call_nobody_made"]
         item = st.one_of(
-            st.sampled_from(known).map(lambda call_id: {"type": "function_call_output", "call_id": call_id, "output": "ok"}),
+            st.sampled_from(known).map(
+                lambda call_id: {"type": "function_call_output", "call_id": call_id, "output": "ok"}
+            ),
             st.text(max_size=6).map(user_message),
             st.just({"type": "message", "role": "assistant", "content": "mine"}),
             st.just({"type": "function_call_output", "output": "no call_id"}),
@@ -180,7 +190,9 @@ class CoreMachine(RuleBasedStateMachine):
         # The common case: outputs in a random order, maybe split over two appends, maybe with a message.
         pending = data.draw(st.permutations(self.core.outstanding_calls))
         cut = data.draw(st.integers(0, len(pending)))
-        outputs = [{"type": "function_call_output", "call_id": call_id, "output": "ok"} for call_id in pending]
+        outputs = [
+            {"type": "function_call_output", "call_id": call_id, "output": "ok"} for call_id in pending
+        ]
         first, second = outputs[:cut], outputs[cut:]
         if data.draw(st.booleans()):
             first.append(user_message("also"))
@@ -211,7 +223,11 @@ class CoreMachine(RuleBasedStateMachine):
         assert builder is not None
         if step == "end" or self.core.state is State.SUSPENDED:
             # A suspended response ends only by cancel or tool timeout; a sampling one in any way.
-            reasons = ["completed", "failed", "max_output_tokens"] if self.core.state is State.STREAMING else ["tool_timeout"]
+            reasons = (
+                ["completed", "failed", "max_output_tokens"]
+                if self.core.state is State.STREAMING
+                else ["tool_timeout"]
+            )
             if step == "end" or data.draw(st.booleans()):
                 self.end(data.draw(st.sampled_from(reasons)))
             return

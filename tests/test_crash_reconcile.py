@@ -6,7 +6,8 @@ delivered at every turn end and every ``--progress-interval-s`` while a turn str
 one suspended on a call, a GA stream, an SSE stream, a JSON request — and a new one started on the same
 file: before it serves, every response that had started is billed ``incomplete`` with reason
 ``server_crashed``, for at least the last progress its trace recorded and never more than the client
-received; the responses that had ended keep their own rows. The guarantee is written out in docs/operations.md, "Billing guarantees".
+received; the responses that had ended keep their own rows. The guarantee is written out in
+docs/operations.md, "Billing guarantees".
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def tokens_of(events: list[dict[str, Any]]) -> int:
     return sum(_tokenizer.count(e["delta"]) for e in events if e["type"] in DELTAS)
 
 
-async def read_until(ws: ClientConnection, events: list[dict[str, Any]], stop: str | None = None, deltas: int = 0) -> None:
+async def read_until(
+    ws: ClientConnection, events: list[dict[str, Any]], stop: str | None = None, deltas: int = 0
+) -> None:
     while True:
         event = json.loads(await asyncio.wait_for(ws.recv(), GUARD))
         events.append(event)
@@ -75,17 +78,38 @@ async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_start
             ended = (await http.post("/v1/responses", json=body("!say done", store=True))).json()
             assert ended["status"] == "completed"
             json_request = asyncio.create_task(http.post("/v1/responses", json=body(LONG)))
-            for name, ws, script in (("second_turn", second_turn, TWO_TURNS), ("suspended", suspended, TWO_TURNS), ("ga", ga, LONG)):
+            for name, ws, script in (
+                ("second_turn", second_turn, TWO_TURNS),
+                ("suspended", suspended, TWO_TURNS),
+                ("ga", ga, LONG),
+            ):
                 await ws.send(json.dumps({"type": "response.create", **body(script)}))
                 streams[name] = []
-                await read_until(ws, streams[name], stop="response.done" if ws is not ga else None, deltas=20 if ws is ga else 0)
+                await read_until(
+                    ws,
+                    streams[name],
+                    stop="response.done" if ws is not ga else None,
+                    deltas=20 if ws is ga else 0,
+                )
             call = streams["second_turn"][-1]["pending_calls"][0]
-            await second_turn.send(json.dumps({"type": "response.append", "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]}))
-            await read_until(second_turn, streams["second_turn"], deltas=20 + tokens_of(streams["second_turn"]))
+            await second_turn.send(
+                json.dumps(
+                    {
+                        "type": "response.append",
+                        "input": [
+                            {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+                        ],
+                    }
+                )
+            )
+            await read_until(
+                second_turn, streams["second_turn"], deltas=20 + tokens_of(streams["second_turn"])
+            )
             streams["sse"] = []
             lines = sse.aiter_lines()
             await sse_read(lines, streams["sse"], deltas=20)
-            # Every in-flight response's trace is durable, each with some progress (the suspended one: its turn).
+            # Every in-flight response's trace is durable, each with some progress (the suspended one: its
+            # turn).
             for _ in range(500):
                 traced = query(db, "SELECT response_id, output_tokens FROM open_responses")
                 if len(traced) == 5 and all(output > 0 for _, output in traced):
@@ -93,7 +117,9 @@ async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_start
                 await asyncio.sleep(0.01)
             first.process.send_signal(signal.SIGKILL)
             assert await asyncio.wait_for(first.process.wait(), GUARD) == -signal.SIGKILL
-            proven = dict(query(db, "SELECT response_id, output_tokens FROM open_responses"))  # the last durable figures
+            proven = dict(
+                query(db, "SELECT response_id, output_tokens FROM open_responses")
+            )  # the last durable figures
             assert len(proven) == 5, proven
             for name, ws in (("second_turn", second_turn), ("suspended", suspended), ("ga", ga)):
                 await drain(ws, streams[name])
@@ -107,11 +133,18 @@ async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_start
         async with httpx.AsyncClient(base_url=second.http_url, timeout=GUARD) as http:
             scraped = (await http.get("/metrics")).text
             assert "responses_lab_ledger_reconciled 5.0" in scraped
-            assert (await http.post("/v1/responses", json=body("!say after", store=False))).json()["status"] == "completed"
-            assert (await http.get(f"/v1/responses/{ended['id']}")).status_code == 200  # the ended one was stored
+            assert (await http.post("/v1/responses", json=body("!say after", store=False))).json()[
+                "status"
+            ] == "completed"
+            assert (
+                await http.get(f"/v1/responses/{ended['id']}")
+            ).status_code == 200  # the ended one was stored
         second.process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(second.process.wait(), 30)
-    rows = {r[0]: r[1:] for r in query(db, "SELECT response_id, status, reason, output_tokens, input_tokens FROM usage")}
+    rows = {
+        r[0]: r[1:]
+        for r in query(db, "SELECT response_id, status, reason, output_tokens, input_tokens FROM usage")
+    }
     assert query(db, "SELECT count(*) FROM open_responses") == [(0,)]
     assert rows.pop(ended["id"])[:2] == ("completed", "")
     after = [rid for rid, (status, *_) in rows.items() if status == "completed"]
@@ -126,7 +159,9 @@ async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_start
             assert output_tokens <= received[response_id], (response_id, output_tokens, received[response_id])
 
 
-async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_siblings_response(tmp_path: Path) -> None:
+async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_siblings_response(
+    tmp_path: Path,
+) -> None:
     db = tmp_path / "lab.db"
     dead = UsageLedger(str(db))  # a process that died with a response open: its open row stays behind
     dead.start()
@@ -148,8 +183,12 @@ async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_si
                 if all(traced.get(i, 0) > 0 for i in ids):
                     break
                 await asyncio.sleep(0.01)
-            assert query(db, "SELECT response_id, status, reason, output_tokens FROM usage") == [("resp_dead", "incomplete", "server_crashed", 7)]
-            assert set(ids) <= set(dict(query(db, "SELECT response_id, owner FROM open_responses")))  # live ones left alone
+            assert query(db, "SELECT response_id, status, reason, output_tokens FROM usage") == [
+                ("resp_dead", "incomplete", "server_crashed", 7)
+            ]
+            assert set(ids) <= set(
+                dict(query(db, "SELECT response_id, owner FROM open_responses"))
+            )  # live ones left alone
         finally:
             for ws in sockets:
                 ws.transport.abort()  # the clients just go: their responses are cut and billed

@@ -1,6 +1,8 @@
-"""A response cut short is billed for what it delivered (docs/operations.md, "Billing guarantees"), on every transport.
+"""A response cut short is billed for what it delivered (docs/operations.md, "Billing guarantees"), on every
+transport.
 
-Before, only finished turns were billed: 3 858 tokens streamed, then ``response.cancel`` → ``usage 0/0`` in the
+Before, only finished turns were billed: 3 858 tokens streamed, then ``response.cancel`` → ``usage 0/0`` in
+the
 terminal event and the ledger. Now the turn in progress books its prompt (once its prefill started) and the
 output tokens already handed to the transport, before the terminal event is made.
 
@@ -71,12 +73,16 @@ def tokens_of(events: list[dict[str, Any]]) -> int:
     return sum(_tokenizer.count(event["delta"]) for event in events if event["type"] in DELTAS)
 
 
-async def read(ws: ClientConnection, events: list[dict[str, Any]], until: frozenset[str] | None = None, deltas: int = 0) -> None:
+async def read(
+    ws: ClientConnection, events: list[dict[str, Any]], until: frozenset[str] | None = None, deltas: int = 0
+) -> None:
     """Append frames to ``events`` until one of ``until`` arrives, or until ``deltas`` deltas were seen."""
     while True:
         event = json.loads(await asyncio.wait_for(ws.recv(), GUARD))
         events.append(event)
-        if (until and event["type"] in until | {"error"}) or (deltas and sum(e["type"] in DELTAS for e in events) >= deltas):
+        if (until and event["type"] in until | {"error"}) or (
+            deltas and sum(e["type"] in DELTAS for e in events) >= deltas
+        ):
             return
 
 
@@ -104,7 +110,10 @@ async def settled(srv: ThreadedServer) -> None:
         return [n for n in server_tasks(srv) if n.startswith(("response-", "sse-", "http-response"))]
 
     await wait_for(lambda: not busy(), "the response's task ended")
-    await wait_for(lambda: all(gpu.slots.running == 0 for gpu in server.pipeline.engines.gpus.values()), "every GPU slot free")
+    await wait_for(
+        lambda: all(gpu.slots.running == 0 for gpu in server.pipeline.engines.gpus.values()),
+        "every GPU slot free",
+    )
 
 
 # ----------------------------------------------------------------------------------------- cancel
@@ -117,16 +126,25 @@ async def test_a_cancel_after_a_second_of_stream_bills_exactly_what_the_client_r
             events: list[dict[str, Any]] = []
             await read(ws, events, until=frozenset({"response.done"}))
             call = events[-1]["pending_calls"][0]
-            output = {"type": "function_call_output", "call_id": call["call_id"], "output": "src/a.py:1: match"}
+            output = {
+                "type": "function_call_output",
+                "call_id": call["call_id"],
+                "output": "src/a.py:1: match",
+            }
             await ws.send(json.dumps({"type": "response.append", "input": [output]}))
             first_turn = len(events)
             await read(ws, events, deltas=ONE_SECOND + tokens_of(events))  # a second into the second turn
             await ws.send(json.dumps({"type": "response.cancel"}))
             await read(ws, events, until=TERMINAL_TYPES)
         terminal = events[-1]
-        assert terminal["type"] == "response.incomplete" and terminal["response"]["status"] == "cancelled", terminal
+        assert terminal["type"] == "response.incomplete" and terminal["response"]["status"] == "cancelled", (
+            terminal
+        )
         received = tokens_of(events)
-        usage, turns = terminal["response"]["lab"]["usage_total"], terminal["response"]["lab"]["turns"]  # the total (the event's own usage is since the last response.done)
+        usage, turns = (
+            terminal["response"]["lab"]["usage_total"],
+            terminal["response"]["lab"]["turns"],
+        )  # the total (the event's own usage is since the last response.done)
         assert usage["output_tokens"] == received  # exactly: every framed delta reached the client first
         assert len(turns) == 2 and turns[1]["output_tokens"] == tokens_of(events[first_turn:]) >= ONE_SECOND
         # The cut turn's prompt is billed, the same prompt an uncut request over HTTP pays for that history.
@@ -137,7 +155,10 @@ async def test_a_cancel_after_a_second_of_stream_bills_exactly_what_the_client_r
         billed = row(srv, terminal["response"]["id"])
         assert (billed.status, billed.reason) == ("cancelled", "cancelled")
         assert (billed.input_tokens, billed.cached_tokens, billed.output_tokens, billed.turns) == (
-            usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], received, 2
+            usage["input_tokens"],
+            usage["input_tokens_details"]["cached_tokens"],
+            received,
+            2,
         )
         await settled(srv)
 
@@ -178,7 +199,9 @@ async def _stream_then_leave(srv: ThreadedServer, transport: str) -> tuple[str |
 
 
 @pytest.mark.parametrize("transport", ["longlived", "ga", "sse", "json"])
-async def test_a_client_that_disconnects_mid_stream_pays_for_the_prompt_and_at_least_what_it_received(transport: str) -> None:
+async def test_a_client_that_disconnects_mid_stream_pays_for_the_prompt_and_at_least_what_it_received(
+    transport: str,
+) -> None:
     with running(progress_interval_s=0.02) as srv:
         prompt = await prompt_tokens(srv, body())
         response_id, received = await _stream_then_leave(srv, transport)
@@ -205,11 +228,15 @@ async def test_a_slow_reader_pays_for_what_it_was_sent_within_the_queue_bound(pr
         server = state(srv)
         target = "/v1/responses" + ("?protocol=longlived" if protocol == "longlived" else "")
         client = RawClient(srv.settings.host, srv.settings.port, target)
-        client.send_text(json.dumps({"type": "response.create", **body("!tokens 200000 !say never", MODEL)}))  # never read
+        client.send_text(
+            json.dumps({"type": "response.create", **body("!tokens 200000 !say never", MODEL)})
+        )  # never read
         await wait_for(lambda: bool(server.connections), "the session started")
         session = next(iter(server.connections))
         await wait_for(lambda: session.out.qsize() >= queue, "the send queue filled: the sampler waits")
-        await virtual_server.advance_until(1.0, lambda: session.stopping is not None, "the slow reader was given up on")
+        await virtual_server.advance_until(
+            1.0, lambda: session.stopping is not None, "the slow reader was given up on"
+        )
         texts = await asyncio.to_thread(read_texts, client)
         client.sock.close()
         await wait_for(lambda: not server.connections, "the session ended")
@@ -219,7 +246,10 @@ async def test_a_slow_reader_pays_for_what_it_was_sent_within_the_queue_bound(pr
         assert (billed.status, billed.reason) == ("cancelled", "cancelled")
         # Never free; and what was framed but never written is what the policy discards: the queue and the
         # writer's batch when it gave up, plus the emit chunk the cut interrupted.
-        assert received <= billed.output_tokens <= received + 2 * queue + EMIT_CHUNK, (received, billed.output_tokens)
+        assert received <= billed.output_tokens <= received + 2 * queue + EMIT_CHUNK, (
+            received,
+            billed.output_tokens,
+        )
 
 
 def read_texts(client: RawClient) -> list[str]:
@@ -251,7 +281,11 @@ async def test_sigterm_bills_every_cut_response_for_what_it_delivered(tmp_path: 
         async with httpx.AsyncClient(base_url=served.http_url, timeout=GUARD) as http:
             json_reply = asyncio.create_task(http.post("/v1/responses", json=body()))
             url = served.ws_url
-            async with connect(url + "?protocol=longlived") as longlived, connect(url) as ga, http.stream("POST", "/v1/responses", json=body(stream=True)) as sse:
+            async with (
+                connect(url + "?protocol=longlived") as longlived,
+                connect(url) as ga,
+                http.stream("POST", "/v1/responses", json=body(stream=True)) as sse,
+            ):
                 sockets: dict[str, ClientConnection] = {"longlived": longlived, "ga": ga}
                 streams: dict[str, list[dict[str, Any]]] = {name: [] for name in ("longlived", "ga", "sse")}
                 for name, ws in sockets.items():
@@ -260,7 +294,10 @@ async def test_sigterm_bills_every_cut_response_for_what_it_delivered(tmp_path: 
                 lines = sse.aiter_lines()
                 await sse_read(lines, streams["sse"], deltas=10)
                 for _ in range(500):  # the JSON response generated too (its trace says so): bounded poll
-                    if len([n for (n,) in query(db, "SELECT output_tokens FROM open_responses") if n >= 10]) == 4:
+                    if (
+                        len([n for (n,) in query(db, "SELECT output_tokens FROM open_responses") if n >= 10])
+                        == 4
+                    ):
                         break
                     await asyncio.sleep(0.01)
                 served.process.send_signal(signal.SIGTERM)
@@ -270,14 +307,26 @@ async def test_sigterm_bills_every_cut_response_for_what_it_delivered(tmp_path: 
                     with pytest.raises(ConnectionClosed):
                         await asyncio.wait_for(ws.recv(), GUARD)
                 await sse_read(lines, streams["sse"])  # the stream is cut too, and says why before it ends
-                assert streams["sse"][-1]["type"] == "error" and streams["sse"][-1]["error"]["code"] == "server_shutting_down"
+                assert (
+                    streams["sse"][-1]["type"] == "error"
+                    and streams["sse"][-1]["error"]["code"] == "server_shutting_down"
+                )
                 for events in streams.values():
                     received[events[0]["response"]["id"]] = tokens_of(events)
             reply = await json_reply  # the JSON reply had sent nothing: the typed error body
-            assert reply.status_code == 503 and reply.json()["error"]["code"] == "server_shutting_down", reply.text
+            assert reply.status_code == 503 and reply.json()["error"]["code"] == "server_shutting_down", (
+                reply.text
+            )
         assert await asyncio.wait_for(served.process.wait(), 30) in (0, -signal.SIGTERM)
-    rows = {r[0]: r[1:] for r in query(db, "SELECT response_id, mode, status, reason, output_tokens, input_tokens FROM usage")}
-    assert query(db, "SELECT count(*) FROM open_responses") == [(0,)] and len(rows) == 4 and set(received) <= set(rows)
+    rows = {
+        r[0]: r[1:]
+        for r in query(db, "SELECT response_id, mode, status, reason, output_tokens, input_tokens FROM usage")
+    }
+    assert (
+        query(db, "SELECT count(*) FROM open_responses") == [(0,)]
+        and len(rows) == 4
+        and set(received) <= set(rows)
+    )
     for response_id, (mode, status, reason, output_tokens, input_tokens) in rows.items():
         assert (status, reason) == ("cancelled", "cancelled") and input_tokens > 0, rows[response_id]
         if response_id in received:  # every stream writes all it framed before it says why it ends: exact

@@ -110,7 +110,9 @@ def test_read_file_errors_are_strings(ws: Workspace, args: dict[str, str], messa
 
 
 def test_a_patch_that_does_not_match_writes_nothing(ws: Workspace) -> None:
-    stale = FIX_PATCH.replace("-    for i in range(len(values) - 1):", "-    for i in range(len(values) - 2):")
+    stale = FIX_PATCH.replace(
+        "-    for i in range(len(values) - 1):", "-    for i in range(len(values) - 2):"
+    )
     out = ws.apply_patch({"patch": stale})
     assert out.startswith("error: hunk 1 does not apply to stats.py")
     assert "nothing was written" in out
@@ -118,7 +120,10 @@ def test_a_patch_that_does_not_match_writes_nothing(ws: Workspace) -> None:
 
 
 def test_a_multi_file_patch_is_all_or_nothing(ws: Workspace) -> None:
-    bad_second = FIX_PATCH + "--- a/test_stats.py\n+++ b/test_stats.py\n@@ -1,1 +1,1 @@\n-import nothing\n+import something\n"
+    bad_second = (
+        FIX_PATCH
+        + "--- a/test_stats.py\n+++ b/test_stats.py\n@@ -1,1 +1,1 @@\n-import nothing\n+import something\n"
+    )
     assert ws.apply_patch({"patch": bad_second}).startswith("error: hunk 1 does not apply to test_stats.py")
     assert (ws.root / "stats.py").read_text() == BUGGY_STATS  # the first file's good hunk was not written
 
@@ -153,9 +158,9 @@ def test_a_patch_can_create_a_file(ws: Workspace) -> None:
 
 @pytest.mark.process
 def test_search_replace_edits_exactly_one_occurrence(ws: Workspace) -> None:
-    assert ws.apply_patch({"path": "stats.py", "search": "range(len(values) - 1)", "replace": "range(len(values))"}) == (
-        "applied: stats.py (1 replacement)"
-    )
+    assert ws.apply_patch(
+        {"path": "stats.py", "search": "range(len(values) - 1)", "replace": "range(len(values))"}
+    ) == ("applied: stats.py (1 replacement)")
     assert ws.test_run().exit_code == 0
     ambiguous = ws.apply_patch({"path": "stats.py", "search": "values", "replace": "xs"})
     assert ambiguous.startswith("error: search text found") and "nothing was written" in ambiguous
@@ -184,12 +189,21 @@ def _event(t: float, **data: object) -> ClientEvent:
 def test_the_timeline_shows_suspension_tool_and_resumption_but_not_every_delta() -> None:
     out = io.StringIO()
     timeline = Timeline(Console(file=out, width=200, color_system=None))
-    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "grep", "arguments": '{"pattern":"x"}'}
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "grep",
+        "arguments": '{"pattern":"x"}',
+    }
     events = [
         _event(0.000, type="client.create"),
         _event(0.001, type="response.created", response={"id": "resp_1", "model": "mock-1000tps"}),
         _event(0.002, type="response.output_item.added", item={**call, "arguments": ""}),
-        *(_event(0.003 + i / 1000, type="response.function_call_arguments.delta", item_id="fc_1", delta="x") for i in range(5)),
+        *(
+            _event(0.003 + i / 1000, type="response.function_call_arguments.delta", item_id="fc_1", delta="x")
+            for i in range(5)
+        ),
         _event(0.009, type="response.output_item.done", item=call),
         _event(0.010, type="response.done", pending_calls=[{"call_id": "call_1", "name": "grep"}]),
         _event(0.011, type="client.tool.start", call_id="call_1", name="grep"),
@@ -211,10 +225,26 @@ def test_the_timeline_shows_suspension_tool_and_resumption_but_not_every_delta()
     assert "delta" not in text.replace("deltas", "")  # no line per delta
     assert timeline.suspensions == 1 and timeline.tool_ms == [2.0]
 
-    response = {"status": "completed", "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 60}, "output_tokens": 20},
-                "lab": {"turns": [{"turn": 0, "prompt_tokens": 100, "cached_tokens": 60, "prefill_ms": 1.0, "queue_wait_ms": 0.0,
-                                   "decode_ms": 20.0, "output_tokens": 20}]}}
-    timeline.summary(RolloutResult(response=response, events=[_event(0.020, type="response.completed")], appends=1))
+    response = {
+        "status": "completed",
+        "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 60}, "output_tokens": 20},
+        "lab": {
+            "turns": [
+                {
+                    "turn": 0,
+                    "prompt_tokens": 100,
+                    "cached_tokens": 60,
+                    "prefill_ms": 1.0,
+                    "queue_wait_ms": 0.0,
+                    "decode_ms": 20.0,
+                    "output_tokens": 20,
+                }
+            ]
+        },
+    }
+    timeline.summary(
+        RolloutResult(response=response, events=[_event(0.020, type="response.completed")], appends=1)
+    )
     summary = out.getvalue()
     assert "input 100 (cached 60) · output 20" in summary
     assert "1,000 modelled decode" in summary

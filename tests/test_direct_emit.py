@@ -46,14 +46,29 @@ class Recording(_OneRequest):
         return True
 
 
-async def stream(room: int, paced: bool = True, script: str = f"!say {TEXT}") -> list[tuple[str, ServerEvent]]:
+async def stream(
+    room: int, paced: bool = True, script: str = f"!say {TEXT}"
+) -> list[tuple[str, ServerEvent]]:
     """One response's events, fixed ids: two runs of the same script give the same bytes. ``paced=False``:
     the engine is not offered as a ``PacedSequence``, so every token goes the task's way."""
-    pipeline = Pipeline(Settings(db=":memory:", model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=2000"]))
+    pipeline = Pipeline(
+        Settings(
+            db=":memory:",
+            model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=2000"],
+        )
+    )
     await pipeline.start()
     try:
         body = codec.decode_body(json.dumps({"model": MODEL, "input": f"Say it.\n{script}"}))
-        prepared = await pipeline.prepare("resp_direct", body, [], codec.decode_items(body.input), WorkCounters(), "longlived", scan_history=False)
+        prepared = await pipeline.prepare(
+            "resp_direct",
+            body,
+            [],
+            codec.decode_items(body.input),
+            WorkCounters(),
+            "longlived",
+            scan_history=False,
+        )
         if not paced:
             prepared.rollout.sequence = Unpaced(prepared.rollout.sequence)  # type: ignore[assignment]
         transport = Recording(room)
@@ -93,7 +108,9 @@ async def test_the_same_events_whichever_way_they_went(room: int) -> None:
     done = next(event for _, event in events if isinstance(event, OutputTextDone))
     assert done.text == TEXT
     by_timer = [event for way, event in events if way == "timer"]
-    assert all(tag(event) == "response.output_text.delta" for event in by_timer)  # only deltas inside the item
+    assert all(
+        tag(event) == "response.output_text.delta" for event in by_timer
+    )  # only deltas inside the item
     if room:
         # Every delta but the item's first (it opens the item) and its last (it ends it) may go by the timer;
         # a wake-up that came late with several tokens still does. The task frames the rest, and whatever
@@ -144,11 +161,24 @@ async def test_a_cancel_that_lands_before_a_due_call_in_the_same_loop_turn_stops
     loop = asyncio.get_running_loop()
     reported: list[dict[str, object]] = []
     loop.set_exception_handler(lambda _loop, context: reported.append(context))
-    pipeline = Pipeline(Settings(db=":memory:", model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=2000"]))
+    pipeline = Pipeline(
+        Settings(
+            db=":memory:",
+            model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=2000"],
+        )
+    )
     await pipeline.start()
     try:
         body = codec.decode_body(json.dumps({"model": MODEL, "input": "Say it.\n!tokens 5000"}))
-        prepared = await pipeline.prepare("resp_race", body, [], codec.decode_items(body.input), WorkCounters(), "longlived", scan_history=False)
+        prepared = await pipeline.prepare(
+            "resp_race",
+            body,
+            [],
+            codec.decode_items(body.input),
+            WorkCounters(),
+            "longlived",
+            scan_history=False,
+        )
         sink = Recording(1_000)
         task = asyncio.create_task(ResponseDriver(pipeline, prepared, sink, "key").run())
         while sum(way == "timer" for way, _ in sink.events) < 5:  # noqa: ASYNC110 - the GPU's own pace: nothing to wait on but time
@@ -173,11 +203,24 @@ class Raising(Recording):
 
 
 async def test_a_bug_on_the_timer_fails_the_response_in_its_task() -> None:
-    pipeline = Pipeline(Settings(db=":memory:", model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=2000"]))
+    pipeline = Pipeline(
+        Settings(
+            db=":memory:",
+            model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=2000"],
+        )
+    )
     await pipeline.start()
     try:
         body = codec.decode_body(json.dumps({"model": MODEL, "input": f"Say it.\n!say {TEXT}"}))
-        prepared = await pipeline.prepare("resp_bug", body, [], codec.decode_items(body.input), WorkCounters(), "longlived", scan_history=False)
+        prepared = await pipeline.prepare(
+            "resp_bug",
+            body,
+            [],
+            codec.decode_items(body.input),
+            WorkCounters(),
+            "longlived",
+            scan_history=False,
+        )
         terminal = await ResponseDriver(pipeline, prepared, Raising(1_000), "key").run()
         assert tag(terminal) == "response.failed"
         assert pipeline.engines.gpus[MODEL].metrics()["running"] == 0

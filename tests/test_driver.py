@@ -20,7 +20,10 @@ pytestmark = pytest.mark.process  # every test starts a server or a process
 # Every token due at once (1 µs apart): one GPU wake-up releases a whole item, added → deltas → done in
 # one batch. An event that held the live item would show it finished in its own ``added`` frame.
 BURST = f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,inter-token-latency=0.001"
-SCRIPT = 'Go.\n!call grep {"pattern": "def mean", "path": "src/stats.py"}\n!tokens 40 !say All done, the bug is fixed.'
+SCRIPT = (
+    'Go.\n!call grep {"pattern": "def mean", "path": "src/stats.py"}\n'
+    "!tokens 40 !say All done, the bug is fixed."
+)
 TOOLS = [{"type": "function", "name": "grep"}]
 
 
@@ -37,7 +40,9 @@ async def events_until(ws: ClientConnection, types: set[str]) -> list[dict[str, 
 
 def assert_added_are_snapshots(events: list[dict[str, Any]]) -> None:
     added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
-    assert {item["type"] for item in added} >= {"function_call"} or {item["type"] for item in added} >= {"message"}
+    assert {item["type"] for item in added} >= {"function_call"} or {item["type"] for item in added} >= {
+        "message"
+    }
     for item in added:
         assert item["status"] == "in_progress", item
         if item["type"] == "function_call":
@@ -58,7 +63,11 @@ async def test_output_item_added_carries_the_item_as_it_was_when_added_over_webs
             first = await events_until(ws, {"response.done"})
             assert_added_are_snapshots(first)
             call = next(e["item"] for e in first if e["type"] == "response.output_item.done")
-            output = {"type": "function_call_output", "call_id": call["call_id"], "output": "src/stats.py:3: def mean"}
+            output = {
+                "type": "function_call_output",
+                "call_id": call["call_id"],
+                "output": "src/stats.py:3: def mean",
+            }
             await ws.send(json.dumps({"type": "response.append", "input": [output]}))
             rest = await events_until(ws, {"response.completed", "response.failed", "response.incomplete"})
             assert rest[-1]["type"] == "response.completed"
@@ -70,7 +79,10 @@ async def test_output_item_added_carries_the_item_as_it_was_when_added_over_webs
 
 async def test_output_item_added_carries_the_item_as_it_was_when_added_over_sse() -> None:
     with running(model_override=[BURST]) as srv:
-        async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client, client.stream("POST", "/v1/responses", json=create(stream=True)) as reply:
+        async with (
+            httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client,
+            client.stream("POST", "/v1/responses", json=create(stream=True)) as reply,
+        ):
             body = "".join([chunk async for chunk in reply.aiter_text()])
     events = [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
     assert events[-1]["type"] == "response.completed"
@@ -79,7 +91,9 @@ async def test_output_item_added_carries_the_item_as_it_was_when_added_over_sse(
 
 async def test_response_done_size_does_not_grow_with_the_turn_number() -> None:
     turns = 50
-    script = "\n".join(["Work.", *(f'!call grep {{"pattern": "p{n:02d}"}}' for n in range(turns)), "!say done"])
+    script = "\n".join(
+        ["Work.", *(f'!call grep {{"pattern": "p{n:02d}"}}' for n in range(turns)), "!say done"]
+    )
     with running() as srv:
         async with connect(srv.url + "?protocol=longlived", max_size=None) as ws:
             await ws.send(json.dumps({"type": "response.create", **create(script)}))
@@ -92,7 +106,11 @@ async def test_response_done_size_does_not_grow_with_the_turn_number() -> None:
                     assert len(event["response"]["lab"]["turns"]) == 1  # the report of the segment it ends
                     assert event["response"]["lab"].get("input_positions") is None
                     call = event["pending_calls"][0]
-                    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "no match"}
+                    output = {
+                        "type": "function_call_output",
+                        "call_id": call["call_id"],
+                        "output": "no match",
+                    }
                     await ws.send(json.dumps({"type": "response.append", "input": [output]}))
                 elif event["type"] == "response.completed":
                     terminal = event["response"]
@@ -128,8 +146,14 @@ async def test_a_stalled_ledger_stalls_no_stream_and_every_response_gets_its_row
 
             async def one_stream() -> tuple[float, dict[str, Any]]:
                 async with connect(srv.url + "?protocol=longlived") as ws:
-                    await ws.send(json.dumps({"type": "response.create", **create(f"!tokens {tokens} !say long", store=False)}))
-                    events = await events_until(ws, {"response.completed", "response.failed", "response.incomplete"})
+                    await ws.send(
+                        json.dumps(
+                            {"type": "response.create", **create(f"!tokens {tokens} !say long", store=False)}
+                        )
+                    )
+                    events = await events_until(
+                        ws, {"response.completed", "response.failed", "response.incomplete"}
+                    )
                     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
                     assert deltas and events[-1]["type"] == "response.completed", events[-1]
                     return time.perf_counter(), events[-1]["response"]
@@ -151,4 +175,3 @@ async def test_a_stalled_ledger_stalls_no_stream_and_every_response_gets_its_row
         assert ledger.rows_written == written + streams and ledger.pending == 0
         ids = {response["id"] for _, response in ended}
         assert {row.response_id for row in ledger.rows()} >= ids
-

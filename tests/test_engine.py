@@ -49,8 +49,14 @@ FAST = "mock-4000tps"  # a 1 ms prefill, 0.25 ms per token
 SLOW = "mock-65tps"  # 65 tokens/s, two batch slots: `!tokens 5000` streams for over a minute unless cancelled
 ONE_SLOT = "mock-1000tps"  # one batch slot, no waiting room: a second request is refused
 FAST_OVERRIDE = f"{FAST}:prefill-overhead=1,prefill-time-per-token=0"
-ENGINE_FLAGS = ["--model-override", FAST_OVERRIDE, "--model-override", f"{SLOW}:max-num-seqs=2",
-                "--model-override", f"{ONE_SLOT}:max-num-seqs=1,max-waiting=0"]
+ENGINE_FLAGS = [
+    "--model-override",
+    FAST_OVERRIDE,
+    "--model-override",
+    f"{SLOW}:max-num-seqs=2",
+    "--model-override",
+    f"{ONE_SLOT}:max-num-seqs=1,max-waiting=0",
+]
 GUARD = 15.0  # seconds, against hangs only: no assertion depends on timing
 STREAM_FOREVER = "!tokens 5000 !say never"
 
@@ -87,8 +93,11 @@ def topology() -> Iterator[Topology]:
 def scrape(url: str) -> dict[tuple[str, str], float]:
     """``/metrics`` as {(sample name, model_name label or ""): value}."""
     text = httpx.get(url + "/metrics", timeout=GUARD).text
-    return {(s.name, s.labels.get("model_name", s.labels.get("model", ""))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, s.labels.get("model_name", s.labels.get("model", ""))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 async def until_true(check: Any, what: str) -> None:
@@ -102,13 +111,25 @@ async def until_true(check: Any, what: str) -> None:
 
 def engine_idle(url: str) -> bool:
     m = scrape(url)
-    busy = [k for k, v in m.items() if k[0] in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc") and v]
-    return not busy and m[("responses_lab_engine_pinned_sequences", "")] == 0 and m[("responses_lab_engine_streams", "")] == 0
+    busy = [
+        k
+        for k, v in m.items()
+        if k[0] in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+        and v
+    ]
+    return (
+        not busy
+        and m[("responses_lab_engine_pinned_sequences", "")] == 0
+        and m[("responses_lab_engine_streams", "")] == 0
+    )
 
 
 def client_idle(url: str) -> bool:
     m = scrape(url)
-    return m[("responses_lab_engine_client_streams_open", "")] == 0 and m[("responses_lab_engine_client_sequences_pinned", "")] == 0
+    return (
+        m[("responses_lab_engine_client_streams_open", "")] == 0
+        and m[("responses_lab_engine_client_sequences_pinned", "")] == 0
+    )
 
 
 async def assert_all_released(t: Topology) -> None:
@@ -143,7 +164,8 @@ def nonce() -> str:
     return f"{uuid.uuid4().int % 10**12:012d}"  # a fresh prefix: nothing of it is cached yet
 
 
-# ------------------------------------------------------------------------------------------ one engine, two workers
+# ------------------------------------------------------------------------------------------ one engine, two
+# workers
 async def test_a_prefix_cached_through_worker_a_hits_through_worker_b(topology: Topology) -> None:
     text = f"Session {nonce()}. " + "Review the module and list what it imports. " * 60
     body = {"model": FAST, "input": text, "store": False}
@@ -164,18 +186,27 @@ async def test_a_prefix_cached_through_worker_a_hits_through_worker_b(topology: 
 
 async def test_batch_slots_are_shared_queue_wait_appears_across_workers(topology: Topology) -> None:
     engine = topology.engine.http_url
-    first, second = await streaming(ws_url(topology.a)), await streaming(ws_url(topology.b))  # SLOW's two slots
+    first, second = (
+        await streaming(ws_url(topology.a)),
+        await streaming(ws_url(topology.b)),
+    )  # SLOW's two slots
     try:
         assert scrape(engine)[("vllm:num_requests_running", SLOW)] == 2
         async with connect(ws_url(topology.a) + "?protocol=longlived") as third:
             await third.send(create("!tokens 3 !say ok", SLOW))
-            await until_true(lambda: scrape(engine)[("vllm:num_requests_waiting", SLOW)] == 1, "the third waits for a slot")
+            await until_true(
+                lambda: scrape(engine)[("vllm:num_requests_waiting", SLOW)] == 1, "the third waits for a slot"
+            )
             await first.send(json.dumps({"type": "response.cancel"}))  # worker A's stream gives its slot up
-            assert (await recv_until(first, TERMINAL_TYPES))[-1]["response"]["incomplete_details"]["reason"] == "cancelled"
+            assert (await recv_until(first, TERMINAL_TYPES))[-1]["response"]["incomplete_details"][
+                "reason"
+            ] == "cancelled"
             done = (await recv_until(third, TERMINAL_TYPES))[-1]
             assert done["type"] == "response.completed", done
             [turn] = done["response"]["lab"]["turns"]
-            assert turn["queue_wait_ms"] > 0  # it waited in the engine's one queue, behind both workers' streams
+            assert (
+                turn["queue_wait_ms"] > 0
+            )  # it waited in the engine's one queue, behind both workers' streams
         await second.send(json.dumps({"type": "response.cancel"}))
         await recv_until(second, TERMINAL_TYPES)
     finally:
@@ -201,15 +232,20 @@ async def test_an_api_side_cancel_frees_the_engines_slot_and_pins(topology: Topo
     for ws in (suspended, stream):
         if how == "cancel":
             await ws.send(json.dumps({"type": "response.cancel"}))
-            assert (await recv_until(ws, TERMINAL_TYPES))[-1]["response"]["incomplete_details"]["reason"] == "cancelled"
+            assert (await recv_until(ws, TERMINAL_TYPES))[-1]["response"]["incomplete_details"][
+                "reason"
+            ] == "cancelled"
             await ws.close()
         else:
             ws.transport.abort()
     await assert_all_released(topology)
 
 
-async def test_a_cancel_through_the_engine_bills_what_was_delivered_and_limits_come_from_its_cards(topology: Topology) -> None:
-    """Billing what was delivered, over the engine hop: the cut turn bills its prompt and the tokens the client received; the
+async def test_a_cancel_through_the_engine_bills_what_was_delivered_and_limits_come_from_its_cards(
+    topology: Topology,
+) -> None:
+    """Billing what was delivered, over the engine hop: the cut turn bills its prompt and the tokens the
+    client received; the
     context window the API tier enforces before the hop is the engine's card's (``max-model-len``)."""
     async with connect(ws_url(topology.a) + "?protocol=longlived") as ws:
         await ws.send(create(STREAM_FOREVER, SLOW))
@@ -231,9 +267,13 @@ async def test_an_engine_that_refuses_for_load_gives_server_overloaded(topology:
     ws = await streaming(ws_url(topology.a), ONE_SLOT)  # the one slot; no waiting room
     try:
         async with httpx.AsyncClient(timeout=GUARD) as http:
-            refused = await http.post(topology.b.http_url + "/v1/responses", json={"model": ONE_SLOT, "input": "hi", "store": False})
+            refused = await http.post(
+                topology.b.http_url + "/v1/responses", json={"model": ONE_SLOT, "input": "hi", "store": False}
+            )
         # A failed JSON response had sent nothing: the OpenAI error body, with server_overloaded's 503.
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_overloaded", refused.text
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_overloaded", (
+            refused.text
+        )
         await ws.send(json.dumps({"type": "response.cancel"}))
         await recv_until(ws, TERMINAL_TYPES)
     finally:
@@ -241,29 +281,51 @@ async def test_an_engine_that_refuses_for_load_gives_server_overloaded(topology:
     await assert_all_released(topology)
 
 
-# ------------------------------------------------------------------------------------------ the same rollout, both ways
-SCRIPT = "\n".join(["Fix the failing test.", '!call grep {"q": "assert"}', '!call read_file {"path": "a.py"}',
-                    '!call grep {"q": "def mean"}', '!call read_file {"path": "b.py"}', "!say Fixed."])
+# ------------------------------------------------------------------------------------------ the same rollout,
+# both ways
+SCRIPT = "\n".join(
+    [
+        "Fix the failing test.",
+        '!call grep {"q": "assert"}',
+        '!call read_file {"path": "a.py"}',
+        '!call grep {"q": "def mean"}',
+        '!call read_file {"path": "b.py"}',
+        "!say Fixed.",
+    ]
+)
 
 
 async def timed_rollout(url: str) -> tuple[dict[str, Any], list[float]]:
-    """One long-lived rollout of SCRIPT: the terminal response and each turn's TTFT (send → first delta, ms)."""
+    """One long-lived rollout of SCRIPT: the terminal response and each turn's TTFT (send → first delta,
+    ms)."""
     ttfts: list[float] = []
     async with connect(url + "?protocol=longlived") as ws:
         sent = time.perf_counter()
         # The nonce heads the instructions, which head the prompt: the tool definitions that follow them
         # are the same in every test, and the shared engine would otherwise hold their block cached.
         session = nonce()
-        await ws.send(create(f"Session {session}.\n" + SCRIPT, tool_choice="auto", instructions=f"Session {session}."))
+        await ws.send(
+            create(f"Session {session}.\n" + SCRIPT, tool_choice="auto", instructions=f"Session {session}.")
+        )
         first_seen = False
         while True:
             event = json.loads(await asyncio.wait_for(ws.recv(), GUARD))
             kind = event["type"]
-            if kind in ("response.output_text.delta", "response.function_call_arguments.delta") and not first_seen:
+            if (
+                kind in ("response.output_text.delta", "response.function_call_arguments.delta")
+                and not first_seen
+            ):
                 ttfts.append((time.perf_counter() - sent) * 1e3)
                 first_seen = True
             if kind == "response.done":
-                answers = [{"type": "function_call_output", "call_id": c["call_id"], "output": f"{c['name']}: ok " * 30} for c in event["pending_calls"]]
+                answers = [
+                    {
+                        "type": "function_call_output",
+                        "call_id": c["call_id"],
+                        "output": f"{c['name']}: ok " * 30,
+                    }
+                    for c in event["pending_calls"]
+                ]
                 sent, first_seen = time.perf_counter(), False
                 await ws.send(json.dumps({"type": "response.append", "input": answers}))
             elif kind in TERMINAL_TYPES | {"error"}:
@@ -271,7 +333,9 @@ async def timed_rollout(url: str) -> tuple[dict[str, Any], list[float]]:
                 return event["response"], ttfts
 
 
-async def test_a_rollout_through_the_engine_reports_the_same_usage_and_its_overhead_includes_the_hop(topology: Topology) -> None:
+async def test_a_rollout_through_the_engine_reports_the_same_usage_and_its_overhead_includes_the_hop(
+    topology: Topology,
+) -> None:
     local = ThreadedServer(Settings(db=":memory:", port=0, model_override=[FAST_OVERRIDE]))
     local.start()
     try:
@@ -280,8 +344,9 @@ async def test_a_rollout_through_the_engine_reports_the_same_usage_and_its_overh
         local.stop()
     remote, ttfts = await timed_rollout(ws_url(topology.a))
     assert remote["usage"] == in_process["usage"]
-    assert [(t["prompt_tokens"], t["cached_tokens"], t["output_tokens"]) for t in remote["lab"]["turns"]] == \
-        [(t["prompt_tokens"], t["cached_tokens"], t["output_tokens"]) for t in in_process["lab"]["turns"]]
+    assert [(t["prompt_tokens"], t["cached_tokens"], t["output_tokens"]) for t in remote["lab"]["turns"]] == [
+        (t["prompt_tokens"], t["cached_tokens"], t["output_tokens"]) for t in in_process["lab"]["turns"]
+    ]
     assert all("engine_hop" not in t["phases_ms"] for t in in_process["lab"]["turns"])
     turns = remote["lab"]["turns"]
     assert len(turns) == len(ttfts) == 5
@@ -290,34 +355,50 @@ async def test_a_rollout_through_the_engine_reports_the_same_usage_and_its_overh
         assert hop > 0
         # The client's turn overhead (TTFT − the engine's prefill and queue wait) contains the measured hop.
         assert ttft - turn["prefill_ms"] - turn["queue_wait_ms"] >= hop
-    assert remote["lab"]["phases_ms"]["engine_hop"] == pytest.approx(sum(t["phases_ms"]["engine_hop"] for t in turns))
+    assert remote["lab"]["phases_ms"]["engine_hop"] == pytest.approx(
+        sum(t["phases_ms"]["engine_hop"] for t in turns)
+    )
     await assert_all_released(topology)
 
 
-# ------------------------------------------------------------------------------------------ the engine failing
+# ------------------------------------------------------------------------------------------ the engine
+# failing
 async def test_an_engine_crash_mid_stream_gives_each_open_response_one_typed_terminal_event() -> None:
     engine = ChildEngine(["--model-override", f"{ONE_SLOT}:fail-rate=1"])  # every turn of it dies mid-stream
     workers: list[ChildServer] = []
     try:
         engine.wait_ready()
         workers = start_workers(engine)
-        async with connect(ws_url(workers[0]) + "?protocol=longlived") as ws:  # an engine fault: its error chunk
+        async with connect(
+            ws_url(workers[0]) + "?protocol=longlived"
+        ) as ws:  # an engine fault: its error chunk
             await ws.send(create("!tokens 50 !say hi", ONE_SLOT))
             failed = (await recv_until(ws, TERMINAL_TYPES))[-1]
-            assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "engine_failure"
+            assert (
+                failed["type"] == "response.failed"
+                and failed["response"]["error"]["code"] == "engine_failure"
+            )
             assert "injected engine failure" in failed["response"]["error"]["message"]
         sockets = [await streaming(ws_url(w)) for w in workers for _ in range(2)]
         engine.proc.kill()  # SIGKILL: the connections drop mid-stream
         engine.proc.wait()
         for ws in sockets:
             events = await recv_until(ws, TERMINAL_TYPES)
-            assert [e["type"] for e in events if e["type"] in TERMINAL_TYPES | {"error"}] == ["response.failed"], events[-1]
+            assert [e["type"] for e in events if e["type"] in TERMINAL_TYPES | {"error"}] == [
+                "response.failed"
+            ], events[-1]
             assert events[-1]["response"]["error"]["code"] == "engine_failure"
             # The next frame is the next response's: nothing else ended the first one.
             await ws.send(create("!say hi"))
             after = await recv_until(ws, TERMINAL_TYPES)
-            assert after[0]["type"] == "response.created" and after[0]["response"]["id"] != events[-1]["response"]["id"]
-            assert after[-1]["type"] == "response.failed" and after[-1]["response"]["error"]["code"] == "engine_failure"  # unreachable
+            assert (
+                after[0]["type"] == "response.created"
+                and after[0]["response"]["id"] != events[-1]["response"]["id"]
+            )
+            assert (
+                after[-1]["type"] == "response.failed"
+                and after[-1]["response"]["error"]["code"] == "engine_failure"
+            )  # unreachable
             assert "unreachable" in after[-1]["response"]["error"]["message"]
             await ws.close()
         for worker in workers:
@@ -334,7 +415,9 @@ async def test_an_engine_that_stalls_fails_the_response_after_the_timeout_on_vir
                 os.kill(engine.proc.pid, signal.SIGSTOP)  # the engine stops answering: a real stall
                 try:
                     await ws.send(create("!say hello"))
-                    assert (await recv_until(ws, {"response.in_progress"}))[-1]["type"] == "response.in_progress"
+                    assert (await recv_until(ws, {"response.in_progress"}))[-1][
+                        "type"
+                    ] == "response.in_progress"
                     await server.advance(4.9)
                     with pytest.raises(TimeoutError):  # not yet: the timeout is 5 s of the server's clock
                         await asyncio.wait_for(ws.recv(), 0.3)
@@ -342,7 +425,10 @@ async def test_an_engine_that_stalls_fails_the_response_after_the_timeout_on_vir
                     failed = (await recv_until(ws, TERMINAL_TYPES))[-1]
                 finally:
                     os.kill(engine.proc.pid, signal.SIGCONT)
-                assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "engine_failure"
+                assert (
+                    failed["type"] == "response.failed"
+                    and failed["response"]["error"]["code"] == "engine_failure"
+                )
                 assert "sent nothing for 5 s" in failed["response"]["error"]["message"]
             # The engine, woken, finds the request's connection closed and lets it go.
             await until_true(lambda: engine_idle(engine.http_url), "the stalled request was let go")
@@ -354,7 +440,11 @@ def workers_of(supervisor: psutil.Process) -> list[psutil.Process]:
 
 
 def established(process: psutil.Process, port: int) -> int:
-    return sum(1 for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port)
+    return sum(
+        1
+        for c in process.net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port
+    )
 
 
 async def test_sigterm_with_two_workers_drains_every_websocket_with_1001(tmp_path: Path) -> None:
@@ -363,8 +453,21 @@ async def test_sigterm_with_two_workers_drains_every_websocket_with_1001(tmp_pat
     command = [str(script)] if script.exists() else [sys.executable, "-m", "proto"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
     server = await asyncio.create_subprocess_exec(
-        *command, "serve", "--port", str(port), "--db", str(db), "--workers", "2", "--shutdown-grace-s", "5",
-        "--model-override", FAST_OVERRIDE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        *command,
+        "serve",
+        "--port",
+        str(port),
+        "--db",
+        str(db),
+        "--workers",
+        "2",
+        "--shutdown-grace-s",
+        "5",
+        "--model-override",
+        FAST_OVERRIDE,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     supervisor = psutil.Process(server.pid)
     url = f"ws://127.0.0.1:{port}/v1/responses"
@@ -378,7 +481,9 @@ async def test_sigterm_with_two_workers_drains_every_websocket_with_1001(tmp_pat
                 except httpx.TransportError:
                     pass
                 await asyncio.sleep(0.05)
-        [engine] = [p for p in supervisor.children() if "engine" in p.cmdline()]  # --workers 2 started one engine
+        [engine] = [
+            p for p in supervisor.children() if "engine" in p.cmdline()
+        ]  # --workers 2 started one engine
         ids: list[str] = []
         busy: list[ClientConnection] = []
         # Connections go to whichever worker accepts first: open them until both workers hold some.
@@ -411,12 +516,28 @@ async def test_sigterm_with_two_workers_drains_every_websocket_with_1001(tmp_pat
 
 
 def test_workers_refuse_a_memory_database() -> None:
-    result = subprocess.run([sys.executable, "-m", "proto", "serve", "--workers", "2", "--db", ":memory:", "--port", str(free_port())],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proto",
+            "serve",
+            "--workers",
+            "2",
+            "--db",
+            ":memory:",
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0 and "give --db a file" in result.stderr
 
 
-# ------------------------------------------------------------------------------------------ the wire, piece by piece
+# ------------------------------------------------------------------------------------------ the wire, piece
+# by piece
 def test_the_event_stream_reassembles_chunks_split_anywhere() -> None:
     raw = b'data: {"a": 1}\r\n\r\n: keep-alive\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
     for cut in range(len(raw)):
@@ -434,49 +555,103 @@ def test_a_vllm_final_chunk_gives_the_report_its_metrics_say() -> None:
         type=StreamChunk,
     )
     report = _report(900, 40, chunk, sent_at=10.0, first_at=10.020)
-    assert (report.cached_tokens, report.prefill_ms, report.queue_wait_ms, report.decode_ms) == (880, 12.5, 0.5, 80.0)
+    assert (report.cached_tokens, report.prefill_ms, report.queue_wait_ms, report.decode_ms) == (
+        880,
+        12.5,
+        0.5,
+        80.0,
+    )
     assert report.phases_ms["engine_hop"] == pytest.approx(20.0 - 12.5 - 0.5)
-    bare = _report(900, 40, StreamChunk(), sent_at=10.0, first_at=10.020)  # an engine without timing: no hop to tell
+    bare = _report(
+        900, 40, StreamChunk(), sent_at=10.0, first_at=10.020
+    )  # an engine without timing: no hop to tell
     assert bare.prefill_ms == pytest.approx(20.0) and bare.phases_ms == {}
 
 
 def test_engine_statuses_map_to_the_typed_failures() -> None:
-    assert isinstance(_failure(503, "full"), EngineOverloaded) and isinstance(_failure(429, "slow down"), EngineOverloaded)
+    assert isinstance(_failure(503, "full"), EngineOverloaded) and isinstance(
+        _failure(429, "slow down"), EngineOverloaded
+    )
     assert isinstance(_failure(500, "boom"), EngineFailure) and isinstance(_failure(None, "?"), EngineFailure)
 
 
 async def test_the_engine_refuses_bad_requests_as_vllm_does(topology: Topology) -> None:
     url = topology.engine.http_url
     async with httpx.AsyncClient(base_url=url, timeout=GUARD) as http:
-        unknown = await http.post("/v1/completions", json={"model": "gpt-9", "prompt": [1, 2], "max_tokens": 2})
-        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == 404 and unknown.json()["error"]["param"] == "model"
+        unknown = await http.post(
+            "/v1/completions", json={"model": "gpt-9", "prompt": [1, 2], "max_tokens": 2}
+        )
+        assert (
+            unknown.status_code == 404
+            and unknown.json()["error"]["code"] == 404
+            and unknown.json()["error"]["param"] == "model"
+        )
         text = await http.post("/v1/completions", json={"model": FAST, "prompt": "words", "max_tokens": 2})
         assert text.status_code == 400 and text.json()["error"]["type"] == "BadRequestError"
-        short = await http.post("/v1/completions", json={"model": FAST, "prompt": [1], "max_tokens": 3, "min_tokens": 4})
+        short = await http.post(
+            "/v1/completions", json={"model": FAST, "prompt": [1], "max_tokens": 3, "min_tokens": 4}
+        )
         assert short.status_code == 400 and short.json()["error"]["param"] == "min_tokens"
-        whole = (await http.post("/v1/completions", json={"model": FAST, "prompt": list(range(40)), "max_tokens": 3, "return_token_ids": True})).json()
+        whole = (
+            await http.post(
+                "/v1/completions",
+                json={"model": FAST, "prompt": list(range(40)), "max_tokens": 3, "return_token_ids": True},
+            )
+        ).json()
         assert whole["usage"]["completion_tokens"] == 3 and len(whole["choices"][0]["token_ids"]) == 3
         assert (await http.delete("/v1/sequences/seq_nobody")).status_code == 404
         # A pin with a short TTL is dropped by the sweep even if nobody releases it (an API process died).
         lab = {"sequence_id": "seq_orphan", "pin": True, "pin_ttl_s": 0.1}
-        body = {"model": FAST, "prompt": list(range(64)), "max_tokens": 2, "stream": True, "responses_lab": lab}
+        body = {
+            "model": FAST,
+            "prompt": list(range(64)),
+            "max_tokens": 2,
+            "stream": True,
+            "responses_lab": lab,
+        }
         async with http.stream("POST", "/v1/completions", json=body) as reply:
             assert b"[DONE]" in b"".join([part async for part in reply.aiter_raw()])
         assert scrape(url)[("responses_lab_engine_pinned_sequences", "")] == 1
     await until_true(lambda: engine_idle(url), "the orphaned pin expired")
 
 
-# ------------------------------------------------------------------------------------------ the lab on this topology
+# ------------------------------------------------------------------------------------------ the lab on this
+# topology
 def test_the_lab_runs_on_a_spawned_engine_behind_two_workers_and_shows_the_hop(tmp_path: Path) -> None:
     workload = tmp_path / "tiny.json"
     workload.write_text(json.dumps(TINY), encoding="utf-8")
     out = tmp_path / "out"
-    code = bench_main([
-        "--modes", "longlived,http", "--workload", str(workload), "--model", FAST, "--profile", "local", "--sessions", "1",
-        "--rollouts", "1", "--warmup", "1", "--pings", "20", "--no-plots", "--out", str(out),
-        "--engine", "spawn", "--workers", "2", "--model-override", FAST_OVERRIDE,
-        "--no-predict",  # the fast model's calibration (240 rounds a mode) is test_lab_e2e's subject, not this one's
-    ])
+    code = bench_main(
+        [
+            "--modes",
+            "longlived,http",
+            "--workload",
+            str(workload),
+            "--model",
+            FAST,
+            "--profile",
+            "local",
+            "--sessions",
+            "1",
+            "--rollouts",
+            "1",
+            "--warmup",
+            "1",
+            "--pings",
+            "20",
+            "--no-plots",
+            "--out",
+            str(out),
+            "--engine",
+            "spawn",
+            "--workers",
+            "2",
+            "--model-override",
+            FAST_OVERRIDE,
+            # the fast model's calibration (240 rounds a mode) is test_lab_e2e's subject, not this one's
+            "--no-predict",
+        ]
+    )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert "--engine spawn --workers 2" in results["command"]

@@ -47,7 +47,15 @@ def state(srv: ThreadedServer) -> Server:
 
 
 def create(script: str, model: str = FAST, **extra: Any) -> str:
-    return json.dumps({"type": "response.create", "model": model, "input": [{"role": "user", "content": script}], "tools": TOOLS, **extra})
+    return json.dumps(
+        {
+            "type": "response.create",
+            "model": model,
+            "input": [{"role": "user", "content": script}],
+            "tools": TOOLS,
+            **extra,
+        }
+    )
 
 
 async def recv_until(ws: ClientConnection, stop: set[str]) -> list[dict[str, Any]]:
@@ -60,17 +68,28 @@ async def recv_until(ws: ClientConnection, stop: set[str]) -> list[dict[str, Any
 
 
 def gpu_gauges(srv: ThreadedServer) -> dict[str, tuple[float, float]]:
-    return {name: (gpu.metrics()["running"], gpu.metrics()["kv_blocks_used"]) for name, gpu in state(srv).pipeline.engines.gpus.items()}
+    return {
+        name: (gpu.metrics()["running"], gpu.metrics()["kv_blocks_used"])
+        for name, gpu in state(srv).pipeline.engines.gpus.items()
+    }
 
 
-async def assert_clean(srv: ThreadedServer, created: list[str], kv_before: dict[str, tuple[float, float]]) -> None:
+async def assert_clean(
+    srv: ThreadedServer, created: list[str], kv_before: dict[str, tuple[float, float]]
+) -> None:
     """The fault left nothing behind: tasks, slots, pins; and billed each created response once."""
     server = state(srv)
 
     def leftovers() -> list[str]:
-        return [n for n in server_tasks(srv) if n.startswith(("responses-lab-session", "response-", "ws-writer", "ws-ga-writer"))]
+        return [
+            n
+            for n in server_tasks(srv)
+            if n.startswith(("responses-lab-session", "response-", "ws-writer", "ws-ga-writer"))
+        ]
 
-    await wait_for(lambda: not server.connections and not leftovers(), "every session ended, its tasks with it")
+    await wait_for(
+        lambda: not server.connections and not leftovers(), "every session ended, its tasks with it"
+    )
     await wait_for(lambda: gpu_gauges(srv) == kv_before, "GPU slots and KV pins released")
     server.pipeline.ledger.flush()
     rows = [row.response_id for row in server.pipeline.ledger.rows()]
@@ -99,7 +118,11 @@ async def drive_longlived(ws: ClientConnection, where: str) -> list[str]:
     done = (await recv_until(ws, {"response.done"}))[-1]
     assert done["type"] == "response.done", done
     if where == "mid_append":  # the resumed turn starts streaming as the client goes away
-        output = {"type": "function_call_output", "call_id": done["pending_calls"][0]["call_id"], "output": "ok"}
+        output = {
+            "type": "function_call_output",
+            "call_id": done["pending_calls"][0]["call_id"],
+            "output": "ok",
+        }
         await ws.send(json.dumps({"type": "response.append", "input": [output]}))
     return [done["response"]["id"]]
 
@@ -122,7 +145,17 @@ async def drive_ga(ws: ClientConnection, where: str) -> list[str]:
     if where == "suspended":
         return [first["id"]]
     output = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
-    await ws.send(json.dumps({"type": "response.create", "model": SLOW, "input": [output], "tools": TOOLS, "previous_response_id": first["id"]}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "response.create",
+                "model": SLOW,
+                "input": [output],
+                "tools": TOOLS,
+                "previous_response_id": first["id"],
+            }
+        )
+    )
     created = json.loads(await asyncio.wait_for(ws.recv(), GUARD))
     assert created["type"] == "response.created", created
     return [first["id"], created["response"]["id"]]
@@ -131,7 +164,9 @@ async def drive_ga(ws: ClientConnection, where: str) -> list[str]:
 @pytest.mark.parametrize("how", ["close", "abort"])
 @pytest.mark.parametrize("where", LONGLIVED_STATES)
 @pytest.mark.parametrize("protocol", ["longlived", "ga"])
-async def test_disconnect_in_every_state_leaves_nothing_behind(make_server: Any, protocol: str, where: str, how: str) -> None:
+async def test_disconnect_in_every_state_leaves_nothing_behind(
+    make_server: Any, protocol: str, where: str, how: str
+) -> None:
     with make_server() as srv:
         before = gpu_gauges(srv)
         url = srv.url + ("?protocol=longlived" if protocol == "longlived" else "")
@@ -166,12 +201,16 @@ async def test_engine_failure_fails_the_response_and_the_server_keeps_serving(ma
             body = {"model": FLAKY, "input": "hello", "store": False}
             refused = await http.post("/v1/responses", json=body)
             # Nothing was sent before the failure: the OpenAI error body, with engine_failure's 500.
-            assert refused.status_code == 500 and refused.json()["error"]["code"] == "engine_failure", refused.text
+            assert refused.status_code == 500 and refused.json()["error"]["code"] == "engine_failure", (
+                refused.text
+            )
             ok = (await http.post("/v1/responses", json={**body, "model": FAST})).json()
             assert ok["status"] == "completed"
             ledger = state(srv).pipeline.ledger
             ledger.flush()
-            created += [row.response_id for row in ledger.rows(mode="http") if row.status == "failed"] + [ok["id"]]
+            created += [row.response_id for row in ledger.rows(mode="http") if row.status == "failed"] + [
+                ok["id"]
+            ]
         await assert_clean(srv, created, before)
         statuses = sorted(row.status for row in state(srv).pipeline.ledger.rows())
         assert statuses == ["completed"] * 3 + ["failed"] * 3
@@ -220,7 +259,9 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
     tokens = 200_000  # 50 s of output at 4000 tokens/s: far more than every buffer on the way holds
     # More output than the model's max-output-tokens allows by default: the knob is raised for this test.
     model = f"{FAST}:prefill-overhead=1,prefill-time-per-token=0,max-output-tokens={tokens}"
-    async with virtual(send_queue=32, send_timeout_s=1.0, model_override=[model]) as virtual_server:  # the send timeout on virtual time
+    async with virtual(
+        send_queue=32, send_timeout_s=1.0, model_override=[model]
+    ) as virtual_server:  # the send timeout on virtual time
         srv = virtual_server.server
         server = state(srv)
         before = gpu_gauges(srv)
@@ -231,8 +272,12 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
         session = next(iter(server.connections))
         await wait_for(lambda: session.out.qsize() >= 32, "the send queue filled: the sampler waits")
         assert session.stopping is None  # held back, not yet given up on
-        await virtual_server.advance_until(1.0, lambda: session.stopping is not None, "the slow reader was given up on")
-        code, frames = await asyncio.to_thread(client.read_to_close)  # the client reads again: the close comes through
+        await virtual_server.advance_until(
+            1.0, lambda: session.stopping is not None, "the slow reader was given up on"
+        )
+        code, frames = await asyncio.to_thread(
+            client.read_to_close
+        )  # the client reads again: the close comes through
         client.sock.close()
         assert code == 1008
         assert session.out.peak <= 32  # the bound held: the sampler waited instead of queueing
@@ -249,7 +294,9 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
 
 
 @pytest.mark.process
-async def test_sigterm_ends_open_responses_with_an_error_and_1001_and_flushes_the_ledger(tmp_path: Path) -> None:
+async def test_sigterm_ends_open_responses_with_an_error_and_1001_and_flushes_the_ledger(
+    tmp_path: Path,
+) -> None:
     db = tmp_path / "lab.db"
     port = free_port()
     script = Path(sys.executable).with_name("responses-lab")
@@ -268,7 +315,9 @@ async def test_sigterm_ends_open_responses_with_an_error_and_1001_and_flushes_th
                         break
                 except httpx.TransportError:
                     await asyncio.sleep(0.02)
-            stored = (await http.post("/v1/responses", json={"model": FAST, "input": "!say kept", "store": True})).json()
+            stored = (
+                await http.post("/v1/responses", json={"model": FAST, "input": "!say kept", "store": True})
+            ).json()
         url = f"ws://127.0.0.1:{port}/v1/responses"
         async with (
             connect(url + "?protocol=longlived") as suspended,
@@ -276,7 +325,10 @@ async def test_sigterm_ends_open_responses_with_an_error_and_1001_and_flushes_th
             connect(url) as ga_streaming,
             connect(url) as idle,
         ):
-            ids = [(await drive_longlived(suspended, "suspended"))[0], (await drive_longlived(streaming, "streaming"))[0]]
+            ids = [
+                (await drive_longlived(suspended, "suspended"))[0],
+                (await drive_longlived(streaming, "streaming"))[0],
+            ]
             ids += await drive_ga(ga_streaming, "streaming")
             server.send_signal(signal.SIGTERM)
             for ws in (suspended, streaming, ga_streaming):
@@ -288,7 +340,8 @@ async def test_sigterm_ends_open_responses_with_an_error_and_1001_and_flushes_th
             with pytest.raises(ConnectionClosed) as closed:
                 await asyncio.wait_for(idle.recv(), GUARD)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
-        # uvicorn re-raises the signal once its shutdown is done: "killed by SIGTERM", after a clean exit path.
+        # uvicorn re-raises the signal once its shutdown is done: "killed by SIGTERM", after a clean exit
+        # path.
         assert await asyncio.wait_for(server.wait(), 30) in (0, -signal.SIGTERM)
     finally:
         if server.returncode is None:

@@ -1,4 +1,5 @@
-"""GA WebSocket mode as OpenAI documents it today (docs/protocol.md, "GA WebSocket mode"): ``stream_id`` lanes (parallel
+"""GA WebSocket mode as OpenAI documents it today (docs/protocol.md, "GA WebSocket mode"): ``stream_id`` lanes
+(parallel
 conversations on one socket, FIFO within a lane, one response in flight per lane, forks across lanes) and
 the beta ``response.steer`` (accepted / pending / failed; a steered response ends ``incomplete``, reason
 ``steered``, and a successor starts by itself). Over raw frames, and with the openai SDK's own lane
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.process  # every test starts a server or a process
 
 LONG = "!tokens 3000"  # ~0.75 s of decode at 4000 tokens/s: long enough to interleave (the text is
 # padded with filler words after what the line says)
-STEERABLE = "!tokens 8000"  # ~2 s: a steer sent on the first delta arrives while it runs, on a busy machine too
+STEERABLE = (
+    "!tokens 8000"  # ~2 s: a steer sent on the first delta arrives while it runs, on a busy machine too
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +43,23 @@ async def ws(srv: ThreadedServer) -> AsyncIterator[ClientConnection]:
 
 
 def create(script: str, lane: str | None = None, **fields: Any) -> str:
-    event = {"type": "response.create", "model": MODEL, "input": [{"role": "user", "content": script}], "tools": TOOLS, "store": False, **fields}
+    event = {
+        "type": "response.create",
+        "model": MODEL,
+        "input": [{"role": "user", "content": script}],
+        "tools": TOOLS,
+        "store": False,
+        **fields,
+    }
     if lane is not None:
         event["stream_id"] = lane
     return json.dumps(event)
 
 
 def text(response: dict[str, Any]) -> str:
-    return "".join(part["text"] for item in response["output"] if item["type"] == "message" for part in item["content"])
+    return "".join(
+        part["text"] for item in response["output"] if item["type"] == "message" for part in item["content"]
+    )
 
 
 async def frames_until(ws: ClientConnection, done: Any) -> list[dict[str, Any]]:
@@ -69,14 +81,30 @@ async def test_two_lanes_run_in_parallel_and_echo_their_stream_id(ws: ClientConn
     assert all(f.get("stream_id") in ("a", "b") for f in frames), frames[:3]
     lanes = [f["stream_id"] for f in frames if f["type"] == "response.output_text.delta"]
     first_done = next(i for i, f in enumerate(frames) if f["type"] in TERMINAL_TYPES)
-    assert {f["stream_id"] for f in frames[:first_done] if f["type"] == "response.output_text.delta"} == {"a", "b"}  # interleaved
+    assert {f["stream_id"] for f in frames[:first_done] if f["type"] == "response.output_text.delta"} == {
+        "a",
+        "b",
+    }  # interleaved
     by_lane = {t["stream_id"]: t for t in terminals(frames)}
-    assert text(by_lane["a"]["response"]).startswith("from a") and text(by_lane["b"]["response"]).startswith("from b")
+    assert text(by_lane["a"]["response"]).startswith("from a") and text(by_lane["b"]["response"]).startswith(
+        "from b"
+    )
     assert lanes.count("a") > 1 and lanes.count("b") > 1
     # each lane continues its own chain from the connection's cache (no store: store false)
     for lane in ("a", "b"):
-        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "stream_id": lane, "store": False, "tools": TOOLS,
-                                  "previous_response_id": by_lane[lane]["response"]["id"], "input": [{"role": "user", "content": "and?"}]}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "stream_id": lane,
+                    "store": False,
+                    "tools": TOOLS,
+                    "previous_response_id": by_lane[lane]["response"]["id"],
+                    "input": [{"role": "user", "content": "and?"}],
+                }
+            )
+        )
         follow = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]
         assert follow["type"] == "response.completed" and follow["stream_id"] == lane, follow
         assert follow["response"]["lab"]["work"]["model_resolutions"] == 0  # a cache hit
@@ -89,7 +117,10 @@ async def test_a_lane_is_fifo(ws: ClientConnection) -> None:
     created = [i for i, f in enumerate(frames) if f["type"] == "response.created"]
     ended = [i for i, f in enumerate(frames) if f["type"] in TERMINAL_TYPES]
     assert created[1] > ended[0]  # the second started after the first ended
-    assert text(frames[ended[0]]["response"]).startswith("first") and text(frames[ended[1]]["response"]) == "second"
+    assert (
+        text(frames[ended[0]]["response"]).startswith("first")
+        and text(frames[ended[1]]["response"]) == "second"
+    )
 
 
 async def test_a_lane_forks_a_response_of_another(ws: ClientConnection) -> None:
@@ -98,10 +129,25 @@ async def test_a_lane_forks_a_response_of_another(ws: ClientConnection) -> None:
     call = first["output"][0]
     answer = [{"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]
     for lane in ("fork", "main"):  # the fork copies main's rendering; main still continues from its own
-        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "stream_id": lane, "store": False, "tools": TOOLS,
-                                  "previous_response_id": first["id"], "input": answer}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "stream_id": lane,
+                    "store": False,
+                    "tools": TOOLS,
+                    "previous_response_id": first["id"],
+                    "input": answer,
+                }
+            )
+        )
         follow = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]
-        assert (follow["type"], follow["stream_id"], text(follow["response"])) == ("response.completed", lane, "answered"), follow
+        assert (follow["type"], follow["stream_id"], text(follow["response"])) == (
+            "response.completed",
+            lane,
+            "answered",
+        ), follow
 
 
 async def test_the_default_lane_still_refuses_a_second_create(ws: ClientConnection) -> None:
@@ -130,15 +176,25 @@ async def started(ws: ClientConnection) -> str:
 
 
 async def test_steer_ends_the_response_steered_and_a_successor_continues(ws: ClientConnection) -> None:
-    # the hosted call runs only because the request offers web_search (docs/protocol.md, "The directive script")
-    await ws.send(create(f'{STEERABLE} !call web_search {{"query": "python"}}\n!say A\n!say B', "s", tools=[*TOOLS, {"type": "web_search"}]))
+    # the hosted call runs only because the request offers web_search (docs/protocol.md, "The directive
+    # script")
+    await ws.send(
+        create(
+            f'{STEERABLE} !call web_search {{"query": "python"}}\n!say A\n!say B',
+            "s",
+            tools=[*TOOLS, {"type": "web_search"}],
+        )
+    )
     first_id = await started(ws)
     await ws.send(steer(first_id))
     frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 2)
     accepted = next(f for f in frames if f["type"] == "response.steer.accepted")
     assert accepted["steer"]["previous_response_id"] == first_id and accepted["stream_id"] == "s"
     first, successor = terminals(frames)
-    assert (first["type"], first["response"]["incomplete_details"]["reason"]) == ("response.incomplete", "steered")
+    assert (first["type"], first["response"]["incomplete_details"]["reason"]) == (
+        "response.incomplete",
+        "steered",
+    )
     # the successor's response.created is the commit point: after the steered terminal, on the same lane
     created = [f for f in frames if f["type"] == "response.created"]
     assert created[-1]["response"]["previous_response_id"] == first_id and created[-1]["stream_id"] == "s"
@@ -153,7 +209,9 @@ async def test_steer_on_a_final_answer_starts_a_successor_after_it(ws: ClientCon
     frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 2)
     first, successor = terminals(frames)
     assert first["type"] == "response.completed" and text(first["response"]).startswith("done")
-    assert successor["response"]["previous_response_id"] == first_id and text(successor["response"]) == "noted"
+    assert (
+        successor["response"]["previous_response_id"] == first_id and text(successor["response"]) == "noted"
+    )
 
 
 async def test_steer_waits_for_required_tool_outputs(srv: ThreadedServer, ws: ClientConnection) -> None:
@@ -164,16 +222,31 @@ async def test_steer_waits_for_required_tool_outputs(srv: ThreadedServer, ws: Cl
     first = terminals(frames)[0]["response"]
     pending = frames[-1]
     call = first["output"][-1]
-    assert pending["required_input"] == [{"type": "function_call_output", "call_id": call["call_id"], "name": "grep"}]
+    assert pending["required_input"] == [
+        {"type": "function_call_output", "call_id": call["call_id"], "name": "grep"}
+    ]
     assert pending["reason"] == "waiting_for_required_input" and pending["stream_id"] == "t"
-    await ws.send(json.dumps({"type": "response.create", "model": MODEL, "stream_id": "t", "tools": TOOLS, "store": True,
-                              "previous_response_id": first_id, "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "response.create",
+                "model": MODEL,
+                "stream_id": "t",
+                "tools": TOOLS,
+                "store": True,
+                "previous_response_id": first_id,
+                "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}],
+            }
+        )
+    )
     follow = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]
     assert follow["type"] == "response.completed" and text(follow["response"]) == "done"
     import httpx  # the steering input went first in the continuation's input
 
     async with httpx.AsyncClient(base_url=srv.http_url) as http:
-        listed = (await http.get(f"/v1/responses/{follow['response']['id']}/input_items", params={"order": "asc"})).json()["data"]
+        listed = (
+            await http.get(f"/v1/responses/{follow['response']['id']}/input_items", params={"order": "asc"})
+        ).json()["data"]
     assert [item["type"] for item in listed] == ["message", "function_call_output"]
     assert listed[0]["content"] == "Use the fast path."
 
@@ -192,7 +265,11 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
             content = [{"role": "assistant", "content": "I say"}]
     await ws.send(steer(target, content))
     failed = (await until(ws, {"response.steer.failed"}))[-1]
-    code = {"unknown": "response_not_found", "completed": "response_already_completed", "not_user": "invalid_input"}[case]
+    code = {
+        "unknown": "response_not_found",
+        "completed": "response_already_completed",
+        "not_user": "invalid_input",
+    }[case]
     assert failed["error"]["code"] == code and failed["error"]["type"] == "invalid_request_error"
     assert failed["steer"]["input"] == content and failed["steer"]["previous_response_id"] == target
     if case == "not_user":  # the response was not disturbed
@@ -207,9 +284,18 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
 async def test_openai_sdk_lane_session_and_steer(srv: ThreadedServer) -> None:
     """The SDK's own router (one reader, events routed by stream_id) over two lanes, and its steer call."""
     client = AsyncOpenAI(base_url=srv.http_url + "/v1", api_key="unused", max_retries=0)
-    limits = ResponsesWebSocketLimits(max_lanes=4, max_events_per_lane=100_000, max_events=200_000,
-                                      max_bytes_per_lane=2**26, max_bytes=2**27)
-    async with client, client.responses.connect() as conn, AsyncResponsesWebSocketSession(conn, limits=limits) as session:
+    limits = ResponsesWebSocketLimits(
+        max_lanes=4,
+        max_events_per_lane=100_000,
+        max_events=200_000,
+        max_bytes_per_lane=2**26,
+        max_bytes=2**27,
+    )
+    async with (
+        client,
+        client.responses.connect() as conn,
+        AsyncResponsesWebSocketSession(conn, limits=limits) as session,
+    ):
         left, right = session.lane("left"), session.lane("right")
         body = {"type": "response.create", "model": MODEL, "store": False}
         await left.send({**body, "input": f"{LONG} !say left side"})
@@ -218,8 +304,12 @@ async def test_openai_sdk_lane_session_and_steer(srv: ThreadedServer) -> None:
         while first.type != "response.created":
             first = await right.recv()
         await conn.response.steer(previous_response_id=first.response.id, input="one more thing")
-        results = await asyncio.wait_for(asyncio.gather(left.get_final_response(), right.get_final_response()), 60)
-        assert results[0].output_text.startswith("left side") and results[1].output_text.startswith("right side")
+        results = await asyncio.wait_for(
+            asyncio.gather(left.get_final_response(), right.get_final_response()), 60
+        )
+        assert results[0].output_text.startswith("left side") and results[1].output_text.startswith(
+            "right side"
+        )
         event = await asyncio.wait_for(right.recv(), 30)
         while event.type != "response.created":  # the steered successor starts by itself, on the same lane
             assert event.type != "response.steer.failed", event

@@ -80,7 +80,11 @@ async def test_uncached_store_true_loads_from_the_store(srv: ThreadedServer) -> 
 async def test_failed_continuation_evicts_the_id(srv: ThreadedServer, store: bool) -> None:
     async with connect(srv.url) as ws:
         first = await first_turn(ws, store=store)
-        bad = create(input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}], previous_response_id=first["id"], store=store)
+        bad = create(
+            input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}],
+            previous_response_id=first["id"],
+            store=store,
+        )
         failed = await ga_events(ws, bad)
         assert failed[-1]["error"]["code"] == "unknown_call_id"
         retry = await ga_events(ws, continue_from(first, store=store))
@@ -100,7 +104,9 @@ async def test_generate_false_prepares_state_without_sampling(srv: ThreadedServe
         assert response["lab"]["work"]["tokens_tokenized"] > 0  # the input was rendered and tokenized
         events = await ga_events(ws, create(input=[], previous_response_id=response["id"], store=False))
     sampled = events[-1]["response"]
-    assert sampled["lab"]["work"]["tokens_tokenized"] == 0 and sampled["lab"]["work"]["model_resolutions"] == 0
+    assert (
+        sampled["lab"]["work"]["tokens_tokenized"] == 0 and sampled["lab"]["work"]["model_resolutions"] == 0
+    )
     assert sampled["output"][0]["name"] == "grep"  # the script's first turn
 
 

@@ -31,7 +31,9 @@ def make(**kw: object) -> tuple[MockGPU, FakeClock]:
     return MockGPU(spec, clock), clock
 
 
-async def collect(clock: FakeClock, seq: GpuSequence, prompt: list[int], n_out: int, base: int = 10_000) -> Emits:
+async def collect(
+    clock: FakeClock, seq: GpuSequence, prompt: list[int], n_out: int, base: int = 10_000
+) -> Emits:
     got: Emits = []
     async with aclosing(seq.run_turn(prompt, list(range(base, base + n_out)))) as it:
         async for k in it:
@@ -60,14 +62,22 @@ async def test_single_turn_exact_timing_and_report() -> None:
     report = r.to_dict()
     assert report.pop("lookup_ms") > 0  # real CPU time, even on a FakeClock
     assert report == pytest.approx(
-        {"prompt_tokens": 100, "cached_tokens": 0, "prefill_ms": 55.0, "queue_wait_ms": 0.0,
-         "decode_ms": 4.0, "output_tokens": 5, "first_late_ms": 0.0}
+        {
+            "prompt_tokens": 100,
+            "cached_tokens": 0,
+            "prefill_ms": 55.0,
+            "queue_wait_ms": 0.0,
+            "decode_ms": 4.0,
+            "output_tokens": 5,
+            "first_late_ms": 0.0,
+        }
     )
 
 
 async def test_several_due_tokens_per_coarse_wake_up() -> None:
-    gpu, clock = make(tokens_per_s=4000, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0,
-                      time_to_first_token_ms=1.0)
+    gpu, clock = make(
+        tokens_per_s=4000, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0, time_to_first_token_ms=1.0
+    )
     task = asyncio.create_task(collect(clock, gpu.open(), [1, 2, 3], 12))
     await clock.jump(0.0011)
     for _ in range(3):
@@ -90,8 +100,9 @@ async def test_no_drift_over_10000_tokens_at_4000_tps() -> None:
 
 async def test_no_drift_when_the_consumer_wakes_late() -> None:
     """Irregular, late wake-ups release every due token at once; the schedule does not shift."""
-    gpu, clock = make(tokens_per_s=4000, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0,
-                      time_to_first_token_ms=1.0)
+    gpu, clock = make(
+        tokens_per_s=4000, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0, time_to_first_token_ms=1.0
+    )
     task = asyncio.create_task(collect(clock, gpu.open(), [1], 10_000))
     step = 0
     while not task.done():
@@ -138,7 +149,10 @@ async def test_sequences_decoding_together_release_their_tokens_at_the_batchs_st
         await clock.jump(0.00037)  # joins between two steps
     await clock.run_until_idle()
     streams = [times(await t) for t in tasks]
-    lo, hi = max(ts[1] for ts in streams), min(ts[-1] for ts in streams)  # every one past its first token, none done
+    lo, hi = (
+        max(ts[1] for ts in streams),
+        min(ts[-1] for ts in streams),
+    )  # every one past its first token, none done
     together = [{t for t in ts if lo <= t <= hi} for ts in streams]
     assert len(together[0]) > 100 and together[0] == together[1] == together[2] == together[3]
     for ts in streams:
@@ -173,7 +187,9 @@ async def test_other_sequences_share_prefix_blocks_by_chained_hash() -> None:
     changed_second_block = list(range(64))
     changed_second_block[20] = -1
     await run(clock, seq, [*changed_second_block, 1], 1)
-    assert seq.last_report is not None and seq.last_report.cached_tokens == 16  # blocks 2, 3 are equal but chain on block 1
+    assert (
+        seq.last_report is not None and seq.last_report.cached_tokens == 16
+    )  # blocks 2, 3 are equal but chain on block 1
 
 
 async def test_pinned_suspended_sequence_survives_pressure() -> None:
@@ -211,8 +227,9 @@ async def test_unpinned_without_pressure_still_hits() -> None:
 
 
 async def test_fifo_queue_past_max_num_seqs() -> None:
-    gpu, clock = make(max_num_seqs=2, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0,
-                      time_to_first_token_ms=10.0)
+    gpu, clock = make(
+        max_num_seqs=2, prefill_overhead_ms=0.0, prefill_time_per_token_ms=0.0, time_to_first_token_ms=10.0
+    )
     seqs = [gpu.open() for _ in range(4)]
     tasks = []
     for i, s in enumerate(seqs):
@@ -335,10 +352,13 @@ async def test_real_clock_never_returns_before_the_deadline(timerfd: bool) -> No
         assert clock.now() >= t
 
 
-# ---- run_paced: the owner waits on the clock's timer and releases the tokens from there ---------------------
+# ---- run_paced: the owner waits on the clock's timer and releases the tokens from there
+# ---------------------
 
 
-async def collect_paced(clock: Clock, seq: GpuSequence, prompt: list[int], n_out: int, limit: Callable[[int], int]) -> tuple[Emits, Emits]:
+async def collect_paced(
+    clock: Clock, seq: GpuSequence, prompt: list[int], n_out: int, limit: Callable[[int], int]
+) -> tuple[Emits, Emits]:
     """Iterate ``run_paced`` as an owner does (``ResponseDriver._stream`` is the real one): at each ``Pacing``
     wait on its timer, release up to ``limit(deadlines so far)`` tokens at each deadline (0: resume the turn
     instead), and resume the turn once nothing is left to wait for. (yielded, released), with times."""
@@ -378,7 +398,7 @@ async def collect_paced(clock: Clock, seq: GpuSequence, prompt: list[int], n_out
     return yielded, released
 
 
-async def test_the_owner_releases_every_wake_up_after_the_first_at_the_same_times_and_the_report_is_the_same() -> None:
+async def test_the_owner_releases_every_later_wake_up_at_the_same_times_with_the_same_report() -> None:
     plain_gpu, plain_clock = make(itl_jitter_std=0.2, seed=7)
     plain = plain_gpu.open()
     expected = times(await run(plain_clock, plain, list(range(100)), 40))
@@ -390,20 +410,28 @@ async def test_the_owner_releases_every_wake_up_after_the_first_at_the_same_time
     assert yielded == [(expected[0], 1)]  # the first token wakes the task (it opens the item); nothing after
     assert times(yielded) + times(released) == pytest.approx(expected, abs=1e-12)
     assert seq.last_report is not None and plain.last_report is not None
-    assert {**seq.last_report.to_dict(), "lookup_ms": 0} == pytest.approx({**plain.last_report.to_dict(), "lookup_ms": 0})
+    assert {**seq.last_report.to_dict(), "lookup_ms": 0} == pytest.approx(
+        {**plain.last_report.to_dict(), "lookup_ms": 0}
+    )
     assert clock.pending == 0 and gpu.metrics()["running"] == 0
 
 
 async def test_what_the_owner_leaves_is_yielded_when_it_was_due() -> None:
     gpu, clock = make()
     seq = gpu.open()
-    task = asyncio.create_task(collect_paced(clock, seq, list(range(40)), 30, lambda i: 0 if i % 3 == 2 else 1))
+    task = asyncio.create_task(
+        collect_paced(clock, seq, list(range(40)), 30, lambda i: 0 if i % 3 == 2 else 1)
+    )
     await clock.run_until_idle()
     yielded, released = await task
     t_first = 0.040
     assert times(yielded)[0] == pytest.approx(t_first)
-    assert sorted(times(yielded) + times(released)) == pytest.approx([t_first + 0.001 * i for i in range(30)], abs=1e-9)
-    assert len(yielded) > 5 and sum(k for _, k in yielded) + sum(k for _, k in released) == 30  # each token once
+    assert sorted(times(yielded) + times(released)) == pytest.approx(
+        [t_first + 0.001 * i for i in range(30)], abs=1e-9
+    )
+    assert (
+        len(yielded) > 5 and sum(k for _, k in yielded) + sum(k for _, k in released) == 30
+    )  # each token once
 
 
 async def test_a_release_takes_no_more_than_its_limit_and_the_rest_stays_due() -> None:
@@ -479,9 +507,16 @@ async def test_run_turn_and_a_clock_without_a_timer_yield_counts_only() -> None:
     gpu, clock = make()
     seq = gpu.open()
     emits = await run(clock, seq, list(range(40)), 20)
-    assert sum(k for _, k in emits) == 20  # run_turn: ints, slept in the task (``collect`` would fail otherwise)
+    assert (
+        sum(k for _, k in emits) == 20
+    )  # run_turn: ints, slept in the task (``collect`` would fail otherwise)
 
-    gpu = MockGPU(make()[0].spec.override(prefill_overhead_ms=1.0, prefill_time_per_token_ms=0.0, inter_token_latency_ms=0.2), RealClock(timerfd=False))
+    gpu = MockGPU(
+        make()[0].spec.override(
+            prefill_overhead_ms=1.0, prefill_time_per_token_ms=0.0, inter_token_latency_ms=0.2
+        ),
+        RealClock(timerfd=False),
+    )
     seq = gpu.open()
     got: list[object] = []
     async with aclosing(seq.run_paced([1, 2, 3], list(range(10)))) as it:

@@ -23,9 +23,17 @@ CALL_HEADER = (100264, 78191, 311, 28, 2068, 198)  # <|im_start|>assistant to=gr
 
 
 def make(**kw: Any) -> tuple[MockGPU, FakeClock]:
-    spec = ModelSpec(name="t", time_to_first_token_ms=1.0, prefill_overhead_ms=1.0, prefill_time_per_token_ms=0.0,
-                     inter_token_latency_ms=0.1, max_num_seqs=8, time_factor_under_load=1.0, kv_cache_size=4000,
-                     block_size=BS).override(**kw)
+    spec = ModelSpec(
+        name="t",
+        time_to_first_token_ms=1.0,
+        prefill_overhead_ms=1.0,
+        prefill_time_per_token_ms=0.0,
+        inter_token_latency_ms=0.1,
+        max_num_seqs=8,
+        time_factor_under_load=1.0,
+        kv_cache_size=4000,
+        block_size=BS,
+    ).override(**kw)
     clock = FakeClock()
     return MockGPU(spec, clock), clock
 
@@ -59,7 +67,9 @@ class Rollout:
 
     def grow(self, output: list[int], call: bool) -> None:
         self.log.extend([*(CALL_HEADER if call else HEADER), *output, 100265])
-        self.log.extend(self.rng.randrange(100_000) for _ in range(self.rng.randrange(1, 70)))  # the tool's output
+        self.log.extend(
+            self.rng.randrange(100_000) for _ in range(self.rng.randrange(1, 70))
+        )  # the tool's output
 
 
 class CountingCache:
@@ -171,7 +181,9 @@ async def test_a_rewritten_history_is_hashed_again() -> None:
     await turn(clock, seq, prompt, [8] * 5)
     flat = [*log.ids, *HEADER]
     assert list(seq._keys) == block_keys([*flat, *[8] * 5], BS)
-    assert seq.last_report is not None and seq.last_report.cached_tokens == 150 // BS * BS  # only the kept blocks hit
+    assert (
+        seq.last_report is not None and seq.last_report.cached_tokens == 150 // BS * BS
+    )  # only the kept blocks hit
 
 
 async def test_a_prompt_taken_before_a_rewrite_is_not_trusted() -> None:
@@ -200,7 +212,11 @@ def test_token_log_and_prompt() -> None:
     log = TokenLog([1, 2, 3])
     prompt = Prompt.of(log, (8, 9))
     log.extend([4, 5])
-    assert len(prompt) == 5 and list(prompt.tokens_from(1)) == [2, 3, 8, 9] and list(prompt.tokens_from(4)) == [9]
+    assert (
+        len(prompt) == 5
+        and list(prompt.tokens_from(1)) == [2, 3, 8, 9]
+        and list(prompt.tokens_from(4)) == [9]
+    )
     assert prompt.current and log.ids.itemsize == 4
     # A Sequence, as an engine in another process reads it (it sends the prompt's ids whole).
     assert list(prompt) == [1, 2, 3, 8, 9] and prompt[0] == 1 and prompt[3] == 8 and prompt[-1] == 9

@@ -20,7 +20,9 @@ def spec(**kw: object) -> ModelSpec:
     return base.override(**kw)
 
 
-@pytest.mark.parametrize(("running", "expected"), [(0, 1.0), (1, 1.0), (2, 1.25), (3, 1.5), (5, 2.0), (9, 2.0)])
+@pytest.mark.parametrize(
+    ("running", "expected"), [(0, 1.0), (1, 1.0), (2, 1.25), (3, 1.5), (5, 2.0), (9, 2.0)]
+)
 def test_load_factor_is_llm_d_formula(running: int, expected: float) -> None:
     assert load_factor(spec(), running) == expected
 
@@ -72,8 +74,14 @@ def test_no_jitter_means_exact() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"ttft_jitter_std": 0.31}, {"itl_jitter_std": -0.1}, {"inter_token_latency_ms": 0.0}, {"max_num_seqs": 0},
-     {"time_factor_under_load": 0.5}, {"fail_rate": 1.5}],
+    [
+        {"ttft_jitter_std": 0.31},
+        {"itl_jitter_std": -0.1},
+        {"inter_token_latency_ms": 0.0},
+        {"max_num_seqs": 0},
+        {"time_factor_under_load": 0.5},
+        {"fail_rate": 1.5},
+    ],
 )
 def test_invalid_knobs_rejected(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
@@ -86,16 +94,30 @@ def test_catalogue_and_public_knobs() -> None:
         m = resolve_model(name)
         assert m.tokens_per_s == pytest.approx(tps)
         pub = m.public()
-        # Each model's class prefill (sampler/models.py: GPU-served 80 ms + 8.5 us/token, wafer-scale 1 ms + 39 us).
-        assert (pub["prefill-overhead"], pub["prefill-time-per-token"]) == ((80.0, 0.0085) if tps == 65 else (1.0, 0.039))
+        # Each model's class prefill (sampler/models.py: GPU-served 80 ms + 8.5 us/token, wafer-scale 1 ms +
+        # 39 us).
+        assert (pub["prefill-overhead"], pub["prefill-time-per-token"]) == (
+            (80.0, 0.0085) if tps == 65 else (1.0, 0.039)
+        )
         assert pub["tokens-per-second"] == pytest.approx(tps)
-        assert {"time-to-first-token", "inter-token-latency", "max-num-seqs", "time-factor-under-load",
-                "kv-cache-size", "block-size", "ttft-jitter-std", "itl-jitter-std", "seed"} <= set(pub)
+        assert {
+            "time-to-first-token",
+            "inter-token-latency",
+            "max-num-seqs",
+            "time-factor-under-load",
+            "kv-cache-size",
+            "block-size",
+            "ttft-jitter-std",
+            "itl-jitter-std",
+            "seed",
+        } <= set(pub)
     with pytest.raises(KeyError, match="mock-65tps"):
         resolve_model("gpt-9")
 
 
 def test_override_accepts_llm_d_names() -> None:
-    m = resolve_model("mock-65tps").override(**{"max-num-seqs": 4, "tokens-per-second": 500, "pin_suspended": False})
+    m = resolve_model("mock-65tps").override(
+        **{"max-num-seqs": 4, "tokens-per-second": 500, "pin_suspended": False}
+    )
     assert m.max_num_seqs == 4 and m.inter_token_latency_ms == 2.0 and m.pin_suspended is False
     assert resolve_model("mock-65tps").max_num_seqs == 256  # the catalogue is untouched

@@ -38,9 +38,16 @@ def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 async def test_function_call_loop_with_previous_response_id(srv: ThreadedServer) -> None:
     async with client(srv) as c:
-        first = (await c.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS})).json()
+        first = (
+            await c.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS})
+        ).json()
         assert first["status"] == "completed" and first["output"][0]["type"] == "function_call"
-        body = {"model": MODEL, "input": outputs_for(first), "tools": ROLLOUT_TOOLS, "previous_response_id": first["id"]}
+        body = {
+            "model": MODEL,
+            "input": outputs_for(first),
+            "tools": ROLLOUT_TOOLS,
+            "previous_response_id": first["id"],
+        }
         second = (await c.post("/v1/responses", json=body)).json()
     assert second["previous_response_id"] == first["id"]
     assert second["output"][-1]["content"][0]["text"] == "done"
@@ -49,7 +56,9 @@ async def test_function_call_loop_with_previous_response_id(srv: ThreadedServer)
 
 async def test_sse_follows_openais_event_order(srv: ThreadedServer) -> None:
     async with client(srv) as c:
-        reply = await c.post("/v1/responses", json={"model": MODEL, "input": "!say hello there", "stream": True})
+        reply = await c.post(
+            "/v1/responses", json={"model": MODEL, "input": "!say hello there", "stream": True}
+        )
     assert reply.headers["content-type"].startswith("text/event-stream")
     events = sse_events(reply.text)
     assert all(name == data["type"] for name, data in events)
@@ -73,12 +82,18 @@ async def test_sse_follows_openais_event_order(srv: ThreadedServer) -> None:
 
 async def test_stored_response_get_delete_and_input_items(srv: ThreadedServer) -> None:
     async with client(srv) as c:
-        created = (await c.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "!say hi"}]})).json()
+        created = (
+            await c.post(
+                "/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "!say hi"}]}
+            )
+        ).json()
         got = await c.get(f"/v1/responses/{created['id']}")
         assert got.status_code == 200 and got.json()["id"] == created["id"]
         items = (await c.get(f"/v1/responses/{created['id']}/input_items")).json()
         assert items["object"] == "list" and items["has_more"] is False
-        assert [i["type"] for i in items["data"]] == ["message"] and items["first_id"] == items["data"][0]["id"]
+        assert [i["type"] for i in items["data"]] == ["message"] and items["first_id"] == items["data"][0][
+            "id"
+        ]
         deleted = await c.delete(f"/v1/responses/{created['id']}")
         assert deleted.json() == {"id": created["id"], "object": "response", "deleted": True}
         gone = await c.get(f"/v1/responses/{created['id']}")
@@ -87,7 +102,12 @@ async def test_stored_response_get_delete_and_input_items(srv: ThreadedServer) -
 
 async def test_store_false_is_never_persisted(srv: ThreadedServer) -> None:
     async with client(srv) as c:
-        created = (await c.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS, "store": False})).json()
+        created = (
+            await c.post(
+                "/v1/responses",
+                json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS, "store": False},
+            )
+        ).json()
         assert (await c.get(f"/v1/responses/{created['id']}")).status_code == 404
         body = {"model": MODEL, "input": outputs_for(created), "previous_response_id": created["id"]}
         follow = await c.post("/v1/responses", json=body)
@@ -96,14 +116,19 @@ async def test_store_false_is_never_persisted(srv: ThreadedServer) -> None:
 
 async def test_stored_responses_are_isolated_per_key(srv: ThreadedServer) -> None:
     async with client(srv, KEYS[0]) as alice, client(srv, KEYS[1]) as bob:
-        mine = (await alice.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS})).json()
+        mine = (
+            await alice.post("/v1/responses", json={"model": MODEL, "input": SCRIPT, "tools": ROLLOUT_TOOLS})
+        ).json()
         for reply in (
             await bob.get(f"/v1/responses/{mine['id']}"),
             await bob.get(f"/v1/responses/{mine['id']}/input_items"),
             await bob.delete(f"/v1/responses/{mine['id']}"),
         ):
             assert reply.status_code == 404 and reply.json()["error"]["code"] == "response_not_found"
-        chained = await bob.post("/v1/responses", json={"model": MODEL, "input": outputs_for(mine), "previous_response_id": mine["id"]})
+        chained = await bob.post(
+            "/v1/responses",
+            json={"model": MODEL, "input": outputs_for(mine), "previous_response_id": mine["id"]},
+        )
         assert chained.json()["error"]["code"] == "previous_response_not_found"
         assert (await alice.get(f"/v1/responses/{mine['id']}")).status_code == 200
 
@@ -115,11 +140,22 @@ async def test_errors_use_openais_body(srv: ThreadedServer) -> None:
     async with client(srv) as c:
         unknown = await c.post("/v1/responses", json={"model": "nope", "input": "hi"})
         assert unknown.status_code == 404 and unknown.json()["error"] == {
-            "type": "invalid_request_error", "code": "model_not_found", "message": "the model 'nope' does not exist", "param": "model"
+            "type": "invalid_request_error",
+            "code": "model_not_found",
+            "message": "the model 'nope' does not exist",
+            "param": "model",
         }
-        bad = await c.post("/v1/responses", json={"model": MODEL, "input": [{"type": "function_call_output", "output": "x"}]})
+        bad = await c.post(
+            "/v1/responses", json={"model": MODEL, "input": [{"type": "function_call_output", "output": "x"}]}
+        )
         assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("input[0]")
-        orphan = await c.post("/v1/responses", json={"model": MODEL, "input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]})
+        orphan = await c.post(
+            "/v1/responses",
+            json={
+                "model": MODEL,
+                "input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}],
+            },
+        )
         assert orphan.json()["error"]["code"] == "unknown_call_id"
         broken = await c.post("/v1/responses", content=b"{oops", headers={"content-type": "application/json"})
         assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
@@ -127,7 +163,10 @@ async def test_errors_use_openais_body(srv: ThreadedServer) -> None:
 
 async def test_each_response_billed_once(srv: ThreadedServer) -> None:
     async with client(srv) as c:
-        ids = [(await c.post("/v1/responses", json={"model": MODEL, "input": "!say x", "stream": stream})) for stream in (False, True)]
+        ids = [
+            (await c.post("/v1/responses", json={"model": MODEL, "input": "!say x", "stream": stream}))
+            for stream in (False, True)
+        ]
     ledger = state(srv).pipeline.ledger
     ledger.flush()
     assert ledger.duplicates == 0

@@ -1,6 +1,7 @@
 """Every tool and input item type OpenAI documents, over a real server.
 
-The types are the members of the SDK-generated unions (``proto.core.openai_types``, from the ``openai`` package's
+The types are the members of the SDK-generated unions (``proto.core.openai_types``, from the ``openai``
+package's
 ``openai/types/responses``), so a type OpenAI adds shows up here. Each gets a sample: the shapes real clients
 send (``REAL``: Codex's namespace and freeform ``apply_patch`` tools, ``view_image`` output with an image,
 the AI SDK's item references…) and, for the rest, the smallest value the schema accepts, built from the
@@ -56,40 +57,113 @@ def png(width: int, height: int) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 IMAGE = "data:image/png;base64," + base64.b64encode(png(1024, 1024)).decode()
 CALL = {"type": "function_call", "call_id": "call_fn", "name": "grep", "arguments": "{}"}
-CUSTOM_CALL = {"type": "custom_tool_call", "call_id": "call_ct", "name": "apply_patch", "input": "*** Begin Patch\n*** End Patch"}
+CUSTOM_CALL = {
+    "type": "custom_tool_call",
+    "call_id": "call_ct",
+    "name": "apply_patch",
+    "input": "*** Begin Patch\n*** End Patch",
+}
 
 # What real clients send (the issue lists these).
 REAL_TOOLS: dict[str, dict[str, Any]] = {
-    "namespace": {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
-        {"type": "function", "name": "spawn_agent", "description": "Spawn.", "strict": False,
-         "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]},
-    "custom": {"type": "custom", "name": "apply_patch", "description": "Edit files.",
-               "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/ "*** End Patch"'}},
+    "namespace": {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "spawn_agent",
+                "description": "Spawn.",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"task": {"type": "string"}}},
+            }
+        ],
+    },
+    "custom": {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Edit files.",
+        "format": {
+            "type": "grammar",
+            "syntax": "lark",
+            "definition": 'start: "*** Begin Patch" /(.|\\n)*/ "*** End Patch"',
+        },
+    },
     "local_shell": {"type": "local_shell"},
-    "mcp": {"type": "mcp", "server_label": "deepwiki", "server_url": "https://mcp.deepwiki.com/mcp", "require_approval": "never"},
+    "mcp": {
+        "type": "mcp",
+        "server_label": "deepwiki",
+        "server_url": "https://mcp.deepwiki.com/mcp",
+        "require_approval": "never",
+    },
     "file_search": {"type": "file_search", "vector_store_ids": ["vs_1"], "max_num_results": 4},
     "image_generation": {"type": "image_generation", "quality": "low"},
     "tool_search": {"type": "tool_search"},
 }
 REAL_ITEMS: dict[str, list[dict[str, Any]]] = {  # the item, after any call it answers
-    "reasoning": [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Thought about it."}],
-                   "encrypted_content": "gAAAAABopaque"}],
+    "reasoning": [
+        {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [{"type": "summary_text", "text": "Thought about it."}],
+            "encrypted_content": "gAAAAABopaque",
+        }
+    ],
     "custom_tool_call": [CUSTOM_CALL],
-    "custom_tool_call_output": [CUSTOM_CALL, {"type": "custom_tool_call_output", "call_id": "call_ct", "output": "Success. Updated 1 file."}],
-    "function_call_output": [CALL, {"type": "function_call_output", "call_id": "call_fn", "output": [
-        {"type": "input_text", "text": "here is the image"}, {"type": "input_image", "image_url": IMAGE}]}],
-    "local_shell_call": [{"type": "local_shell_call", "id": "lsh_1", "call_id": "call_ls", "status": "completed",
-                          "action": {"type": "exec", "command": ["ls", "-la"], "env": {}}}],
+    "custom_tool_call_output": [
+        CUSTOM_CALL,
+        {"type": "custom_tool_call_output", "call_id": "call_ct", "output": "Success. Updated 1 file."},
+    ],
+    "function_call_output": [
+        CALL,
+        {
+            "type": "function_call_output",
+            "call_id": "call_fn",
+            "output": [
+                {"type": "input_text", "text": "here is the image"},
+                {"type": "input_image", "image_url": IMAGE},
+            ],
+        },
+    ],
+    "local_shell_call": [
+        {
+            "type": "local_shell_call",
+            "id": "lsh_1",
+            "call_id": "call_ls",
+            "status": "completed",
+            "action": {"type": "exec", "command": ["ls", "-la"], "env": {}},
+        }
+    ],
     "compaction": [{"type": "compaction", "id": "cmp_1", "encrypted_content": "opaque-compacted-history"}],
-    "web_search_call": [{"type": "web_search_call", "id": "ws_1", "status": "completed",
-                         "action": {"type": "open_page", "url": "https://example.com/docs"}}],
-    "message": [{"type": "message", "role": "user", "content": [
-        {"type": "input_text", "text": "what is in this picture?"}, {"type": "input_image", "image_url": IMAGE, "detail": "high"}]}],
+    "web_search_call": [
+        {
+            "type": "web_search_call",
+            "id": "ws_1",
+            "status": "completed",
+            "action": {"type": "open_page", "url": "https://example.com/docs"},
+        }
+    ],
+    "message": [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "what is in this picture?"},
+                {"type": "input_image", "image_url": IMAGE, "detail": "high"},
+            ],
+        }
+    ],
 }
 
 
@@ -164,8 +238,11 @@ def test_every_sdk_type_is_a_member() -> None:
 def test_generated_schema_is_current() -> None:
     """proto/core/openai_types.py is what scripts/gen_openai_types.py makes from the SDK it names."""
     if openai.__version__ != oa.SDK_VERSION:
-        pytest.fail(f"proto/core/openai_types.py was generated from openai {oa.SDK_VERSION}, {openai.__version__} is installed: "
-                    "run scripts/gen_openai_types.py and review the diff")
+        pytest.fail(
+            f"proto/core/openai_types.py was generated from openai {oa.SDK_VERSION}, {openai.__version__} is "
+            f"installed: "
+            "run scripts/gen_openai_types.py and review the diff"
+        )
     spec = importlib.util.spec_from_file_location("gen_openai_types", GENERATOR)
     assert spec is not None and spec.loader is not None
     generator = importlib.util.module_from_spec(spec)
@@ -178,8 +255,15 @@ def test_generated_schema_is_current() -> None:
 
 
 # ------------------------------------------------------------------------------------ a server
-def body(extra: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "input": [{"role": "user", "content": SCRIPT}, *extra], "tools": tools or [], **fields}
+def body(
+    extra: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **fields: Any
+) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "input": [{"role": "user", "content": SCRIPT}, *extra],
+        "tools": tools or [],
+        **fields,
+    }
 
 
 async def post(http: httpx.AsyncClient, value: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +292,12 @@ def prompt(response: dict[str, Any], turn: int = 0) -> int:
     return int(response["lab"]["turns"][turn]["prompt_tokens"])
 
 
-async def deltas(srv: ThreadedServer, http: httpx.AsyncClient, extra: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, int]:
+async def deltas(
+    srv: ThreadedServer,
+    http: httpx.AsyncClient,
+    extra: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> dict[str, int]:
     """The prompt tokens ``extra`` (items) or ``tools`` add, on each path: first turn, then continued."""
     more = [{"role": "user", "content": "and?"}]
     result: dict[str, int] = {}
@@ -216,14 +305,22 @@ async def deltas(srv: ThreadedServer, http: httpx.AsyncClient, extra: list[dict[
     first_with, first_without = await post(http, with_), await post(http, without)
     result["http"] = prompt(first_with) - prompt(first_without)
     # store → input_items: the items come back as they went in (ids added; a reference as what it names)
-    listed = (await http.get(f"/v1/responses/{first_with['id']}/input_items", params={"order": "asc"})).json()["data"]
+    listed = (
+        await http.get(f"/v1/responses/{first_with['id']}/input_items", params={"order": "asc"})
+    ).json()["data"]
     sent = ["message" if item["type"] == "item_reference" else item.get("type", "message") for item in extra]
     assert [item.get("type", "message") for item in listed[1:]] == sent
-    next_with = await post(http, {"model": MODEL, "input": more, "tools": tools or [], "previous_response_id": first_with["id"]})
-    next_without = await post(http, {"model": MODEL, "input": more, "previous_response_id": first_without["id"]})
+    next_with = await post(
+        http, {"model": MODEL, "input": more, "tools": tools or [], "previous_response_id": first_with["id"]}
+    )
+    next_without = await post(
+        http, {"model": MODEL, "input": more, "previous_response_id": first_without["id"]}
+    )
     result["http-prev"] = prompt(next_with) - prompt(next_without)
     follow = {"model": MODEL, "input": more, "previous_response_id": "prev"}
-    ga_with = await ws_rollout(srv.url, [{**with_, "store": False}, {**follow, "tools": tools or [], "store": False}])
+    ga_with = await ws_rollout(
+        srv.url, [{**with_, "store": False}, {**follow, "tools": tools or [], "store": False}]
+    )
     ga_without = await ws_rollout(srv.url, [{**without, "store": False}, {**follow, "store": False}])
     result["ga"] = prompt(ga_with[0]) - prompt(ga_without[0])
     result["ga-continued"] = prompt(ga_with[1]) - prompt(ga_without[1])
@@ -265,9 +362,23 @@ def test_image_tokens_follow_the_vision_guide() -> None:
 
 
 async def test_image_in_a_message_costs_its_tiles(http: httpx.AsyncClient) -> None:
-    text_only = await post(http, body([{"role": "user", "content": [{"type": "input_text", "text": "look"}]}]))
-    with_image = await post(http, body([{"role": "user", "content": [{"type": "input_text", "text": "look"},
-                                                                     {"type": "input_image", "image_url": IMAGE}]}]))
+    text_only = await post(
+        http, body([{"role": "user", "content": [{"type": "input_text", "text": "look"}]}])
+    )
+    with_image = await post(
+        http,
+        body(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "look"},
+                        {"type": "input_image", "image_url": IMAGE},
+                    ],
+                }
+            ]
+        ),
+    )
     # 765 image tokens plus the image segment's chat markers and header
     assert 765 <= prompt(with_image) - prompt(text_only) <= 765 + 8
 
@@ -279,10 +390,15 @@ async def test_image_in_a_message_costs_its_tiles(http: httpx.AsyncClient) -> No
         ({"type": "local_shell_call", "id": "l", "call_id": "c", "status": "completed"}, "input[1].action"),
         ({"type": "custom_tool_call", "call_id": "c", "name": "n"}, "input[1].input"),
         ({"type": "reasoning", "id": "r", "summary": [{"type": "summary_text"}]}, "input[1].summary[0].text"),
-        ({"type": "web_search_call", "id": "w", "status": "completed", "action": {"type": "teleport"}}, "input[1].action.type"),
+        (
+            {"type": "web_search_call", "id": "w", "status": "completed", "action": {"type": "teleport"}},
+            "input[1].action.type",
+        ),
     ],
 )
-async def test_malformed_item_is_typed_with_its_path(srv: ThreadedServer, http: httpx.AsyncClient, item: dict[str, Any], param: str) -> None:
+async def test_malformed_item_is_typed_with_its_path(
+    srv: ThreadedServer, http: httpx.AsyncClient, item: dict[str, Any], param: str
+) -> None:
     """Same code on every transport; the long-lived protocol names the JSONPath."""
     reply = await http.post("/v1/responses", json=body([item]))
     error = reply.json()["error"]
@@ -293,7 +409,11 @@ async def test_malformed_item_is_typed_with_its_path(srv: ThreadedServer, http: 
         async with connect(url) as ws:
             await ws.send(json.dumps({"type": "response.create", **body([item])}))
             frame = (await until(ws, {"error", *TERMINAL_TYPES}))[-1]
-            assert (frame["type"], frame["error"]["code"], frame["error"]["param"]) == ("error", "invalid_request", expected), frame
+            assert (frame["type"], frame["error"]["code"], frame["error"]["param"]) == (
+                "error",
+                "invalid_request",
+                expected,
+            ), frame
 
 
 async def test_item_reference_to_nothing_is_item_not_found(http: httpx.AsyncClient) -> None:

@@ -26,20 +26,46 @@ TINY = {
     "first_user_text": "Rename a helper and run the tests.",
     "first_user_tokens": 300,
     "turns": [
-        {"calls": [{"name": "grep", "arguments": {"pattern": "helper"}}], "output_tokens": 12, "tool_output_tokens": 80,
-         "client_tool_time_s": 0.01},
-        {"calls": [{"name": "read_file", "arguments": {"path": "a.py"}}, {"name": "read_file", "arguments": {"path": "b.py"}}],
-         "output_tokens": 20, "tool_output_tokens": 120, "client_tool_time_s": 0.02},
-        {"calls": [{"name": "run_tests", "arguments": {}}], "output_tokens": 8, "tool_output_tokens": 40,
-         "client_tool_time_s": 0.01},
+        {
+            "calls": [{"name": "grep", "arguments": {"pattern": "helper"}}],
+            "output_tokens": 12,
+            "tool_output_tokens": 80,
+            "client_tool_time_s": 0.01,
+        },
+        {
+            "calls": [
+                {"name": "read_file", "arguments": {"path": "a.py"}},
+                {"name": "read_file", "arguments": {"path": "b.py"}},
+            ],
+            "output_tokens": 20,
+            "tool_output_tokens": 120,
+            "client_tool_time_s": 0.02,
+        },
+        {
+            "calls": [{"name": "run_tests", "arguments": {}}],
+            "output_tokens": 8,
+            "tool_output_tokens": 40,
+            "client_tool_time_s": 0.01,
+        },
         {"say": "Renamed; tests pass.", "output_tokens": 15},
     ],
 }
 
 SPEC_FIELDS = {
-    "mode": str, "workload": str, "model": str, "sessions": int, "e2e_s_p50": float, "ttft_ms_p50": float,
-    "tpot_ms_p50": float, "itl_ms_p99": float, "turn_overhead_ms_p50": float, "turn_overhead_ms_by_turn": list,
-    "server_cpu_ms_per_turn": float, "client_bytes_sent_per_turn": float, "usage": dict, "phases_ms": dict,
+    "mode": str,
+    "workload": str,
+    "model": str,
+    "sessions": int,
+    "e2e_s_p50": float,
+    "ttft_ms_p50": float,
+    "tpot_ms_p50": float,
+    "itl_ms_p99": float,
+    "turn_overhead_ms_p50": float,
+    "turn_overhead_ms_by_turn": list,
+    "server_cpu_ms_per_turn": float,
+    "client_bytes_sent_per_turn": float,
+    "usage": dict,
+    "phases_ms": dict,
 }
 
 
@@ -49,18 +75,42 @@ def bench_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workload = root / "tiny.json"
     workload.write_text(json.dumps(TINY), encoding="utf-8")
     out = root / "out"
-    code = bench_main([
-        "--modes", ",".join(MODES), "--workload", str(workload), "--model", "mock-4000tps", "--profile", "local",
-        "--sessions", "2", "--rollouts", "1", "--warmup", "1", "--pings", "20", "--out", str(out),
-        "--model-override", "mock-4000tps:prefill-overhead=20,prefill-time-per-token=0", "--predict-rounds", "30",
-    ])
+    code = bench_main(
+        [
+            "--modes",
+            ",".join(MODES),
+            "--workload",
+            str(workload),
+            "--model",
+            "mock-4000tps",
+            "--profile",
+            "local",
+            "--sessions",
+            "2",
+            "--rollouts",
+            "1",
+            "--warmup",
+            "1",
+            "--pings",
+            "20",
+            "--out",
+            str(out),
+            "--model-override",
+            "mock-4000tps:prefill-overhead=20,prefill-time-per-token=0",
+            "--predict-rounds",
+            "30",
+        ]
+    )
     assert code == 0
     return out
 
 
 def test_results_json_has_the_spec_schema_for_every_mode(bench_out: Path) -> None:
     results = json.loads((bench_out / "results.json").read_text())
-    assert isinstance(results["floor"]["ws_ping_rtt_ms_p50"], float) and results["floor"]["ws_ping_rtt_ms_p50"] > 0
+    assert (
+        isinstance(results["floor"]["ws_ping_rtt_ms_p50"], float)
+        and results["floor"]["ws_ping_rtt_ms_p50"] > 0
+    )
     runs = {run["mode"]: run for run in results["runs"]}
     assert set(runs) == set(MODES)
     for mode, run in runs.items():
@@ -84,7 +134,8 @@ def test_every_transport_replays_the_same_rollout(bench_out: Path) -> None:
     assert len({run["usage"]["output_tokens"] for run in runs}) == 1
     assert len({run["usage"]["input_tokens"] for run in runs}) == 1
     by_mode = {run["mode"]: run for run in runs}
-    # Full history re-sends everything (http-cached too): the most bytes per turn. (Each rollout's tool outputs
+    # Full history re-sends everything (http-cached too): the most bytes per turn. (Each rollout's tool
+    # outputs
     # are its own text, of the same token counts: their byte sizes differ a little between the two.)
     full = min(by_mode[m]["client_bytes_sent_per_turn"] for m in ("http", "http-cached"))
     assert full > max(by_mode[m]["client_bytes_sent_per_turn"] for m in ("http-prev", "ws", "longlived"))
@@ -95,16 +146,27 @@ def test_csv_and_plots_are_written(bench_out: Path) -> None:
         rows = list(csv.DictReader(f))
     assert {row["mode"] for row in rows} == set(MODES)
     assert all(float(row["e2e_s_p50"]) > 0 for row in rows)
-    for name in ("e2e_by_mode.png", "overhead_by_turn.png", "phases_by_mode.png", "ttft_cdf.png", "gain_vs_speed.png",
-                 "gain_vs_turns.png", "gain_vs_hops.png", "timeline.png"):
+    for name in (
+        "e2e_by_mode.png",
+        "overhead_by_turn.png",
+        "phases_by_mode.png",
+        "ttft_cdf.png",
+        "gain_vs_speed.png",
+        "gain_vs_turns.png",
+        "gain_vs_hops.png",
+        "timeline.png",
+    ):
         assert (bench_out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_model_overrides_reach_the_servers_the_lab_starts(bench_out: Path) -> None:
     results = json.loads((bench_out / "results.json").read_text(encoding="utf-8"))
-    assert results["config"]["model_overrides"] == ["mock-4000tps:prefill-overhead=20,prefill-time-per-token=0"]
+    assert results["config"]["model_overrides"] == [
+        "mock-4000tps:prefill-overhead=20,prefill-time-per-token=0"
+    ]
     for run in results["runs"]:
-        # 20 ms constant prefill (times the load factor of 2 running out of 256): not the default 30 ms + per token.
+        # 20 ms constant prefill (times the load factor of 2 running out of 256): not the default 30 ms + per
+        # token.
         assert 20.0 <= run["prefill_ms_per_turn"] < 20.2, run["mode"]
 
 
@@ -119,14 +181,32 @@ def test_every_run_reports_its_prediction_and_the_sweep_its_curves(bench_out: Pa
     calibration = results["calibration"]
     assert set(calibration["fits"]) == set(MODES) and calibration["overhead_vs_http"]["http"] == 1.0
     sweep = results["sweep"]
-    fields = {"mode", "model", "decode_tps", "prefill_us_per_token", "turns", "profile", "predicted_e2e_s", "predicted_e2e_vs_http"}
+    fields = {
+        "mode",
+        "model",
+        "decode_tps",
+        "prefill_us_per_token",
+        "turns",
+        "profile",
+        "predicted_e2e_s",
+        "predicted_e2e_vs_http",
+    }
     assert sweep and all(fields <= set(row) for row in sweep)
     speeds = sorted({row["decode_tps"] for row in sweep if row["curve"] == "speed"})
     assert speeds[0] == 65 and speeds[-1] == 4000
     # Each speed has its class's prefill: GPU-served below 500 tokens/s, wafer-scale from there.
     prefill = {row["decode_tps"]: row["prefill_us_per_token"] for row in sweep if row["curve"] == "speed"}
     assert prefill[65] == pytest.approx(8.5) and prefill[1000] == pytest.approx(39.0)
-    assert sorted({row["turns"] for row in sweep if row["curve"] == "turns"}) == [8, 12, 16, 20, 25, 30, 35, 40]
+    assert sorted({row["turns"] for row in sweep if row["curve"] == "turns"}) == [
+        8,
+        12,
+        16,
+        20,
+        25,
+        30,
+        35,
+        40,
+    ]
     for row in sweep:
         assert (row["mode"] == "http") == (row["predicted_e2e_vs_http"] == 0.0)
 
@@ -138,11 +218,15 @@ def test_repredict_composes_a_kept_run_again_from_its_own_calibration_alone(benc
     kept = [x for run in results["runs"] for x in (run["predicted_e2e_s_p50"], run["predicted_ttft_ms_p50"])]
     rows = repredict(results)
     assert len(rows) == len(MODES)
-    assert [x for run in results["runs"] for x in (run["predicted_e2e_s_p50"], run["predicted_ttft_ms_p50"])] == pytest.approx(kept, rel=1e-9)
+    assert [
+        x for run in results["runs"] for x in (run["predicted_e2e_s_p50"], run["predicted_ttft_ms_p50"])
+    ] == pytest.approx(kept, rel=1e-9)
     assert all(before == pytest.approx(after, rel=1e-9) for _, before, after in rows)
 
 
-def test_bench_repredict_check_prints_every_cell_and_writes_nothing(bench_out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_repredict_check_prints_every_cell_and_writes_nothing(
+    bench_out: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = bench_out / "results.json"
     kept = path.read_bytes()
     assert cli_main(["bench", "repredict", str(path), "--check"]) == 0
@@ -194,5 +278,9 @@ def test_trace_json_has_a_track_per_rollout_with_client_server_and_gpu_spans(ben
     # Per track, the GPU's decode of a round starts at the round's first token, inside the round's span.
     for e in spans:
         if e["name"] == "decode":
-            rounds = [r for r in spans if r["pid"] == e["pid"] and r["tid"] == e["tid"] and r["name"].startswith("round")]
+            rounds = [
+                r
+                for r in spans
+                if r["pid"] == e["pid"] and r["tid"] == e["tid"] and r["name"].startswith("round")
+            ]
             assert any(r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in rounds)

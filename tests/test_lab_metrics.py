@@ -26,8 +26,15 @@ ARGS = "response.function_call_arguments.delta"
 
 
 def report(turn: int, prefill_ms: float, queue_wait_ms: float, output_tokens: int) -> dict[str, float]:
-    return {"turn": turn, "prefill_ms": prefill_ms, "queue_wait_ms": queue_wait_ms, "output_tokens": output_tokens,
-            "decode_ms": 0.0, "prompt_tokens": 0, "cached_tokens": 0}
+    return {
+        "turn": turn,
+        "prefill_ms": prefill_ms,
+        "queue_wait_ms": queue_wait_ms,
+        "output_tokens": output_tokens,
+        "decode_ms": 0.0,
+        "prompt_tokens": 0,
+        "cached_tokens": 0,
+    }
 
 
 def two_turn_trace() -> Trace:
@@ -74,7 +81,9 @@ def test_turn_figures_are_exact() -> None:
 
 
 def test_a_one_token_turn_has_no_tpot_and_no_itl() -> None:
-    trace = Trace("ws", [Mark(1.0, SEND), Mark(1.02, TEXT), Mark(1.03, "response.completed")], [report(0, 5.0, 0.0, 1)])
+    trace = Trace(
+        "ws", [Mark(1.0, SEND), Mark(1.02, TEXT), Mark(1.03, "response.completed")], [report(0, 5.0, 0.0, 1)]
+    )
     (turn,) = rollout_metrics(trace).turns
     assert turn.tpot_ms is None and turn.itl_ms == ()
     assert turn.ttft_ms == pytest.approx(20.0, abs=1e-9)
@@ -82,14 +91,23 @@ def test_a_one_token_turn_has_no_tpot_and_no_itl() -> None:
 
 
 def test_longlived_e2e_spans_create_to_the_single_terminal_event() -> None:
-    marks = [Mark(10.0, SEND), Mark(10.1, TEXT), Mark(10.2, "response.done"), Mark(10.5, SEND), Mark(10.6, TEXT),
-             Mark(10.75, "response.completed")]
+    marks = [
+        Mark(10.0, SEND),
+        Mark(10.1, TEXT),
+        Mark(10.2, "response.done"),
+        Mark(10.5, SEND),
+        Mark(10.6, TEXT),
+        Mark(10.75, "response.completed"),
+    ]
     assert e2e_s(marks) == pytest.approx(0.75, abs=1e-12)
 
 
 def test_a_hosted_segment_without_a_send_is_refused() -> None:
-    trace = Trace("longlived", [Mark(0.0, SEND), Mark(0.1, TEXT), Mark(0.2, "response.completed")],
-                  [report(0, 1.0, 0.0, 1), report(1, 1.0, 0.0, 1)])
+    trace = Trace(
+        "longlived",
+        [Mark(0.0, SEND), Mark(0.1, TEXT), Mark(0.2, "response.completed")],
+        [report(0, 1.0, 0.0, 1), report(1, 1.0, 0.0, 1)],
+    )
     with pytest.raises(TraceError, match="hosted tools"):
         rollout_metrics(trace)
 
@@ -126,11 +144,20 @@ def test_summary_over_rollouts() -> None:
 def test_trace_folds_responses() -> None:
     trace = Trace("http")
     for prefill in (10.0, 20.0):
-        trace.add_response({
-            "status": "completed",
-            "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 60}, "output_tokens": 7},
-            "lab": {"phases_ms": {"safety": 1.5, "render_tokenize": 2.0}, "turns": [report(0, prefill, 0.0, 7)]},
-        })
+        trace.add_response(
+            {
+                "status": "completed",
+                "usage": {
+                    "input_tokens": 100,
+                    "input_tokens_details": {"cached_tokens": 60},
+                    "output_tokens": 7,
+                },
+                "lab": {
+                    "phases_ms": {"safety": 1.5, "render_tokenize": 2.0},
+                    "turns": [report(0, prefill, 0.0, 7)],
+                },
+            }
+        )
     assert trace.usage == {"input_tokens": 200, "cached_tokens": 120, "output_tokens": 14}
     assert trace.phases_ms == {"safety": 3.0, "render_tokenize": 4.0}
     assert [r["prefill_ms"] for r in trace.reports] == [10.0, 20.0]

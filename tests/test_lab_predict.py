@@ -1,4 +1,5 @@
-"""The fast model on numbers computed by hand (``proto/lab/predict.py``), the calibrated models, the scenarios."""
+"""The fast model on numbers computed by hand (``proto/lab/predict.py``), the calibrated models, the
+scenarios."""
 
 from __future__ import annotations
 
@@ -63,43 +64,84 @@ def test_one_session_is_the_sum_of_its_parts() -> None:
     plan = build_plan(replay.sessions[0], spec.name, "000000000000")
     # Every round pays c (10 ms), both hops (22 ms), its prefill and its decode; between rounds, the tools.
     cached = [0, *[(s.prompt_tokens - s.appended_tokens) // 16 * 16 for s in plan.sends[1:]]]
-    prefill = sum(spec.prefill_overhead_ms + (s.prompt_tokens - c) * spec.prefill_time_per_token_ms for s, c in zip(plan.sends, cached, strict=True))
+    prefill = sum(
+        spec.prefill_overhead_ms + (s.prompt_tokens - c) * spec.prefill_time_per_token_ms
+        for s, c in zip(plan.sends, cached, strict=True)
+    )
     decode = sum((s.output_tokens - 1) * spec.inter_token_latency_ms for s in plan.sends)
     want = 3 * (10.0 + 22.0) / 1e3 + prefill / 1e3 + decode / 1e3 + 2 * 0.5
-    assert p.e2e_s == pytest.approx([want], abs=2e-3)  # the KV cache's block rounding: within a block's prefill
+    assert p.e2e_s == pytest.approx(
+        [want], abs=2e-3
+    )  # the KV cache's block rounding: within a block's prefill
     assert p.parts_s["tools"] == pytest.approx(1.0) and p.parts_s["hops"] == pytest.approx(0.066)
     # TTFT: o + hops + prefill (no queue), per round.
-    assert p.ttft_ms[0] == pytest.approx(4.0 + 22.0 + spec.prefill_overhead_ms + plan.sends[0].prompt_tokens * spec.prefill_time_per_token_ms, abs=0.01)
+    assert p.ttft_ms[0] == pytest.approx(
+        4.0 + 22.0 + spec.prefill_overhead_ms + plan.sends[0].prompt_tokens * spec.prefill_time_per_token_ms,
+        abs=0.01,
+    )
 
 
 def test_lock_step_sessions_share_the_server_core_every_round() -> None:
     spec = MODELS["mock-4000tps"]
     replay = Replay("r", "", (session(4, 0.1),), trace=False)
-    alone = predict_cell(calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=1)
-    pair = predict_cell(calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=2)
+    alone = predict_cell(
+        calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=1
+    )
+    pair = predict_cell(
+        calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=2
+    )
     assert len(pair.e2e_s) == 2
     # Processor sharing: each round of each session is slowed by the other's 5 ms of server work, so both
     # stay in lock-step and both pay it every round (a FIFO would make the first never wait, the second
     # fall behind once and never meet the first again).
-    assert pair.parts_s["contention"] == pytest.approx(2 * 4 * 0.005, abs=2e-3)  # less the load factor's shifts
+    assert pair.parts_s["contention"] == pytest.approx(
+        2 * 4 * 0.005, abs=2e-3
+    )  # less the load factor's shifts
     assert pair.e2e_s == pytest.approx([alone.e2e_s[0] + 4 * 0.005] * 2, abs=2e-3)
 
 
 def test_a_trace_replays_its_sessions_at_their_arrivals() -> None:
     replay = load_replay("tracelab-multi_session_example")
-    p = predict_cell(calibration(ws=flat(2.0, 1.0)), "ws", replay, MODELS["mock-4000tps"], Hops(), tool_time_scale=1.0)
+    p = predict_cell(
+        calibration(ws=flat(2.0, 1.0)), "ws", replay, MODELS["mock-4000tps"], Hops(), tool_time_scale=1.0
+    )
     assert len(p.e2e_s) == 3 and len(p.ttft_ms) == replay.rounds
 
 
 def test_samples_split_a_timeline_into_rounds() -> None:
     replay = Replay("r", "", (session(2, 0.25),), trace=False)
     plan = build_plan(replay.sessions[0], "m", "000000000000", 1.0)
-    trace = Trace("http", [
-        Mark(0.000, SEND), Mark(0.020, "response.output_text.delta"), Mark(0.030, "response.output_text.delta"), Mark(0.032, "response.completed"),
-        Mark(0.290, SEND), Mark(0.300, "response.output_text.delta"), Mark(0.331, "response.output_text.delta"), Mark(0.335, "response.completed"),
-    ])
-    trace.reports = [{"prompt_tokens": 1, "cached_tokens": 0, "prefill_ms": 12.0, "queue_wait_ms": 1.0, "decode_ms": 9.0, "output_tokens": 20},
-                     {"prompt_tokens": 1, "cached_tokens": 0, "prefill_ms": 5.0, "queue_wait_ms": 0.0, "decode_ms": 30.0, "output_tokens": 30}]
+    trace = Trace(
+        "http",
+        [
+            Mark(0.000, SEND),
+            Mark(0.020, "response.output_text.delta"),
+            Mark(0.030, "response.output_text.delta"),
+            Mark(0.032, "response.completed"),
+            Mark(0.290, SEND),
+            Mark(0.300, "response.output_text.delta"),
+            Mark(0.331, "response.output_text.delta"),
+            Mark(0.335, "response.completed"),
+        ],
+    )
+    trace.reports = [
+        {
+            "prompt_tokens": 1,
+            "cached_tokens": 0,
+            "prefill_ms": 12.0,
+            "queue_wait_ms": 1.0,
+            "decode_ms": 9.0,
+            "output_tokens": 20,
+        },
+        {
+            "prompt_tokens": 1,
+            "cached_tokens": 0,
+            "prefill_ms": 5.0,
+            "queue_wait_ms": 0.0,
+            "decode_ms": 30.0,
+            "output_tokens": 30,
+        },
+    ]
     trace.hops = [(1, 1, 1), (1, 1, 0)]
     first, second = samples_of("http", plan, trace)
     assert first.c_ms == pytest.approx(32.0 - 22.0) and first.o_ms == pytest.approx(20.0 - 13.0)
@@ -114,7 +156,9 @@ def test_chain_lengths_follow_what_each_mode_loads() -> None:
     assert chains("http-prev", plan) == [0] * 11  # every round a rewrite: sent whole, nothing loaded
     claude = build_plan(load_replay("tracelab-claude-session").sessions[0], "m", "000000000000")
     assert chains("http-prev", claude) == list(range(10))
-    assert chains("longlived", claude) == [0] * 5 + [1] * 5  # the create after round 4's message loads one response
+    assert (
+        chains("longlived", claude) == [0] * 5 + [1] * 5
+    )  # the create after round 4's message loads one response
     assert chains("ws", claude) == [0] * 10
 
 
@@ -132,7 +176,11 @@ def test_models_are_calibrated_classes_with_a_source_per_knob() -> None:
         for knob in ("prefill-overhead", "prefill-time-per-token", "inter-token-latency", "max-num-seqs"):
             assert spec.calibration.sources[knob], (spec.name, knob)
     h100 = MODELS["mock-h100-8b"]
-    assert (h100.prefill_overhead_ms, h100.prefill_time_per_token_ms, h100.inter_token_latency_ms) == (30.0, 0.25, 12.0)
+    assert (h100.prefill_overhead_ms, h100.prefill_time_per_token_ms, h100.inter_token_latency_ms) == (
+        30.0,
+        0.25,
+        12.0,
+    )
     for name in ("mock-1000tps", "mock-4000tps"):  # wafer-scale prefill, not the H100-8B profile
         assert MODELS[name].prefill_time_per_token_ms == pytest.approx(0.039)
     assert MODELS["mock-65tps"].tokens_per_s == pytest.approx(65.0)
@@ -146,8 +194,10 @@ def _config(*argv: str) -> object:
 
 def test_a_scenario_sets_up_its_comparison() -> None:
     config = _config("--scenario", "sglang-gateway")
-    assert config.modes == ("http", "http-prev", "ws", "longlived") and config.sessions == 1  # type: ignore[attr-defined]
-    assert [len(load_replay(w).sessions[0].rounds) for w in config.workloads] == [8, 40]  # type: ignore[attr-defined]
+    # type: ignore[attr-defined]
+    assert config.modes == ("http", "http-prev", "ws", "longlived") and config.sessions == 1
+    # type: ignore[attr-defined]
+    assert [len(load_replay(w).sessions[0].rounds) for w in config.workloads] == [8, 40]
     vllm = _config("--scenario", "vllm-responses")
     assert "--api-cost-ms-per-1k" in vllm.server_flags  # type: ignore[attr-defined]
     with pytest.raises(SystemExit, match="unknown scenario"):
@@ -159,7 +209,9 @@ def test_the_shared_core_is_processor_sharing_and_keeps_lock_step_sessions_toget
 
     core = SharedCore()
     a, b = core.arrive(0.0, 0.010), core.arrive(0.0, 0.010)  # two equal rounds at once: both end at 2 W
-    assert (a.end, b.end) == pytest.approx((0.020, 0.020)) and (a.extra, b.extra) == pytest.approx((0.010, 0.010))
+    assert (a.end, b.end) == pytest.approx((0.020, 0.020)) and (a.extra, b.extra) == pytest.approx(
+        (0.010, 0.010)
+    )
     c = core.arrive(0.0, 0.010)  # a third: all three at 3 W
     assert (a.end, b.end, c.end) == pytest.approx((0.030, 0.030, 0.030))
     late = core.arrive(0.025, 0.004)  # overlaps what is left of each (5 ms), up to its own work

@@ -17,13 +17,19 @@ from proto.lab.plan import build_plan
 from proto.lab.report import WIDTH, print_table
 from proto.lab.traces import TRACELAB, TraceError, load_replay, read_csv, replay_names
 
-TRACES = ("tracelab-claude-session", "tracelab-multi_session_example", "tracelab-multi_session_large",
-          "tracelab-session_workload_example")
+TRACES = (
+    "tracelab-claude-session",
+    "tracelab-multi_session_example",
+    "tracelab-multi_session_large",
+    "tracelab-session_workload_example",
+)
 
 
 def expected(name: str) -> dict[str, list[list[int]]]:
     """Per session, per round: [prompt tokens, output tokens] as the file says."""
-    return {s.name: [[r.input_tokens or 0, r.output_tokens] for r in s.rounds] for s in load_replay(name).sessions}
+    return {
+        s.name: [[r.input_tokens or 0, r.output_tokens] for r in s.rounds] for s in load_replay(name).sessions
+    }
 
 
 @pytest.mark.parametrize("name", TRACES)
@@ -56,7 +62,10 @@ def test_the_trace_shapes_are_read_as_tracelab_defines_them() -> None:
 
 def test_a_broken_trace_is_refused_with_its_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
-    bad.write_text("session_id,round_idx,prefix_len,input_len,output_len,tool_wait_after_ms\n0,0,0,x,10,0\n", encoding="utf-8")
+    bad.write_text(
+        "session_id,round_idx,prefix_len,input_len,output_len,tool_wait_after_ms\n0,0,0,x,10,0\n",
+        encoding="utf-8",
+    )
     with pytest.raises(TraceError, match=r"bad.csv:2: 'input_len' is not a number"):
         read_csv(bad)
     with pytest.raises(KeyError, match="shipped"):
@@ -71,11 +80,29 @@ def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     for name in ("tracelab-claude-session", "tracelab-session_workload_example"):
         path = TRACELAB / (name + (".jsonl" if "claude" in name else ".csv"))
         target = tmp_path_factory.mktemp(name)
-        code = bench_main(["--quick", "--workload", str(path), "--profile", "local", "--tool-time-scale", "0.002",
-                           "--no-predict", "--no-plots", "--pings", "10", "--warmup", "0", "--out", str(target),
-                           # Ten times the GPU's speed: the same tokens, a tenth of the modelled time (the
-                           # tests read token counts and cache hits, never durations).
-                           "--model-override", "mock-4000tps:tokens-per-second=40000,prefill-time-per-token=0.0039"])
+        code = bench_main(
+            [
+                "--quick",
+                "--workload",
+                str(path),
+                "--profile",
+                "local",
+                "--tool-time-scale",
+                "0.002",
+                "--no-predict",
+                "--no-plots",
+                "--pings",
+                "10",
+                "--warmup",
+                "0",
+                "--out",
+                str(target),
+                # Ten times the GPU's speed: the same tokens, a tenth of the modelled time (the
+                # tests read token counts and cache hits, never durations).
+                "--model-override",
+                "mock-4000tps:tokens-per-second=40000,prefill-time-per-token=0.0039",
+            ]
+        )
         assert code == 0
         out[name] = json.loads((target / "results.json").read_text(encoding="utf-8"))
     return out
@@ -97,7 +124,9 @@ def test_bench_quick_replays_the_file_in_every_mode(quick_runs: dict[str, dict[s
 
 
 @pytest.mark.process
-def test_rewrites_reach_every_transport_and_keep_the_prefix_cached(quick_runs: dict[str, dict[str, Any]]) -> None:
+def test_rewrites_reach_every_transport_and_keep_the_prefix_cached(
+    quick_runs: dict[str, dict[str, Any]],
+) -> None:
     runs = quick_runs["tracelab-session_workload_example"]["runs"]
     rows = load_replay("tracelab-session_workload_example").sessions[0].rounds
     for run in runs:

@@ -27,7 +27,8 @@ MODULES = sorted(path.stem for path in SAMPLER.glob("*.py"))
 
 
 def _graph() -> dict[str, set[str]]:
-    """Module → the project's modules it imports (relative imports resolved, ``from p import m`` as ``p.m``)."""
+    """Module → the project's modules it imports (relative imports resolved, ``from p import m`` as
+    ``p.m``)."""
     modules: dict[str, Path] = {}
     for package in ("proto", "sampler"):
         for path in (ROOT / package).rglob("*.py"):
@@ -91,7 +92,15 @@ def test_the_sampler_modules_are_the_ones_we_expect() -> None:
 @pytest.mark.parametrize("module", MODULES)
 def test_no_sampler_module_reaches_up_into_the_server_or_the_client(module: str) -> None:
     imported = _imports(SAMPLER / f"{module}.py")
-    up = ("proto.server", "proto.client", "proto.lab", "proto.engine", "proto.demo", "proto.load", "proto.perf")
+    up = (
+        "proto.server",
+        "proto.client",
+        "proto.lab",
+        "proto.engine",
+        "proto.demo",
+        "proto.load",
+        "proto.perf",
+    )
     assert {name for name in imported if name.startswith(up)} == set()
 
 
@@ -134,5 +143,10 @@ def test_every_engine_runs_a_turn_with_the_same_parameters_and_takes_no_callback
         return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
 
     expected = ["self", "prompt_ids", "output_ids", "every_s"]
-    assert parameters(EngineSequence.run_turn) == parameters(GpuSequence.run_turn) == parameters(RemoteSequence.run_turn) == expected
+    assert (
+        parameters(EngineSequence.run_turn)
+        == parameters(GpuSequence.run_turn)
+        == parameters(RemoteSequence.run_turn)
+        == expected
+    )
     assert parameters(GpuSequence.run_paced) == expected[:3]

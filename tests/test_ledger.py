@@ -194,4 +194,6 @@ def test_two_ledgers_on_one_database_bill_each_response_once(path: str, backend:
     b.close()
     assert a.rows_written + b.rows_written == 300 and a.duplicates + b.duplicates == 100
     # Which of two racing writes commits first is the database's call; that exactly one does is the key's.
-    assert backend.query("SELECT count(*), count(DISTINCT response_id) FROM usage WHERE output_tokens IN (10, 99)") == [(300, 300)]
+    assert backend.query(
+        "SELECT count(*), count(DISTINCT response_id) FROM usage WHERE output_tokens IN (10, 99)"
+    ) == [(300, 300)]

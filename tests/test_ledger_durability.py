@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def row(n: int, *, output: int = 10, status: str = "completed") -> LedgerRow:
-    return LedgerRow(f"resp_{n:06d}", "key_a", "mock-1000tps", "ws", status, 100 + n, n, output, 3, 1e9 + n, 1e9 + n + 1)
+    return LedgerRow(
+        f"resp_{n:06d}", "key_a", "mock-1000tps", "ws", status, 100 + n, n, output, 3, 1e9 + n, 1e9 + n + 1
+    )
 
 
 def wait_until(condition: Callable[[], bool]) -> None:
@@ -51,7 +53,12 @@ def wait_until(condition: Callable[[], bool]) -> None:
 
 def fast(path: str, **options: Any) -> UsageLedger:
     """A ledger whose lock waits and retries take milliseconds."""
-    settings: dict[str, Any] = {"busy_timeout": 0.005, "retry_initial": 0.001, "retry_max": 0.005, "close_timeout": 5.0}
+    settings: dict[str, Any] = {
+        "busy_timeout": 0.005,
+        "retry_initial": 0.001,
+        "retry_max": 0.005,
+        "close_timeout": 5.0,
+    }
     return UsageLedger(path, **(settings | options))
 
 
@@ -62,7 +69,9 @@ def usage_ids(backend: Backend) -> list[str]:
     return [r[0] for r in backend.query("SELECT response_id FROM usage ORDER BY response_id")]
 
 
-def test_locked_database_record_never_blocks_and_every_row_lands_once(path: str, backend: Backend, lock: Lock) -> None:
+def test_locked_database_record_never_blocks_and_every_row_lands_once(
+    path: str, backend: Backend, lock: Lock
+) -> None:
     led = fast(path)
     sql_threads: set[int] = set()
     led._db.trace = lambda _sql: sql_threads.add(threading.get_ident())
@@ -98,7 +107,9 @@ def test_a_read_does_not_wait_on_the_writers_lock(path: str, lock: Lock) -> None
     led.close()
 
 
-def test_close_retries_until_its_deadline_then_counts_and_logs_what_it_lost(path: str, backend: Backend, lock: Lock) -> None:
+def test_close_retries_until_its_deadline_then_counts_and_logs_what_it_lost(
+    path: str, backend: Backend, lock: Lock
+) -> None:
     led = fast(path)
     led.start()
     led.started("resp_000001", "key_a", "mock-1000tps", "ws", 1e9)
@@ -163,7 +174,12 @@ def test_full_buffer_refuses_at_once_typed_and_counted(path: str) -> None:
     assert (led.rows_written, led.failed) == (1, 0)
     reopened = UsageLedger(path)
     [open_row] = reopened.open_responses()
-    assert (open_row.input_tokens, open_row.cached_tokens, open_row.output_tokens, open_row.turns) == (20, 5, 4, 2)
+    assert (open_row.input_tokens, open_row.cached_tokens, open_row.output_tokens, open_row.turns) == (
+        20,
+        5,
+        4,
+        2,
+    )
     assert [r.response_id for r in reopened.rows()] == ["resp_000001"]
     reopened.close()
 
@@ -187,13 +203,17 @@ def test_progress_of_one_id_coalesces_while_pending_and_record_removes_the_open_
     led.close()
 
 
-def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress(path: str, backend: Backend) -> None:
+def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress(
+    path: str, backend: Backend
+) -> None:
     crashed = fast(path)
     crashed.start()
     crashed.started("resp_a", "key_a", "mock-65tps", "longlived", 1e9)
     crashed.progress("resp_a", 100, 20, 7, 2)
     crashed.started("resp_b", "key_a", "mock-65tps", "http", 1e9 + 1)
-    crashed.record(LedgerRow("resp_b", "key_a", "mock-65tps", "http", "completed", 5, 0, 3, 1, 1e9 + 1, 1e9 + 2))
+    crashed.record(
+        LedgerRow("resp_b", "key_a", "mock-65tps", "http", "completed", 5, 0, 3, 1, 1e9 + 1, 1e9 + 2)
+    )
     crashed.started("resp_c", "key_b", "mock-65tps", "ws", 1e9 + 2)
     crashed.flush()
     progress_at = crashed.open_responses()[0].progress_at
@@ -216,8 +236,23 @@ def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress
         assert restarted.reconcile() == 2
     assert restarted.reconciled == 2 and restarted.rows_written == 2
     a, c = restarted.get("resp_a"), restarted.get("resp_c")
-    assert a == LedgerRow("resp_a", "key_a", "mock-65tps", "longlived", INCOMPLETE, 100, 20, 7, 2, 1e9, cast(float, progress_at), CRASHED)
-    assert c == LedgerRow("resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2, CRASHED)
+    assert a == LedgerRow(
+        "resp_a",
+        "key_a",
+        "mock-65tps",
+        "longlived",
+        INCOMPLETE,
+        100,
+        20,
+        7,
+        2,
+        1e9,
+        cast(float, progress_at),
+        CRASHED,
+    )
+    assert c == LedgerRow(
+        "resp_c", "key_b", "mock-65tps", "ws", INCOMPLETE, 0, 0, 0, 0, 1e9 + 2, 1e9 + 2, CRASHED
+    )
     b = restarted.get("resp_b")
     assert b is not None and b.status == "completed"
     assert [o.response_id for o in restarted.open_responses()] == ["resp_mine"]
@@ -248,7 +283,9 @@ _CHILD = textwrap.dedent(
 @pytest.mark.process
 def test_sigkill_mid_response_then_reconcile(path: str, backend: Backend) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, env=env, text=True) as child:
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, env=env, text=True
+    ) as child:
         try:
             assert child.stdout is not None and child.stdout.readline() == "ready\n"
             child.send_signal(signal.SIGKILL)
@@ -267,7 +304,9 @@ def test_sigkill_mid_response_then_reconcile(path: str, backend: Backend) -> Non
     led.close()
 
 
-def test_a_row_the_database_can_never_take_is_rejected_not_retried_forever(path: str, backend: Backend) -> None:
+def test_a_row_the_database_can_never_take_is_rejected_not_retried_forever(
+    path: str, backend: Backend
+) -> None:
     poison = row(2)
     object.__setattr__(poison, "input_tokens", [1])  # past validation: no integer column takes a list
     led = fast(path)
@@ -299,9 +338,15 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
     led.record(row(1))
     with pytest.raises(LedgerFullError):
         led.record(row(2))
-    pipeline = SimpleNamespace(engines=SimpleNamespace(gpus={}, remote=None), totals=WorkCounters(), ledger=led)
+    pipeline = SimpleNamespace(
+        engines=SimpleNamespace(gpus={}, remote=None), totals=WorkCounters(), ledger=led
+    )
     server = SimpleNamespace(pipeline=pipeline, connections=[])
-    values = {m.name: m.samples[0].value for m in ServerCollector(server).collect() if m.name.startswith("responses_lab_ledger")}  # type: ignore[arg-type]
+    values = {
+        m.name: m.samples[0].value
+        for m in ServerCollector(server).collect()
+        if m.name.startswith("responses_lab_ledger")
+    }  # type: ignore[arg-type]
     assert values == {
         "responses_lab_ledger_rows_written": 0,
         "responses_lab_ledger_rows_retried": 0,
@@ -314,16 +359,23 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
     led.close()
 
 
-def test_a_database_from_before_the_reason_column_is_migrated_and_keeps_its_rows(path: str, backend: Backend) -> None:
+def test_a_database_from_before_the_reason_column_is_migrated_and_keeps_its_rows(
+    path: str, backend: Backend
+) -> None:
     old = open_database(path, "ledger", busy_timeout=1.0)
     old.migrate("ledger", MIGRATIONS[:1])  # the schema as it was (version 1), with a row in it
     old.close()
-    backend.query("INSERT INTO usage VALUES ('resp_old', 'key_a', 'm', 'ws', 'completed', 1, 0, 2, 1, 1000000000.0, 1000000000.0)")
+    backend.query(
+        "INSERT INTO usage VALUES ('resp_old', 'key_a', 'm', 'ws', 'completed', 1, 0, 2, 1, 1000000000.0, "
+        "1000000000.0)"
+    )
     led = fast(path)  # version 2: the reason column
     led.start()
     led.record(replace(row(1, status="incomplete"), reason="max_output_tokens"))
     led.flush()
-    assert led.get("resp_old") == LedgerRow("resp_old", "key_a", "m", "ws", "completed", 1, 0, 2, 1, 1e9, 1e9, "")
+    assert led.get("resp_old") == LedgerRow(
+        "resp_old", "key_a", "m", "ws", "completed", 1, 0, 2, 1, 1e9, 1e9, ""
+    )
     found = led.get("resp_000001")
     assert found is not None and found.reason == "max_output_tokens"
     led.close()

@@ -1,4 +1,5 @@
-"""The server's limits (docs/operations.md, "Limits"), each over the wire on its own server. Frame size, tools and
+"""The server's limits (docs/operations.md, "Limits"), each over the wire on its own server. Frame size, tools
+and
 input items per event are also cases of the bad-input matrix (tests/test_bad_input.py)."""
 
 from __future__ import annotations
@@ -165,7 +166,14 @@ async def test_tool_timeout_does_not_apply_to_ga_where_nothing_waits_server_side
         first = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         calls = [item for item in first["response"]["output"] if item["type"] == "function_call"]
         await srv.advance(0.5)  # longer than the tool timeout: the cached response is still there
-        follow = {"type": "response.create", "model": MODEL, "tools": TOOLS, "store": False, "previous_response_id": first["response"]["id"], "input": outputs(calls)}
+        follow = {
+            "type": "response.create",
+            "model": MODEL,
+            "tools": TOOLS,
+            "store": False,
+            "previous_response_id": first["response"]["id"],
+            "input": outputs(calls),
+        }
         await ws.send(json.dumps(follow))
         second = (await until(ws, {*TERMINAL_TYPES, "error"}))[-1]
         assert second["type"] == "response.completed", second

@@ -21,7 +21,9 @@ async def _lookup(args: dict[str, object]) -> str:
 async def test_a_completed_long_lived_response_is_stored_with_all_its_input(server: ThreadedServer) -> None:
     script = 'store me\n!call lookup {"k": 1}\n!call lookup {"k": 2}\n!say stored'
     async with LongLivedClient(server.url) as client:
-        result = await client.rollout({"model": MODEL, "input": script, "tools": LOOKUP_TOOLS}, {"lookup": _lookup})
+        result = await client.rollout(
+            {"model": MODEL, "input": script, "tools": LOOKUP_TOOLS}, {"lookup": _lookup}
+        )
     response_id = result.response["id"]
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         stored = (await http.get(f"/v1/responses/{response_id}")).json()
@@ -43,9 +45,16 @@ async def test_store_false_is_never_persisted(server: ThreadedServer) -> None:
 async def test_a_long_lived_response_continues_a_stored_one(server: ThreadedServer) -> None:
     script = 'first\n!call lookup {"k": 1}\n!say one\n!say two'
     async with LongLivedClient(server.url) as client:
-        first = await client.rollout({"model": MODEL, "input": script, "tools": LOOKUP_TOOLS}, {"lookup": _lookup})
+        first = await client.rollout(
+            {"model": MODEL, "input": script, "tools": LOOKUP_TOOLS}, {"lookup": _lookup}
+        )
         second = await client.rollout(
-            {"model": MODEL, "input": "and then?", "previous_response_id": first.response["id"], "tools": LOOKUP_TOOLS},
+            {
+                "model": MODEL,
+                "input": "and then?",
+                "previous_response_id": first.response["id"],
+                "tools": LOOKUP_TOOLS,
+            },
             {"lookup": _lookup},
         )
     assert second.response["status"] == "completed"
@@ -56,9 +65,13 @@ async def test_a_long_lived_response_continues_a_stored_one(server: ThreadedServ
     assert second.response["lab"]["turns"][0]["turn"] == 2
 
 
-async def test_an_unknown_previous_response_is_refused_and_the_connection_keeps_serving(server: ThreadedServer) -> None:
+async def test_an_unknown_previous_response_is_refused_and_the_connection_keeps_serving(
+    server: ThreadedServer,
+) -> None:
     async with LongLivedClient(server.url) as client:
-        await client.send({"type": "response.create", "model": MODEL, "input": "x", "previous_response_id": "resp_nope"})
+        await client.send(
+            {"type": "response.create", "model": MODEL, "input": "x", "previous_response_id": "resp_nope"}
+        )
         error = (await client.recv(timeout=5)).data
         assert error["type"] == "error"
         assert error["error"]["code"] == "previous_response_not_found"
@@ -69,7 +82,10 @@ async def test_an_unknown_previous_response_is_refused_and_the_connection_keeps_
 async def test_metrics_show_stage_histograms_and_per_mode_counters(make_server: ServerFactory) -> None:
     with make_server() as fresh:
         async with LongLivedClient(fresh.url) as client:
-            await client.rollout({"model": MODEL, "input": '!call lookup {"k": 1}\n!say ok', "tools": LOOKUP_TOOLS}, {"lookup": _lookup})
+            await client.rollout(
+                {"model": MODEL, "input": '!call lookup {"k": 1}\n!say ok', "tools": LOOKUP_TOOLS},
+                {"lookup": _lookup},
+            )
         async with httpx.AsyncClient(base_url=fresh.http_url) as http:
             text = (await http.get("/metrics")).text
     assert 'responses_lab_responses_total{mode="longlived",status="completed"} 1.0' in text

@@ -15,8 +15,10 @@ pytestmark = pytest.mark.process  # every test starts a server or a process
 
 def test_auto_serves_on_uvloop_and_httptools_and_either_can_be_pinned_off() -> None:
     assert resolve_loop("auto") == "uvloop" and resolve_http("auto") == "httptools"
-    for overrides, loop_module, protocol in (({}, "uvloop", "HttpToolsProtocol"),
-                                             ({"loop": "asyncio", "http": "h11"}, "asyncio", "H11Protocol")):
+    for overrides, loop_module, protocol in (
+        ({}, "uvloop", "HttpToolsProtocol"),
+        ({"loop": "asyncio", "http": "h11"}, "asyncio", "H11Protocol"),
+    ):
         with running(**overrides) as srv:
             assert srv.loop is not None and type(srv.loop).__module__.split(".")[0] == loop_module
             assert srv.server.config.http_protocol_class.__name__ == protocol

@@ -1,5 +1,6 @@
 """``http-cached``: one independent HTTP request per turn, the server's item cache skipping what it has seen
-(``proto/server/stages/item_cache.py``), counted per response and on /metrics; the ledger takes the new mode, also
+(``proto/server/stages/item_cache.py``), counted per response and on /metrics; the ledger takes the new mode,
+also
 in a database file created before it existed; the HTTP modes' API-cost knob."""
 
 from __future__ import annotations
@@ -40,11 +41,18 @@ async def test_the_cache_skips_every_item_it_has_seen_and_counts_it() -> None:
         # misses only what is new since (a model's output and its tool outputs).
         assert work[0]["item_cache_hits"] == 0 and work[0]["item_cache_misses"] >= 1
         for before, after in itertools.pairwise(work):
-            assert after["item_cache_hits"] > before["item_cache_hits"]  # everything seen stays seen (nothing evicted)
-            assert after["item_cache_misses"] <= 6  # the last turn's output items and the outputs of its (up to two) calls
+            assert (
+                after["item_cache_hits"] > before["item_cache_hits"]
+            )  # everything seen stays seen (nothing evicted)
+            assert (
+                after["item_cache_misses"] <= 6
+            )  # the last turn's output items and the outputs of its (up to two) calls
         # http tokenizes the whole history every turn; http-cached only the new bodies.
-        assert sum(w["tokens_tokenized"] for w in work) * 3 < sum(r["lab"]["work"]["tokens_tokenized"] for r in plain)
-        # The model is resolved once per key; the classifier is called whenever a body is new (every turn here).
+        assert sum(w["tokens_tokenized"] for w in work) * 3 < sum(
+            r["lab"]["work"]["tokens_tokenized"] for r in plain
+        )
+        # The model is resolved once per key; the classifier is called whenever a body is new (every turn
+        # here).
         assert sum(w["model_resolutions"] for w in work) == 1
         assert [w["safety_hops"] for w in work] == [1] * len(work)
         pipeline = state(srv).pipeline
@@ -64,8 +72,12 @@ async def test_the_cache_is_bounded_and_scoped_by_key() -> None:
         assert cache.tokens <= 300 and cache.evictions > 0
         hits = cache.hits
         # Another key sees none of the first key's entries: the same first message misses.
-        async with httpx.AsyncClient(base_url=srv.http_url, headers={**HEADER, "Authorization": "Bearer k2"}) as client:
-            reply = await client.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "!say hi"}]})
+        async with httpx.AsyncClient(
+            base_url=srv.http_url, headers={**HEADER, "Authorization": "Bearer k2"}
+        ) as client:
+            reply = await client.post(
+                "/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "!say hi"}]}
+            )
         assert reply.json()["lab"]["work"]["item_cache_hits"] == 0
         assert cache.hits == hits
 
@@ -75,7 +87,9 @@ async def test_the_cache_keeps_the_safety_findings_of_what_it_skips() -> None:
     with running(safety="block") as srv:
         async with httpx.AsyncClient(base_url=srv.http_url, headers=HEADER) as client:
             for _ in range(2):  # the second time the text is a cache hit: still refused
-                reply = await client.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": secret}]})
+                reply = await client.post(
+                    "/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": secret}]}
+                )
                 assert reply.status_code == 400 and reply.json()["error"]["code"] == "content_policy"
 
 
@@ -89,19 +103,24 @@ def test_an_old_ledger_file_is_migrated_to_the_new_mode(tmp_path: Path) -> None:
             cached_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, turns INTEGER NOT NULL,
             created_at REAL NOT NULL, completed_at REAL NOT NULL);
         CREATE INDEX usage_by_key ON usage (api_key_id, created_at);
-        INSERT INTO usage VALUES ('resp_old', 'key_a', 'mock-1000tps', 'ws', 'completed', 10, 0, 5, 1, 1.0, 2.0);
+        INSERT INTO usage VALUES
+            ('resp_old', 'key_a', 'mock-1000tps', 'ws', 'completed', 10, 0, 5, 1, 1.0, 2.0);
     """)
     db.commit()
     db.close()
     assert "http-cached" in MODES
     ledger = UsageLedger(str(path))
     ledger.start()
-    ledger.record(LedgerRow("resp_new", "key_a", "mock-1000tps", "http-cached", "completed", 20, 10, 5, 1, 3.0, 4.0))
+    ledger.record(
+        LedgerRow("resp_new", "key_a", "mock-1000tps", "http-cached", "completed", 20, 10, 5, 1, 3.0, 4.0)
+    )
     ledger.close()
     db = sqlite3.connect(path)
     rows = dict(db.execute("SELECT response_id, mode FROM usage").fetchall())
     schema = db.execute("SELECT sql FROM sqlite_master WHERE name = 'usage'").fetchone()[0]
-    indexes = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'usage'")]
+    indexes = [
+        r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'usage'")
+    ]
     db.close()
     assert rows == {"resp_old": "ws", "resp_new": "http-cached"}
     assert "'http-cached'" in schema and "usage_by_key" in indexes
@@ -114,8 +133,12 @@ async def test_the_api_cost_knob_is_paid_by_the_http_modes_only() -> None:
         for response, base_only in ((plain[0], False), (cached[0], True)):
             history = response["lab"]["turns"][0]["prompt_tokens"] - 3  # less the prompt's assistant header
             modelled = 2.0 + (0.0 if base_only else history / 1000.0)
-            assert response["lab"]["phases_ms"]["api_cost"] >= modelled  # a sleep on the precise clock: never short
+            assert (
+                response["lab"]["phases_ms"]["api_cost"] >= modelled
+            )  # a sleep on the precise clock: never short
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
             first = (await client.post("/v1/responses", json={"model": MODEL, "input": "!say hi"})).json()
-            chained = await client.post("/v1/responses", json={"model": MODEL, "input": "again", "previous_response_id": first["id"]})
+            chained = await client.post(
+                "/v1/responses", json={"model": MODEL, "input": "again", "previous_response_id": first["id"]}
+            )
         assert "api_cost" in chained.json()["lab"]["phases_ms"]

@@ -20,7 +20,13 @@ SUBCOMMANDS = ("turn", "cpu", "stream", "capacity", "rss", "deflate", "topology"
 
 
 def perf(*args: str, timeout: float = 120) -> str:
-    done = subprocess.run([sys.executable, "-m", "proto", "perf", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "proto", "perf", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -63,18 +69,28 @@ def test_perf_cpu_prints_long_lived_beside_http_with_the_full_history() -> None:
 def test_the_messages_the_suite_sends_keep_their_bytes_on_the_wire() -> None:
     """The counting clients and the raw connections send ``json.dumps`` of these: the suite's workload, the
     same from one checkout to the next (docs/operations.md, "`responses-lab perf`")."""
-    assert json.dumps(say_tokens(7)) == f'{{"type": "response.create", "model": "{MODEL}", "input": "stream\\n!tokens 7 !say go"}}'
+    assert (
+        json.dumps(say_tokens(7))
+        == f'{{"type": "response.create", "model": "{MODEL}", "input": "stream\\n!tokens 7 !say go"}}'
+    )
     assert list(stream_body(3, "capacity", "ok")) == ["model", "input"]
     body = rollout_body("!call grep {}", 3, salt=2)
     assert list(body) == ["model", "input", "tools"] and body["tools"] == TOOLS
-    assert body["input"] == [{"role": "user", "content": "!call grep {}"}, {"role": "user", "content": " and run test"}]
+    assert body["input"] == [
+        {"role": "user", "content": "!call grep {}"},
+        {"role": "user", "content": " and run test"},
+    ]
 
 
-def test_perf_profile_sums_self_and_inclusive_samples_leaving_the_idle_wait_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_perf_profile_sums_self_and_inclusive_samples_leaving_the_idle_wait_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     raw = tmp_path / "spy.txt"
-    raw.write_text("run (a/app.py:1);encode (b/codec.py:9) 3\n"
-                   "run (a/app.py:1);send (b/ws.py:4) 1\n"
-                   "run (a/app.py:1);select (selectors.py:468) 100\n")
+    raw.write_text(
+        "run (a/app.py:1);encode (b/codec.py:9) 3\n"
+        "run (a/app.py:1);send (b/ws.py:4) 1\n"
+        "run (a/app.py:1);select (selectors.py:468) 100\n"
+    )
     assert cli_main(["perf", "profile", str(raw), "--top", "5"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("4 busy samples")

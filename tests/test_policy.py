@@ -29,14 +29,17 @@ def test_calls_say_and_tokens() -> None:
     plans = parse_script(
         "Please help.\n"
         '!call get_weather {"city": "Paris"}\n'
-        'prose between lines is ignored\n'
+        "prose between lines is ignored\n"
         '  !tokens 200 !call lookup {"q": "a | b"} | !call web_search {"query": "x"}\n'
         "!tokens 50 !say all done\n"
     )
     assert plans == [
         TurnPlan(calls=(PlannedCall("get_weather", '{"city":"Paris"}'),), final=False),
-        TurnPlan(calls=(PlannedCall("lookup", '{"q":"a | b"}'), PlannedCall("web_search", '{"query":"x"}')),
-                 output_tokens=200, final=False),
+        TurnPlan(
+            calls=(PlannedCall("lookup", '{"q":"a | b"}'), PlannedCall("web_search", '{"query":"x"}')),
+            output_tokens=200,
+            final=False,
+        ),
         TurnPlan(text="all done", output_tokens=50, final=True),
     ]
 
@@ -94,16 +97,34 @@ def test_shipped_workloads_have_the_stated_sizes() -> None:
 
 def test_workload_from_a_path(tmp_path: Path) -> None:
     path = tmp_path / "mine.json"
-    path.write_text(json.dumps({
-        "format": 1, "name": "mine", "first_user_text": "go", "first_user_tokens": 10,
-        "turns": [{"calls": [{"name": "f", "arguments": {"a": 1}}], "output_tokens": 5,
-                   "tool_output_tokens": 7, "client_tool_time_s": 0.5},
-                  {"say": "ok", "output_tokens": 3}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "name": "mine",
+                "first_user_text": "go",
+                "first_user_tokens": 10,
+                "turns": [
+                    {
+                        "calls": [{"name": "f", "arguments": {"a": 1}}],
+                        "output_tokens": 5,
+                        "tool_output_tokens": 7,
+                        "client_tool_time_s": 0.5,
+                    },
+                    {"say": "ok", "output_tokens": 3},
+                ],
+            }
+        )
+    )
     w = load_workload(str(path))
     assert w.prompt_tokens_by_turn() == [10, 22, 25]
-    assert w.turns[0] == TurnPlan(calls=(PlannedCall("f", '{"a":1}'),), output_tokens=5, final=False,
-                                  tool_output_tokens=7, client_tool_time_s=0.5)
+    assert w.turns[0] == TurnPlan(
+        calls=(PlannedCall("f", '{"a":1}'),),
+        output_tokens=5,
+        final=False,
+        tool_output_tokens=7,
+        client_tool_time_s=0.5,
+    )
     with pytest.raises(KeyError, match="coding-agent"):
         load_workload("no-such-workload")
 
@@ -146,24 +167,48 @@ def test_select_policy() -> None:
         select_policy("hi", "oracle")
 
 
-# ---- the tool rule and offered tools (docs/protocol.md, "The directive script") ------------------------------------------------
+# ---- the tool rule and offered tools (docs/protocol.md, "The directive script")
+# ------------------------------------------------
 def test_tool_rule_calls_the_matching_tool_with_schema_valid_arguments() -> None:
     import jsonschema
 
     from sampler.policy import OfferedTool, select_policy
 
-    weather = OfferedTool("get_weather", "function", "Get the current weather for a location",
-                          {"type": "object", "properties": {"location": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                                                            "unit": {"enum": ["c", "f"]}}, "required": ["location"]})
-    other = OfferedTool("list_files", "function", "List the files in a folder", {"type": "object", "properties": {}})
+    weather = OfferedTool(
+        "get_weather",
+        "function",
+        "Get the current weather for a location",
+        {
+            "type": "object",
+            "properties": {
+                "location": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["location"],
+        },
+    )
+    other = OfferedTool(
+        "list_files", "function", "List the files in a folder", {"type": "object", "properties": {}}
+    )
     message = "What's the weather like in San Francisco?"
     policy = select_policy(message, "echo", offered=[other, weather], answers_user_turn=0)
     plan = policy.plan(0, message, message)
     assert [c.name for c in plan.calls] == ["get_weather"] and not plan.final
     jsonschema.validate(json.loads(plan.calls[0].arguments), weather.parameters)
-    assert select_policy(message, "echo", offered=[other, weather], answers_user_turn=0).plan(0, message, message) == plan  # seeded
+    assert (
+        select_policy(message, "echo", offered=[other, weather], answers_user_turn=0).plan(
+            0, message, message
+        )
+        == plan
+    )  # seeded
     assert policy.plan(1, message, message).text == message  # answering the tool's output: the default policy
-    assert select_policy("Say hi.", "echo", offered=[weather], answers_user_turn=0).plan(0, "Say hi.", "Say hi.").text == "Say hi."
+    assert (
+        select_policy("Say hi.", "echo", offered=[weather], answers_user_turn=0)
+        .plan(0, "Say hi.", "Say hi.")
+        .text
+        == "Say hi."
+    )
 
 
 def test_scripted_calls_of_tools_not_offered_become_text() -> None:

@@ -16,7 +16,12 @@ KEY = "sk-test-sdk-0001"
 SCRIPT = 'Go.\n!call grep {"pattern": "def mean"}\n!call read_file {"path": "a.py"}\n!say All good.'
 SDK_TOOLS = [
     {"type": "function", "name": "grep", "parameters": {"type": "object", "properties": {}}, "strict": False},
-    {"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {}}, "strict": False},
+    {
+        "type": "function",
+        "name": "read_file",
+        "parameters": {"type": "object", "properties": {}},
+        "strict": False,
+    },
 ]
 
 
@@ -52,13 +57,19 @@ async def test_stream(srv: ThreadedServer) -> None:
 
 async def test_function_call_loop_with_previous_response_id(srv: ThreadedServer) -> None:
     async with sdk(srv) as client:
-        response = await client.responses.create(model=MODEL, input=SCRIPT, tools=SDK_TOOLS)  # type: ignore[arg-type]
+        # type: ignore[arg-type]
+        response = await client.responses.create(model=MODEL, input=SCRIPT, tools=SDK_TOOLS)
         names = []
         while calls := [item for item in response.output if item.type == "function_call"]:
             names += [call.name for call in calls]
-            outputs = [{"type": "function_call_output", "call_id": call.call_id, "output": "ok"} for call in calls]
+            outputs = [
+                {"type": "function_call_output", "call_id": call.call_id, "output": "ok"} for call in calls
+            ]
             response = await client.responses.create(
-                model=MODEL, input=outputs, tools=SDK_TOOLS, previous_response_id=response.id  # type: ignore[arg-type]
+                model=MODEL,
+                input=outputs,
+                tools=SDK_TOOLS,
+                previous_response_id=response.id,  # type: ignore[arg-type]
             )
     assert names == ["grep", "read_file"]
     assert response.output_text == "All good."
@@ -66,7 +77,8 @@ async def test_function_call_loop_with_previous_response_id(srv: ThreadedServer)
 
 async def test_websocket_connect_function_call_chain(srv: ThreadedServer) -> None:
     async with sdk(srv) as client, client.responses.connect() as conn:
-        await conn.response.create(model=MODEL, input=SCRIPT, tools=SDK_TOOLS, store=False)  # type: ignore[arg-type]
+        # type: ignore[arg-type]
+        await conn.response.create(model=MODEL, input=SCRIPT, tools=SDK_TOOLS, store=False)
         names: list[str] = []
         final = ""
         async for event in conn:
@@ -79,9 +91,15 @@ async def test_websocket_connect_function_call_chain(srv: ThreadedServer) -> Non
                 final = response.output_text
                 break
             names += [call.name for call in calls]
-            outputs = [{"type": "function_call_output", "call_id": call.call_id, "output": "ok"} for call in calls]
+            outputs = [
+                {"type": "function_call_output", "call_id": call.call_id, "output": "ok"} for call in calls
+            ]
             await conn.response.create(
-                model=MODEL, input=outputs, tools=SDK_TOOLS, previous_response_id=response.id, store=False  # type: ignore[arg-type]
+                model=MODEL,
+                input=outputs,
+                tools=SDK_TOOLS,
+                previous_response_id=response.id,
+                store=False,  # type: ignore[arg-type]
             )
     assert names == ["grep", "read_file"]
     assert final == "All good."

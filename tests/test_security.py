@@ -1,4 +1,5 @@
-"""Security over a real server (docs/operations.md, "Security"): the key on every endpoint, the WebSocket handshake
+"""Security over a real server (docs/operations.md, "Security"): the key on every endpoint, the WebSocket
+handshake
 included; keys and message text never in the logs; previous_response_id isolated per key on both
 WebSocket protocols (HTTP's GET/DELETE/input_items/previous_response_id isolation: tests/test_http.py)."""
 
@@ -32,7 +33,12 @@ HTTP_ENDPOINTS = [
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),
     ("GET", "/v1/models"),
-    ("GET", "/healthz"),  # authenticated too: docs/protocol.md, "Authentication" says every endpoint (a load balancer gets a key)
+    (
+        "GET",
+        "/healthz",
+        # authenticated too: docs/protocol.md, "Authentication" says every endpoint (a load balancer gets a
+        # key)
+    ),
     ("GET", "/metrics"),
 ]
 WS_PROTOCOLS = ["", "?protocol=longlived"]
@@ -40,7 +46,12 @@ WS_PROTOCOLS = ["", "?protocol=longlived"]
 
 def test_every_route_is_listed(make_server: Any) -> None:
     with make_server(api_key=KEYS) as srv:
-        http = {(method, route.path) for route in srv.app.routes if isinstance(route, Route) for method in route.methods or ()}
+        http = {
+            (method, route.path)
+            for route in srv.app.routes
+            if isinstance(route, Route)
+            for method in route.methods or ()
+        }
         ws = {route.path for route in srv.app.routes if isinstance(route, WebSocketRoute)}
     listed = {(method, path.replace("resp_x", "{response_id}")) for method, path in HTTP_ENDPOINTS}
     assert {(m, p) for m, p in http if m != "HEAD"} == listed
@@ -52,10 +63,14 @@ async def test_every_endpoint_and_the_handshake_refuse_a_missing_or_wrong_key(ma
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
             for method, path in HTTP_ENDPOINTS:
                 for key in (None, "sk-wrong", KEYS[0] + "x"):
-                    reply = await http.request(method, path, headers=auth(key), json={"model": MODEL, "input": "hi"})
+                    reply = await http.request(
+                        method, path, headers=auth(key), json={"model": MODEL, "input": "hi"}
+                    )
                     assert reply.status_code == 401, (method, path, key)
                     assert reply.json()["error"]["code"] == "unauthorized"
-                reply = await http.request(method, path, headers=auth(KEYS[1]), json={"model": MODEL, "input": "hi"})
+                reply = await http.request(
+                    method, path, headers=auth(KEYS[1]), json={"model": MODEL, "input": "hi"}
+                )
                 assert reply.status_code != 401, (method, path)
             scheme_only = await http.get("/healthz", headers={"Authorization": KEYS[0]})  # no "Bearer"
             assert scheme_only.status_code == 401
@@ -69,18 +84,33 @@ async def test_every_endpoint_and_the_handshake_refuse_a_missing_or_wrong_key(ma
 
 
 @pytest.mark.parametrize("query", WS_PROTOCOLS, ids=["ga", "longlived"])
-async def test_previous_response_id_of_another_key_is_not_found_over_websocket(make_server: Any, query: str) -> None:
+async def test_previous_response_id_of_another_key_is_not_found_over_websocket(
+    make_server: Any, query: str
+) -> None:
     with make_server(api_key=KEYS) as srv:
         async with httpx.AsyncClient(base_url=srv.http_url, headers=auth(KEYS[0]), timeout=GUARD) as alice:
-            mine = (await alice.post("/v1/responses", json={"model": MODEL, "input": "!say mine", "store": True})).json()
-        event = {"type": "response.create", "model": MODEL, "input": "more", "previous_response_id": mine["id"], "store": True}
+            mine = (
+                await alice.post("/v1/responses", json={"model": MODEL, "input": "!say mine", "store": True})
+            ).json()
+        event = {
+            "type": "response.create",
+            "model": MODEL,
+            "input": "more",
+            "previous_response_id": mine["id"],
+            "store": True,
+        }
         async with connect(srv.url + query, additional_headers=auth(KEYS[1])) as bob:
             await bob.send(json.dumps(event))
             reply = json.loads(await asyncio.wait_for(bob.recv(), GUARD))
             assert reply["type"] == "error" and reply["error"]["code"] == "previous_response_not_found", reply
-        async with connect(srv.url + query, additional_headers=auth(KEYS[0])) as owner:  # the owner chains on it
+        async with connect(
+            srv.url + query, additional_headers=auth(KEYS[0])
+        ) as owner:  # the owner chains on it
             await owner.send(json.dumps(event))
-            while (reply := json.loads(await asyncio.wait_for(owner.recv(), GUARD)))["type"] not in ("response.completed", "error"):
+            while (reply := json.loads(await asyncio.wait_for(owner.recv(), GUARD)))["type"] not in (
+                "response.completed",
+                "error",
+            ):
                 pass
             assert reply["type"] == "response.completed", reply
 
@@ -91,7 +121,13 @@ def test_the_redaction_runs_over_every_field_and_tracebacks() -> None:
     try:
         raise ValueError(f"bad header Authorization: Bearer {KEYS[0]}")
     except ValueError as exc:
-        event: Any = {"event": "x", "api_key": KEYS[1], "Authorization": "Bearer " + KEYS[1], "exc_info": exc, "note": f"bearer {KEYS[0]}"}
+        event: Any = {
+            "event": "x",
+            "api_key": KEYS[1],
+            "Authorization": "Bearer " + KEYS[1],
+            "exc_info": exc,
+            "note": f"bearer {KEYS[0]}",
+        }
     for processor in processors:
         event = processor(None, "error", event)
     assert KEYS[0] not in json.dumps(event) and KEYS[1] not in json.dumps(event)
@@ -120,11 +156,14 @@ async def _server_log_after_traffic(tmp_path: Path, *extra: str) -> str:
     with log_path.open("wb") as log_file:
         server = await asyncio.create_subprocess_exec(
             *cli_command(), "serve", "--port", str(port), "--db", ":memory:", "--log-level", "debug",
-            "--api-key", KEYS[0], "--api-key", KEYS[1], "--model-override", f"{MODEL}:prefill-overhead=1", *extra,
+            "--api-key", KEYS[0], "--api-key", KEYS[1],
+            "--model-override", f"{MODEL}:prefill-overhead=1", *extra,
             env=clean_env(), stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth(KEYS[0]), timeout=GUARD) as http:
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}", headers=auth(KEYS[0]), timeout=GUARD
+            ) as http:
                 await wait_healthy(http)
                 body = {"model": MODEL, "input": f"{SECRET_TEXT}\n!say {SECRET_TEXT}"}
                 assert (await http.post("/v1/responses", json=body)).status_code == 200

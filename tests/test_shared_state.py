@@ -43,7 +43,12 @@ from proto.server.storage.ledger import LedgerRow, UsageLedger
 
 pytestmark = pytest.mark.process  # every test starts a server or a process
 
-FAST_FLAGS = ["--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", "--log-level", "warning"]
+FAST_FLAGS = [
+    "--model-override",
+    f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0",
+    "--log-level",
+    "warning",
+]
 
 
 def calls_of(response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -52,7 +57,13 @@ def calls_of(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 def follow_up(previous: dict[str, Any], store: bool) -> dict[str, Any]:
     """The GA continuation of ``previous``: its id and an output for each of its calls, nothing else."""
-    return {"model": MODEL, "tools": TOOLS, "store": store, "previous_response_id": previous["id"], "input": outputs(calls_of(previous))}
+    return {
+        "model": MODEL,
+        "tools": TOOLS,
+        "store": store,
+        "previous_response_id": previous["id"],
+        "input": outputs(calls_of(previous)),
+    }
 
 
 async def one_ga_turn(url: str, event: dict[str, Any], key: str | None = None) -> dict[str, Any]:
@@ -77,12 +88,16 @@ async def test_a_ga_continuation_on_the_other_server_loads_the_stored_chain(pg: 
         elsewhere = terminal["response"]
         assert elsewhere["previous_response_id"] == first["id"]
         assert elsewhere["lab"]["work"]["store_reads"] == 1 and "store_load" in elsewhere["lab"]["phases_ms"]
-        assert elsewhere["output"][-1]["type"] == "message"  # the script's next turn: the conversation went on
+        assert (
+            elsewhere["output"][-1]["type"] == "message"
+        )  # the script's next turn: the conversation went on
         # The same turn, whichever path served it: the same words from the same prompt.
         assert [o["content"] for o in elsewhere["output"]] == [o["content"] for o in cached["output"]]
         assert elsewhere["usage"]["input_tokens"] == cached["usage"]["input_tokens"]
         # What B stored continues on A in turn, and both servers read each other's responses over HTTP.
-        again = await one_ga_turn(a.url, {"model": MODEL, "tools": TOOLS, "previous_response_id": elsewhere["id"], "input": "more?"})
+        again = await one_ga_turn(
+            a.url, {"model": MODEL, "tools": TOOLS, "previous_response_id": elsewhere["id"], "input": "more?"}
+        )
         assert again["type"] == "response.completed" and again["response"]["lab"]["work"]["store_reads"] == 2
         async with httpx.AsyncClient(base_url=a.http_url) as http:
             assert (await http.get(f"/v1/responses/{elsewhere['id']}")).json()["status"] == "completed"
@@ -120,17 +135,27 @@ async def _lookup(args: dict[str, Any]) -> str:
     return json.dumps({"found": args})
 
 
-async def test_a_dropped_long_lived_response_ends_as_ever_and_its_chain_continues_elsewhere(pg: PostgresServer) -> None:
+async def test_a_dropped_long_lived_response_ends_as_ever_and_its_chain_continues_elsewhere(
+    pg: PostgresServer,
+) -> None:
     url = pg.fresh()
     # Turn 0 calls, turn 1 answers (the stored response), turn 2 is a long stream (the dropped one).
     script = 'first\n!call lookup {"k": 1}\n!say one\n!tokens 400 !say long'
     with running(db=url) as a, running(db=url) as b:
         async with LongLivedClient(a.url) as client:
-            stored = (await client.rollout({"model": MODEL, "input": script, "tools": LOOKUP}, {"lookup": _lookup})).response
+            stored = (
+                await client.rollout({"model": MODEL, "input": script, "tools": LOOKUP}, {"lookup": _lookup})
+            ).response
         assert stored["status"] == "completed"
         ledger = state(a).pipeline.ledger
         async with connect(a.url + "?protocol=longlived") as ws:
-            continuation = {"type": "response.create", "model": SLOW_MODEL, "input": "go on", "tools": LOOKUP, "previous_response_id": stored["id"]}
+            continuation = {
+                "type": "response.create",
+                "model": SLOW_MODEL,
+                "input": "go on",
+                "tools": LOOKUP,
+                "previous_response_id": stored["id"],
+            }
             await ws.send(json.dumps(continuation))
             frames = await until(ws, {"response.output_text.delta", *TERMINAL_OR_ERROR})
             assert frames[-1]["type"] == "response.output_text.delta", frames[-1]
@@ -142,9 +167,12 @@ async def test_a_dropped_long_lived_response_ends_as_ever_and_its_chain_continue
             assert (await http.get(f"/v1/responses/{dropped}")).status_code == 404
         # A new connection, to the other server, continues the stored chain.
         async with LongLivedClient(b.url) as client:
-            resumed = (await client.rollout(
-                {"model": MODEL, "input": "go on", "tools": LOOKUP, "previous_response_id": stored["id"]}, {"lookup": _lookup}
-            )).response
+            resumed = (
+                await client.rollout(
+                    {"model": MODEL, "input": "go on", "tools": LOOKUP, "previous_response_id": stored["id"]},
+                    {"lookup": _lookup},
+                )
+            ).response
         assert resumed["status"] == "completed" and resumed["previous_response_id"] == stored["id"]
         assert resumed["lab"]["work"]["store_reads"] == 1 and resumed["lab"]["turns"][0]["turn"] == 2
         assert resumed["output"][-1]["content"][0]["text"].startswith("long")  # turn 2 of the script
@@ -173,13 +201,22 @@ SCRIPT = 'Spread me.\n!call grep {"q": %d}\n!call read_file {"path": "%d.py"}\n!
 async def hop_http_prev(urls: list[str], n: int) -> list[dict[str, Any]]:
     """An ``http-prev`` rollout whose every turn goes to the next server (the store carries the chain)."""
     responses: list[dict[str, Any]] = []
-    body: dict[str, Any] = {"model": MODEL, "tools": TOOLS, "input": [{"role": "user", "content": SCRIPT % (n, n)}]}
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "tools": TOOLS,
+        "input": [{"role": "user", "content": SCRIPT % (n, n)}],
+    }
     for turn in range(3):
         async with httpx.AsyncClient(base_url=urls[(n + turn) % 2], timeout=GUARD) as http:
             reply = await http.post("/v1/responses", json=body)
         assert reply.status_code == 200, reply.text
         responses.append(reply.json())
-        body = {"model": MODEL, "tools": TOOLS, "previous_response_id": responses[-1]["id"], "input": outputs(calls_of(responses[-1]))}
+        body = {
+            "model": MODEL,
+            "tools": TOOLS,
+            "previous_response_id": responses[-1]["id"],
+            "input": outputs(calls_of(responses[-1])),
+        }
     return responses
 
 
@@ -215,7 +252,9 @@ async def longlived(urls: list[str], n: int) -> list[dict[str, Any]]:
         return "ok"
 
     async with LongLivedClient(ws_url) as client:
-        result = await client.rollout({"model": MODEL, "input": SCRIPT % (n, n), "tools": TOOLS}, {"grep": tool, "read_file": tool})
+        result = await client.rollout(
+            {"model": MODEL, "input": SCRIPT % (n, n), "tools": TOOLS}, {"grep": tool, "read_file": tool}
+        )
     return [result.response]
 
 
@@ -265,14 +304,18 @@ async def test_200_rollouts_over_two_servers_bill_each_response_exactly_once(pg:
         total = r["lab"]["usage_total"]
         assert rows[r["id"]] == (r["status"], total["output_tokens"], total["input_tokens"]), r["id"]
     # Both servers billed (the load was spread) and neither saw a duplicate or lost a row.
-    assert all(led.rows_written > 0 for led in ledgers) and sum(led.rows_written for led in ledgers) == len(ids)
+    assert all(led.rows_written > 0 for led in ledgers) and sum(led.rows_written for led in ledgers) == len(
+        ids
+    )
     assert [(led.duplicates, led.failed, led.pending) for led in ledgers] == [(0, 0, 0), (0, 0, 0)]
     # The hopping rollouts were served from the store by the other server at every turn after the first.
     assert all(store.reads > 0 for store in stores)
 
 
 # ------------------------------------------------------------------------------------ one server killed
-async def test_killing_one_server_mid_load_leaves_the_other_serving_and_loses_no_ended_response(pg: PostgresServer) -> None:
+async def test_killing_one_server_mid_load_leaves_the_other_serving_and_loses_no_ended_response(
+    pg: PostgresServer,
+) -> None:
     """SIGKILL to one of two server processes while both stream. Every response that had ended has its
     row (committed by the server that served it: the kill cannot take it back), B serves on, A's clients
     continue on B from the store. The ledger's documented crash window — a row accepted in the last
@@ -290,20 +333,29 @@ async def test_killing_one_server_mid_load_leaves_the_other_serving_and_loses_no
         servers = (a, b, a, b)
         heads = [(await one_ga_turn(s.ws_url, create(LONG, store=True)))["response"] for s in servers]
         streaming = [asyncio.Event() for _ in servers]
-        streams = [asyncio.create_task(_long_stream(s.ws_url, h, e)) for s, h, e in zip(servers, heads, streaming, strict=True)]
+        streams = [
+            asyncio.create_task(_long_stream(s.ws_url, h, e))
+            for s, h, e in zip(servers, heads, streaming, strict=True)
+        ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), GUARD)
         a.proc.send_signal(signal.SIGKILL)  # mid-load: four responses streaming, two of them on A
         assert a.proc.wait(GUARD) == -signal.SIGKILL
         results = await asyncio.gather(*streams, return_exceptions=True)
         # B served on: its streams completed; A's ended with the connection, without a terminal event.
         assert [type(r).__name__ if isinstance(r, BaseException) else r["status"] for r in results] == [
-            "ConnectionClosedError", "completed", "ConnectionClosedError", "completed"
+            "ConnectionClosedError",
+            "completed",
+            "ConnectionClosedError",
+            "completed",
         ], results
         ended += [r for r in results if isinstance(r, dict)] + heads
         # A's clients reconnect: to B, continuing from the store the responses A had stored.
         for head in heads[0::2]:
             resumed = await one_ga_turn(b.ws_url, follow_up(head, store=True))
-            assert resumed["type"] == "response.completed" and resumed["response"]["lab"]["work"]["store_reads"] == 1
+            assert (
+                resumed["type"] == "response.completed"
+                and resumed["response"]["lab"]["work"]["store_reads"] == 1
+            )
             ended.append(resumed["response"])
         ended += await spread([b.http_url, b.http_url], 8)  # and B takes new load alone
     finally:
@@ -326,7 +378,8 @@ STREAM_MODEL = "mock-1000tps"  # turn 1 of LONG streams 3 000 tokens: three seco
 
 
 async def _long_stream(url: str, head: dict[str, Any], streaming: asyncio.Event) -> dict[str, Any]:
-    """The continuation of ``head`` (a long turn), read to its terminal event; ``streaming`` once it streams."""
+    """The continuation of ``head`` (a long turn), read to its terminal event; ``streaming`` once it
+    streams."""
     event = {**follow_up(head, store=True), "model": STREAM_MODEL}
     async with connect(url) as ws:
         await ws.send(json.dumps({"type": "response.create", **event}))

@@ -1,4 +1,5 @@
-"""``responses-lab soak`` in small (10 connections × 3 turns, 5 held suspended) against its own server process:
+"""``responses-lab soak`` in small (10 connections × 3 turns, 5 held suspended) against its own server
+process:
 no errors, every rollout and turn counted, and nothing left on the server once the clients are gone."""
 
 from __future__ import annotations
@@ -15,7 +16,22 @@ pytestmark = pytest.mark.process  # every test starts a server or a process
 
 def test_soak_smoke_leaves_no_session_and_no_task(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    code = main(["--connections", "10", "--turns", "3", "--http-share", "0.2", "--suspended", "5", "--ramp-s", "0.1", "--out", str(out)])
+    code = main(
+        [
+            "--connections",
+            "10",
+            "--turns",
+            "3",
+            "--http-share",
+            "0.2",
+            "--suspended",
+            "5",
+            "--ramp-s",
+            "0.1",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert code == 0 and report["errors"] == {}
     assert report["rollouts_ok"] == 10 and report["turns_ok"] == 30

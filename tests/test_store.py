@@ -191,7 +191,10 @@ async def test_store_and_ledger_can_share_one_database(path: str, backend: Backe
     assert ledger.rows_written == 50
     # One version table, one row per component: the same migrations on both databases.
     # (the store's 2: the items table an item_reference reads)
-    assert sorted(backend.query("SELECT component, version FROM schema_version")) == [("ledger", len(LEDGER_MIGRATIONS)), ("store", 2)]
+    assert sorted(backend.query("SELECT component, version FROM schema_version")) == [
+        ("ledger", len(LEDGER_MIGRATIONS)),
+        ("store", 2),
+    ]
 
 
 async def test_two_stores_on_one_database_share_chains_and_isolation(path: str) -> None:

@@ -24,7 +24,9 @@ KEY = "key_alice"
 
 
 def payload(response_id: str) -> tuple[bytes, bytes]:
-    return json.dumps({"id": response_id}).encode(), json.dumps([{"type": "message", "content": "hi"}]).encode()
+    return json.dumps({"id": response_id}).encode(), json.dumps(
+        [{"type": "message", "content": "hi"}]
+    ).encode()
 
 
 Lock = Callable[[], Any]
@@ -38,7 +40,9 @@ async def store(path: str) -> AsyncIterator[ResponseStore]:
     await s.aclose()
 
 
-async def test_a_locked_database_fails_writes_typed_and_reads_still_answer(store: ResponseStore, backend: Backend, lock: Lock) -> None:
+async def test_a_locked_database_fails_writes_typed_and_reads_still_answer(
+    store: ResponseStore, backend: Backend, lock: Lock
+) -> None:
     holder = lock()
     with pytest.raises(StoreUnavailable) as put_failed:
         await asyncio.wait_for(store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m"), GUARD)
@@ -75,7 +79,9 @@ async def test_a_read_does_not_wait_behind_a_write_stuck_on_a_lock(path: str, lo
     await store.aclose()
 
 
-async def test_every_call_turns_a_storage_fault_into_store_unavailable(store: ResponseStore, backend: Backend) -> None:
+async def test_every_call_turns_a_storage_fault_into_store_unavailable(
+    store: ResponseStore, backend: Backend
+) -> None:
     backend.query("DROP TABLE responses")
     calls = {
         "put": store.put("resp_3", KEY, *payload("resp_3"), None, "m"),
@@ -98,7 +104,9 @@ async def test_refusals_stay_store_errors(store: ResponseStore) -> None:
         await store.get("resp_1", KEY)
 
 
-def test_a_database_that_cannot_be_opened_is_typed_at_construction(tmp_path: Path, pg: PostgresServer) -> None:
+def test_a_database_that_cannot_be_opened_is_typed_at_construction(
+    tmp_path: Path, pg: PostgresServer
+) -> None:
     with pytest.raises(StoreUnavailable) as failed:
         ResponseStore(str(tmp_path / "no-such-dir" / "store.sqlite3"))
     assert failed.value.operation == "open"

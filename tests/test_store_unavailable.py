@@ -38,7 +38,11 @@ async def ws_response(ws: ClientConnection, **fields: Any) -> dict[str, Any]:
 
 async def sse_response(http: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
     async with http.stream("POST", "/v1/responses", json=create(stream=True, **fields)) as reply:
-        events = [json.loads(line[len("data: ") :]) async for line in reply.aiter_lines() if line.startswith("data: ")]
+        events = [
+            json.loads(line[len("data: ") :])
+            async for line in reply.aiter_lines()
+            if line.startswith("data: ")
+        ]
     return events[-1]
 
 
@@ -53,7 +57,9 @@ def metric(text: str, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
-async def test_a_database_locked_past_the_busy_timeout_fails_each_response_typed_and_loses_no_row(tmp_path: Path) -> None:
+async def test_a_database_locked_past_the_busy_timeout_fails_each_response_typed_and_loses_no_row(
+    tmp_path: Path,
+) -> None:
     db = tmp_path / "lab.db"
     with running(db=str(db), db_busy_timeout_s=BUSY_S) as srv:
         ledger = state(srv).pipeline.ledger
@@ -62,7 +68,9 @@ async def test_a_database_locked_past_the_busy_timeout_fails_each_response_typed
             connect(srv.url) as ga,
             httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http,
         ):
-            assert (await ws_response(longlived, store=True))["type"] == "response.completed"  # schema and WAL exist
+            assert (await ws_response(longlived, store=True))[
+                "type"
+            ] == "response.completed"  # schema and WAL exist
             await asyncio.to_thread(ledger.flush)
             holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
             holder.execute("BEGIN EXCLUSIVE")  # another process's write lock, held far past the busy timeout
@@ -72,14 +80,21 @@ async def test_a_database_locked_past_the_busy_timeout_fails_each_response_typed
                     assert_failed_store_unavailable(await ws_response(ga, store=True)),
                     assert_failed_store_unavailable(await sse_response(http, store=True)),
                 ]
-                reply = await http.post("/v1/responses", json=create(store=True))  # nothing sent yet: 503 body
+                reply = await http.post(
+                    "/v1/responses", json=create(store=True)
+                )  # nothing sent yet: 503 body
                 assert reply.status_code == ERROR_CODES["store_unavailable"][0] == 503, reply.text
-                assert reply.json()["error"]["code"] == "store_unavailable" and reply.json()["error"]["type"] == "server_error"
+                assert (
+                    reply.json()["error"]["code"] == "store_unavailable"
+                    and reply.json()["error"]["type"] == "server_error"
+                )
                 # The same connections serve the next rollout (not stored: the store is still locked).
                 served = [await ws_response(longlived, store=False), await ws_response(ga, store=False)]
                 served.append(await sse_response(http, store=False))
                 plain = await http.post("/v1/responses", json=create(store=False))
-                assert [t["type"] for t in served] == ["response.completed"] * 3 and plain.json()["status"] == "completed"
+                assert [t["type"] for t in served] == ["response.completed"] * 3 and plain.json()[
+                    "status"
+                ] == "completed"
                 scraped = (await http.get("/metrics")).text
                 assert metric(scraped, "responses_lab_ledger_pending") >= 8  # the rows wait, none dropped
                 assert metric(scraped, "responses_lab_ledger_rows_retried") >= 1
@@ -101,7 +116,9 @@ async def test_a_database_locked_past_the_busy_timeout_fails_each_response_typed
             assert rows[terminal["response"]["id"]].status == "completed"
 
 
-async def test_a_store_read_fault_is_typed_on_every_transport_and_the_connection_serves_on(tmp_path: Path) -> None:
+async def test_a_store_read_fault_is_typed_on_every_transport_and_the_connection_serves_on(
+    tmp_path: Path,
+) -> None:
     db = tmp_path / "lab.db"
     with running(db=str(db)) as srv:
         async with (
@@ -115,9 +132,13 @@ async def test_a_store_read_fault_is_typed_on_every_transport_and_the_connection
             other.close()
             follow = {"previous_response_id": stored, "store": False}
             reply = await http.post("/v1/responses", json=create("more", **follow))
-            assert reply.status_code == 503 and reply.json()["error"]["code"] == "store_unavailable", reply.text
+            assert reply.status_code == 503 and reply.json()["error"]["code"] == "store_unavailable", (
+                reply.text
+            )
             assert_error(await ws_response(ga, **follow), "store_unavailable", None)
             assert_error(await ws_response(longlived, **follow), "store_unavailable", None)
             for ws in (longlived, ga):  # no response was opened: the next one runs
                 assert (await ws_response(ws, store=False))["type"] == "response.completed"
-            assert (await http.post("/v1/responses", json=create(store=False))).json()["status"] == "completed"
+            assert (await http.post("/v1/responses", json=create(store=False))).json()[
+                "status"
+            ] == "completed"

@@ -36,7 +36,9 @@ def test_slices_cover_the_text_in_order_and_each_but_the_last_is_at_least_the_si
 
 
 def test_sliced_ids_equal_whole_ids_on_the_repos_own_code_and_notes() -> None:
-    texts = [p.read_text() for p in sorted((ROOT / "proto").rglob("*.py"))[:40]] + [(ROOT / "NOTES.md").read_text()]
+    texts = [p.read_text() for p in sorted((ROOT / "proto").rglob("*.py"))[:40]] + [
+        (ROOT / "NOTES.md").read_text()
+    ]
     whole = "\n".join(texts)
     for size in (64, 1000, SLICE_CHARS):
         assert sliced_ids(whole, size) == ENC.encode_ordinary(whole), size
@@ -91,4 +93,8 @@ def test_prepare_yields_to_the_loop_between_slices_and_encode_takes_its_ids_coun
     with prepared(ready):
         b.add_input(items)
     assert list(a.log.ids) == list(b.log.ids)
-    assert (taken.tokenize_calls, taken.tokens_tokenized) == (direct.tokenize_calls, direct.tokens_tokenized) == (2, 2 * len(ready[text]))
+    assert (
+        (taken.tokenize_calls, taken.tokens_tokenized)
+        == (direct.tokenize_calls, direct.tokens_tokenized)
+        == (2, 2 * len(ready[text]))
+    )

@@ -19,7 +19,11 @@ from sampler.tokens import TextStream, Tokenizer, reasoning_content
 
 TOKENIZER = Tokenizer()
 _ITEM_ID = re.compile(rb"\b(?:msg|rs|fc|ctc|ws)_[0-9a-f]{24}\b")
-DELTAS = {"response.output_text.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta"}
+DELTAS = {
+    "response.output_text.delta",
+    "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta",
+}
 
 # Texts with characters split over tokens (multi-byte UTF-8), so that a split can fall inside one.
 TEXTS = ["hello there, world", "naïve café — ünïcödé", "日本語のテキスト", "emoji 🎉🎉 party", ""]
@@ -30,17 +34,37 @@ def turns(draw: st.DrawFn) -> tuple[list[PlannedItem], int]:
     items: list[PlannedItem] = []
     if draw(st.booleans()):
         ids = TOKENIZER.model_tokens("", draw(st.integers(1, 12)))
-        items.append(PlannedItem("reasoning", ids, summary=draw(st.sampled_from([None, "Thought."])), encrypted=reasoning_content(ids)))
+        items.append(
+            PlannedItem(
+                "reasoning",
+                ids,
+                summary=draw(st.sampled_from([None, "Thought."])),
+                encrypted=reasoning_content(ids),
+            )
+        )
     for _ in range(draw(st.integers(0, 2))):
         kind = draw(st.sampled_from(["call", "custom", "web_search"]))
-        items.append(PlannedItem(kind, TOKENIZER.model_tokens(draw(st.sampled_from(TEXTS)) or "{}"), "tool", "call_1", query="q"))
-    items.insert(1 if items and items[0].kind == "reasoning" else 0, PlannedItem("message", TOKENIZER.model_tokens(draw(st.sampled_from(TEXTS)))))
+        items.append(
+            PlannedItem(
+                kind,
+                TOKENIZER.model_tokens(draw(st.sampled_from(TEXTS)) or "{}"),
+                "tool",
+                "call_1",
+                query="q",
+            )
+        )
+    items.insert(
+        1 if items and items[0].kind == "reasoning" else 0,
+        PlannedItem("message", TOKENIZER.model_tokens(draw(st.sampled_from(TEXTS)))),
+    )
     total = sum(len(item.ids) for item in items)
     room = draw(st.integers(0, total + 2))  # sometimes cut short: the last item the room reaches ends there
     return items, room
 
 
-def encode(items: list[PlannedItem], room: int, splits: list[int], coalesce: bool = False) -> tuple[list[bytes], TurnEncoder]:
+def encode(
+    items: list[PlannedItem], room: int, splits: list[int], coalesce: bool = False
+) -> tuple[list[bytes], TurnEncoder]:
     builder = ResponseBuilder("resp_turn", CreateBody(model="m"), "longlived")
     turn = TurnEncoder(builder, items, room, TextStream(TOKENIZER), coalesce)
     frames: list[bytes] = []
@@ -48,24 +72,33 @@ def encode(items: list[PlannedItem], room: int, splits: list[int], coalesce: boo
     splits = iter(splits)
     while turn.sent < len(turn.ids):
         k = max(1, next(splits, len(turn.ids)))
-        frames.extend(_ITEM_ID.sub(lambda m: ids.setdefault(m.group(), b"id%d" % len(ids)), codec.encode(e)) for e in turn.advance(k))
+        frames.extend(
+            _ITEM_ID.sub(lambda m: ids.setdefault(m.group(), b"id%d" % len(ids)), codec.encode(e))
+            for e in turn.advance(k)
+        )
     return frames, turn
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(turns(), st.lists(st.integers(1, 6), max_size=80))
-def test_any_split_gives_the_events_of_one_split(turn: tuple[list[PlannedItem], int], splits: list[int]) -> None:
+def test_any_split_gives_the_events_of_one_split(
+    turn: tuple[list[PlannedItem], int], splits: list[int]
+) -> None:
     items, room = turn
     whole, one = encode(items, room, [])
     split, other = encode(items, room, splits)
     assert split == whole
-    assert [(type(item), ids) for item, ids in one.outputs()] == [(type(item), ids) for item, ids in other.outputs()]
+    assert [(type(item), ids) for item, ids in one.outputs()] == [
+        (type(item), ids) for item, ids in other.outputs()
+    ]
     assert one.truncated == (sum(len(item.ids) for item in items) > room)
 
 
 @settings(max_examples=200, deadline=None)
 @given(turns(), st.lists(st.integers(1, 6), max_size=80))
-def test_inside_is_exactly_what_makes_deltas_alone(turn: tuple[list[PlannedItem], int], splits: list[int]) -> None:
+def test_inside_is_exactly_what_makes_deltas_alone(
+    turn: tuple[list[PlannedItem], int], splits: list[int]
+) -> None:
     items, room = turn
     builder = ResponseBuilder("resp_turn", CreateBody(model="m"), "longlived")
     encoder = TurnEncoder(builder, items, room, TextStream(TOKENIZER))
@@ -89,7 +122,11 @@ def test_coalescing_makes_one_delta_per_item_and_call_with_the_same_text() -> No
     coalesced, _ = encode(items, 1000, [3] * 100, coalesce=True)
 
     def deltas(frames: list[bytes]) -> list[str]:
-        return [event["delta"] for event in map(json.loads, frames) if event["type"] == "response.output_text.delta"]
+        return [
+            event["delta"]
+            for event in map(json.loads, frames)
+            if event["type"] == "response.output_text.delta"
+        ]
 
     assert len(deltas(coalesced)) <= len(items[0].ids) // 3 + 1 < len(deltas(plain))
     assert "".join(deltas(coalesced)) == "".join(deltas(plain)) == "naïve café — ünïcödé and more words"

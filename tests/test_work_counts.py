@@ -62,7 +62,9 @@ def test_every_mode_runs_ten_turns_to_the_same_answer(runs: dict[str, list[dict[
         assert all(r["status"] == "completed" for r in responses), mode
         assert sum(len(r["lab"]["turns"]) for r in responses) == 10, mode
         assert responses[-1]["output"][-1]["content"][0]["text"] == "Fixed.", mode
-        assert {r["lab"]["mode"] for r in responses[1:] or responses} == {mode}  # http-prev starts with a plain POST
+        assert {r["lab"]["mode"] for r in responses[1:] or responses} == {
+            mode
+        }  # http-prev starts with a plain POST
     assert len(runs["longlived"]) == 1
     # Eight local-call turns end eight responses; the hosted web_search turn runs inside one.
     assert len(runs["ws"]) == len(runs["http"]) == len(runs["http-prev"]) == 9
@@ -71,7 +73,10 @@ def test_every_mode_runs_ten_turns_to_the_same_answer(runs: dict[str, list[dict[
 def test_usage_totals_are_identical_across_modes(runs: dict[str, list[dict[str, Any]]]) -> None:
     # A terminal event's whole usage is lab.usage_total (a long-lived one's usage is its last segment's).
     usage = {
-        mode: (sum(r["lab"]["usage_total"]["input_tokens"] for r in rs), sum(r["lab"]["usage_total"]["output_tokens"] for r in rs))
+        mode: (
+            sum(r["lab"]["usage_total"]["input_tokens"] for r in rs),
+            sum(r["lab"]["usage_total"]["output_tokens"] for r in rs),
+        )
         for mode, rs in runs.items()
     }
     assert len(set(usage.values())) == 1, usage

@@ -38,7 +38,9 @@ class VirtualServer:
         future = asyncio.run_coroutine_threadsafe(self.clock.advance(seconds), self.server.loop)
         await asyncio.wrap_future(future)
 
-    async def advance_until(self, seconds: float, condition: Callable[[], bool], what: str, rounds: int = 50) -> None:
+    async def advance_until(
+        self, seconds: float, condition: Callable[[], bool], what: str, rounds: int = 50
+    ) -> None:
         """``advance(seconds)`` until ``condition`` holds, a few polls after each (bounded). For a limit that
         may be armed only after an earlier advance: a send queue can look full while its writer is still
         making progress on a loaded machine, and the writer's deadline is armed at its next write."""

@@ -12,6 +12,7 @@ from proto.client.sse import SseEvent, SseParser
 from proto.client.ws import WebSocketClient
 
 __all__ = [
-    "ClientError", "ClientEvent", "Frame", "GaClient", "HttpClient", "HttpStatusError", "LongLivedClient", "Observer",
-    "ProtocolFailure", "RolloutResult", "SseEvent", "SseParser", "StreamEnded", "ToolFn", "WebSocketClient",
+    "ClientError", "ClientEvent", "Frame", "GaClient", "HttpClient", "HttpStatusError", "LongLivedClient",
+    "Observer", "ProtocolFailure", "RolloutResult", "SseEvent", "SseParser", "StreamEnded", "ToolFn",
+    "WebSocketClient",
 ]  # fmt: skip

@@ -31,7 +31,9 @@ class Frame:
 
     direction: Literal["sent", "received"]
     t: float  # the client's clock: just before the frame is handed to the socket, or just after it arrived
-    wire_bytes: int  # sent: what it costs on the wire (see ws_frame_bytes, http_request_bytes); received: its payload
+    wire_bytes: (
+        int  # sent: what it costs on the wire (see ws_frame_bytes, http_request_bytes); received: its payload
+    )
     type: str  # the event's ``type`` ("" when it has none)
     event: Mapping[str, Any]
 

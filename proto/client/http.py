@@ -55,7 +55,9 @@ class HttpClient:
         self.observer = observer
         self.clock = clock
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.http = httpx.AsyncClient(headers={**bearer(api_key), **(headers or {})}, timeout=httpx.Timeout(timeout), limits=limits)
+        self.http = httpx.AsyncClient(
+            headers={**bearer(api_key), **(headers or {})}, timeout=httpx.Timeout(timeout), limits=limits
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -102,7 +104,9 @@ class HttpClient:
             for sse in parser.feed(chunk):
                 data = decode(sse.data)
                 if not isinstance(data, dict):
-                    raise ClientError(f"the server sent an event that is not a JSON object: {sse.data[:200]!r}")
+                    raise ClientError(
+                        f"the server sent an event that is not a JSON object: {sse.data[:200]!r}"
+                    )
                 event = ClientEvent(t, data)
                 if self.observer is not None:
                     self.observer(Frame(RECEIVED, t, len(sse.data), event.type, data))

@@ -53,7 +53,13 @@ class LongLivedClient(WebSocketClient):
         open_timeout: float | None = 10.0,
     ) -> None:
         super().__init__(
-            longlived_url(url), api_key, observer=observer, clock=clock, max_size=max_size, ping_interval=ping_interval, open_timeout=open_timeout
+            longlived_url(url),
+            api_key,
+            observer=observer,
+            clock=clock,
+            max_size=max_size,
+            ping_interval=ping_interval,
+            open_timeout=open_timeout,
         )
 
     async def rollout(
@@ -90,7 +96,9 @@ class LongLivedClient(WebSocketClient):
             if kind == "response.done" and event.data.get("can_append"):
                 pending = event.data.get("pending_calls", [])
                 calls = _calls_by_id(event.data.get("response", {}))
-                outputs = await asyncio.gather(*(self._run_tool(tools, calls, call, note) for call in pending))
+                outputs = await asyncio.gather(
+                    *(self._run_tool(tools, calls, call, note) for call in pending)
+                )
                 t = await self.send(messages.append(outputs))
                 seen.appends += 1
                 note(ClientEvent(t, {"type": "client.append", "outputs": len(outputs)}))
@@ -116,7 +124,17 @@ class LongLivedClient(WebSocketClient):
             except Exception as exc:  # a tool's failure is the model's business, not the protocol's
                 output = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
         done = self.clock()
-        note(ClientEvent(done, {"type": "client.tool.done", "call_id": call_id, "name": name, "duration_ms": (done - started) * 1e3}))
+        note(
+            ClientEvent(
+                done,
+                {
+                    "type": "client.tool.done",
+                    "call_id": call_id,
+                    "name": name,
+                    "duration_ms": (done - started) * 1e3,
+                },
+            )
+        )
         return messages.function_call_output(call_id, output)
 
 

@@ -36,7 +36,9 @@ def outputs(calls: Iterable[Mapping[str, Any]], output: str = "ok") -> list[Item
 
 
 # ------------------------------------------------------------------------------------------- bodies
-def body(model: str, input: str | Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None, **fields: Any) -> Item:
+def body(
+    model: str, input: str | Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None, **fields: Any
+) -> Item:
     """The body of ``POST /v1/responses`` (also the flat ``response.create`` of both WebSocket protocols):
     ``model``, ``input``, ``tools`` (when given), then ``fields`` in their order."""
     made: Item = {"model": model, "input": input if isinstance(input, str) else list(input)}

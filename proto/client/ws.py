@@ -52,7 +52,11 @@ class WebSocketClient:
         self.clock = clock
         self.bytes_sent = 0  # the payloads sent on this client, every connection
         self._headers = bearer(api_key)
-        self._options: dict[str, Any] = {"max_size": max_size, "ping_interval": ping_interval, "open_timeout": open_timeout}
+        self._options: dict[str, Any] = {
+            "max_size": max_size,
+            "ping_interval": ping_interval,
+            "open_timeout": open_timeout,
+        }
         self._ws: ClientConnection | None = None
 
     async def __aenter__(self) -> Self:
@@ -66,7 +70,9 @@ class WebSocketClient:
         """Open the connection (to ``url`` from now on, when given). Call ``close`` first to move it."""
         if url is not None:
             self.url = url
-        self._ws = await connect(self.url, additional_headers=self._headers, compression=None, **self._options)
+        self._ws = await connect(
+            self.url, additional_headers=self._headers, compression=None, **self._options
+        )
 
     async def close(self) -> None:
         if self._ws is not None:
@@ -95,7 +101,9 @@ class WebSocketClient:
         """The next event (a JSON object), stamped with its arrival; ``websockets``' ConnectionClosed when the
         server has closed."""
         ws = self.ws
-        raw = await (ws.recv(decode=False) if timeout is None else asyncio.wait_for(ws.recv(decode=False), timeout))
+        raw = await (
+            ws.recv(decode=False) if timeout is None else asyncio.wait_for(ws.recv(decode=False), timeout)
+        )
         t = self.clock()
         data = decode(raw)
         if not isinstance(data, dict):

@@ -79,7 +79,9 @@ def new_item_id(prefix: str) -> str:
 
 
 class ResponseBuilder:
-    def __init__(self, response_id: str, request: CreateBody, mode: Mode, work: WorkCounters | None = None) -> None:
+    def __init__(
+        self, response_id: str, request: CreateBody, mode: Mode, work: WorkCounters | None = None
+    ) -> None:
         self.response = Response(
             id=response_id,
             created_at=int(time.time()),
@@ -181,21 +183,37 @@ class ResponseBuilder:
 
     def _final(self) -> Response:
         lab = self.lab
-        whole = msgspec.structs.replace(lab, turns=list(lab.turns), phases_ms=dict(lab.phases_ms), safety_flags=list(lab.safety_flags),
-                                        work=msgspec.structs.replace(lab.work), input_positions=None if lab.input_positions is None else list(lab.input_positions),
-                                        usage_total=self.usage.copy())
+        whole = msgspec.structs.replace(
+            lab,
+            turns=list(lab.turns),
+            phases_ms=dict(lab.phases_ms),
+            safety_flags=list(lab.safety_flags),
+            work=msgspec.structs.replace(lab.work),
+            input_positions=None if lab.input_positions is None else list(lab.input_positions),
+            usage_total=self.usage.copy(),
+        )
         return self._snapshot(output=list(self.response.output), lab=whole)
 
     def _lab_since_last(self) -> LabInfo:
         lab = self.lab
         turns, self._turns_sent = lab.turns[self._turns_sent :], len(lab.turns)
         flags, self._flags_sent = lab.safety_flags[self._flags_sent :], len(lab.safety_flags)
-        return LabInfo(mode=lab.mode, turns=turns, phases_ms=dict(lab.phases_ms), safety_flags=flags, work=msgspec.structs.replace(lab.work),
-                       usage_total=self.usage.copy())
+        return LabInfo(
+            mode=lab.mode,
+            turns=turns,
+            phases_ms=dict(lab.phases_ms),
+            safety_flags=flags,
+            work=msgspec.structs.replace(lab.work),
+            usage_total=self.usage.copy(),
+        )
 
     def _snapshot(self, output: list[Item], lab: LabInfo) -> Response:
         return msgspec.structs.replace(
-            self.response, output=output, usage=self.usage.minus(self._usage_sent), metadata=dict(self.response.metadata), lab=lab
+            self.response,
+            output=output,
+            usage=self.usage.minus(self._usage_sent),
+            metadata=dict(self.response.metadata),
+            lab=lab,
         )
 
     # ------------------------------------------------------------------------------ output items
@@ -215,13 +233,17 @@ class ResponseBuilder:
         item = WebSearchCall(id=new_item_id("ws"), status="in_progress", action=WebSearchAction(query=query))
         index = self._add(item)
         events: list[ServerEvent] = [
-            OutputItemAdded(output_index=index, item=_copy_search(item), sequence_number=self.next_sequence()),
+            OutputItemAdded(
+                output_index=index, item=_copy_search(item), sequence_number=self.next_sequence()
+            ),
             WebSearchInProgress(item_id=item.id, output_index=index, sequence_number=self.next_sequence()),
             WebSearchSearching(item_id=item.id, output_index=index, sequence_number=self.next_sequence()),
         ]
         return item, index, events
 
-    def web_search_done(self, item: WebSearchCall, index: int, sources: list[WebSearchSource]) -> list[ServerEvent]:
+    def web_search_done(
+        self, item: WebSearchCall, index: int, sources: list[WebSearchSource]
+    ) -> list[ServerEvent]:
         item.status = "completed"
         if isinstance(item.action, WebSearchAction):
             item.action.sources = sources
@@ -238,7 +260,9 @@ class ResponseBuilder:
 def _copy_search(item: WebSearchCall) -> WebSearchCall:
     action = item.action
     if isinstance(action, WebSearchAction):
-        action = msgspec.structs.replace(action, sources=None if action.sources is None else list(action.sources))
+        action = msgspec.structs.replace(
+            action, sources=None if action.sources is None else list(action.sources)
+        )
     return msgspec.structs.replace(item, action=action)
 
 
@@ -261,13 +285,29 @@ class MessageStream:
     def added(self) -> list[ServerEvent]:
         seq = self._builder.next_sequence
         return [
-            OutputItemAdded(output_index=self.index, item=Message(id=self.item_id, role="assistant", content=[], status="in_progress"), sequence_number=seq()),
-            ContentPartAdded(item_id=self.item_id, output_index=self.index, content_index=0, part=_text(""), sequence_number=seq()),
+            OutputItemAdded(
+                output_index=self.index,
+                item=Message(id=self.item_id, role="assistant", content=[], status="in_progress"),
+                sequence_number=seq(),
+            ),
+            ContentPartAdded(
+                item_id=self.item_id,
+                output_index=self.index,
+                content_index=0,
+                part=_text(""),
+                sequence_number=seq(),
+            ),
         ]
 
     def delta(self, text: str) -> OutputTextDelta:
         self._parts.append(text)
-        return OutputTextDelta(item_id=self.item_id, output_index=self.index, content_index=0, delta=text, sequence_number=self._builder.next_sequence())
+        return OutputTextDelta(
+            item_id=self.item_id,
+            output_index=self.index,
+            content_index=0,
+            delta=text,
+            sequence_number=self._builder.next_sequence(),
+        )
 
     def done(self) -> list[ServerEvent]:
         seq = self._builder.next_sequence
@@ -275,9 +315,25 @@ class MessageStream:
         self.item.content = [_text(text)]
         self.item.status = "completed"
         return [
-            OutputTextDone(item_id=self.item_id, output_index=self.index, content_index=0, text=text, sequence_number=seq()),
-            ContentPartDone(item_id=self.item_id, output_index=self.index, content_index=0, part=_text(text), sequence_number=seq()),
-            OutputItemDone(output_index=self.index, item=Message(id=self.item_id, role="assistant", content=[_text(text)], status="completed"), sequence_number=seq()),
+            OutputTextDone(
+                item_id=self.item_id,
+                output_index=self.index,
+                content_index=0,
+                text=text,
+                sequence_number=seq(),
+            ),
+            ContentPartDone(
+                item_id=self.item_id,
+                output_index=self.index,
+                content_index=0,
+                part=_text(text),
+                sequence_number=seq(),
+            ),
+            OutputItemDone(
+                output_index=self.index,
+                item=Message(id=self.item_id, role="assistant", content=[_text(text)], status="completed"),
+                sequence_number=seq(),
+            ),
         ]
 
 
@@ -285,27 +341,55 @@ class CallStream:
     """A function call whose arguments stream token by token. ``item`` is the live output item; events
     carry copies of it."""
 
-    def __init__(self, builder: ResponseBuilder, name: str, call_id: str, namespace: str | None = None) -> None:
+    def __init__(
+        self, builder: ResponseBuilder, name: str, call_id: str, namespace: str | None = None
+    ) -> None:
         self._builder = builder
         self.item_id = new_item_id("fc")
-        self.item = FunctionCall(id=self.item_id, call_id=call_id, name=name, arguments="", status="in_progress", namespace=namespace)
+        self.item = FunctionCall(
+            id=self.item_id,
+            call_id=call_id,
+            name=name,
+            arguments="",
+            status="in_progress",
+            namespace=namespace,
+        )
         self.index = builder._add(self.item)
         self._parts: list[str] = []
 
     def added(self) -> list[ServerEvent]:
-        return [OutputItemAdded(output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=self._builder.next_sequence())]
+        return [
+            OutputItemAdded(
+                output_index=self.index,
+                item=msgspec.structs.replace(self.item),
+                sequence_number=self._builder.next_sequence(),
+            )
+        ]
 
     def delta(self, text: str) -> FunctionCallArgumentsDelta:
         self._parts.append(text)
-        return FunctionCallArgumentsDelta(item_id=self.item_id, output_index=self.index, delta=text, sequence_number=self._builder.next_sequence())
+        return FunctionCallArgumentsDelta(
+            item_id=self.item_id,
+            output_index=self.index,
+            delta=text,
+            sequence_number=self._builder.next_sequence(),
+        )
 
     def done(self) -> list[ServerEvent]:
         seq = self._builder.next_sequence
         self.item.arguments = "".join(self._parts)
         self.item.status = "completed"
         return [
-            FunctionCallArgumentsDone(item_id=self.item_id, output_index=self.index, arguments=self.item.arguments, name=self.item.name, sequence_number=seq()),
-            OutputItemDone(output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=seq()),
+            FunctionCallArgumentsDone(
+                item_id=self.item_id,
+                output_index=self.index,
+                arguments=self.item.arguments,
+                name=self.item.name,
+                sequence_number=seq(),
+            ),
+            OutputItemDone(
+                output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=seq()
+            ),
         ]
 
 
@@ -313,7 +397,9 @@ class CustomCallStream:
     """A call of a custom (freeform) tool: its ``input`` streams as ``response.custom_tool_call_input.delta``
     (OpenAI's function-calling guide, custom tools). Custom call items carry no status."""
 
-    def __init__(self, builder: ResponseBuilder, name: str, call_id: str, namespace: str | None = None) -> None:
+    def __init__(
+        self, builder: ResponseBuilder, name: str, call_id: str, namespace: str | None = None
+    ) -> None:
         self._builder = builder
         self.item_id = new_item_id("ctc")
         self.item = CustomToolCall(id=self.item_id, call_id=call_id, name=name, input="", namespace=namespace)
@@ -321,18 +407,33 @@ class CustomCallStream:
         self._parts: list[str] = []
 
     def added(self) -> list[ServerEvent]:
-        return [OutputItemAdded(output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=self._builder.next_sequence())]
+        return [
+            OutputItemAdded(
+                output_index=self.index,
+                item=msgspec.structs.replace(self.item),
+                sequence_number=self._builder.next_sequence(),
+            )
+        ]
 
     def delta(self, text: str) -> CustomToolCallInputDelta:
         self._parts.append(text)
-        return CustomToolCallInputDelta(item_id=self.item_id, output_index=self.index, delta=text, sequence_number=self._builder.next_sequence())
+        return CustomToolCallInputDelta(
+            item_id=self.item_id,
+            output_index=self.index,
+            delta=text,
+            sequence_number=self._builder.next_sequence(),
+        )
 
     def done(self) -> list[ServerEvent]:
         seq = self._builder.next_sequence
         self.item.input = "".join(self._parts)
         return [
-            CustomToolCallInputDone(item_id=self.item_id, output_index=self.index, input=self.item.input, sequence_number=seq()),
-            OutputItemDone(output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=seq()),
+            CustomToolCallInputDone(
+                item_id=self.item_id, output_index=self.index, input=self.item.input, sequence_number=seq()
+            ),
+            OutputItemDone(
+                output_index=self.index, item=msgspec.structs.replace(self.item), sequence_number=seq()
+            ),
         ]
 
 
@@ -353,7 +454,13 @@ class ReasoningStream:
         self._encrypted = content
 
     def added(self) -> list[ServerEvent]:
-        return [OutputItemAdded(output_index=self.index, item=msgspec.structs.replace(self.item, summary=[]), sequence_number=self._builder.next_sequence())]
+        return [
+            OutputItemAdded(
+                output_index=self.index,
+                item=msgspec.structs.replace(self.item, summary=[]),
+                sequence_number=self._builder.next_sequence(),
+            )
+        ]
 
     def done(self) -> list[ServerEvent]:
         seq = self._builder.next_sequence
@@ -361,10 +468,26 @@ class ReasoningStream:
         if self._summary is not None:
             text, item_id, index = self._summary, self.item_id, self.index
             events += [
-                ReasoningSummaryPartAdded(item_id=item_id, output_index=index, summary_index=0, part=SummaryPart(text=""), sequence_number=seq()),
-                ReasoningSummaryTextDelta(item_id=item_id, output_index=index, summary_index=0, delta=text, sequence_number=seq()),
-                ReasoningSummaryTextDone(item_id=item_id, output_index=index, summary_index=0, text=text, sequence_number=seq()),
-                ReasoningSummaryPartDone(item_id=item_id, output_index=index, summary_index=0, part=SummaryPart(text=text), sequence_number=seq()),
+                ReasoningSummaryPartAdded(
+                    item_id=item_id,
+                    output_index=index,
+                    summary_index=0,
+                    part=SummaryPart(text=""),
+                    sequence_number=seq(),
+                ),
+                ReasoningSummaryTextDelta(
+                    item_id=item_id, output_index=index, summary_index=0, delta=text, sequence_number=seq()
+                ),
+                ReasoningSummaryTextDone(
+                    item_id=item_id, output_index=index, summary_index=0, text=text, sequence_number=seq()
+                ),
+                ReasoningSummaryPartDone(
+                    item_id=item_id,
+                    output_index=index,
+                    summary_index=0,
+                    part=SummaryPart(text=text),
+                    sequence_number=seq(),
+                ),
             ]
             self.item.summary = [ReasoningSummary(text=text)]
         self.item.encrypted_content = self._encrypted

@@ -122,7 +122,9 @@ def body_param(param: str | None) -> str | None:
     return param[2:] if param.startswith("$.") else param
 
 
-def decode_items(raw_items: str | list[msgspec.Raw], path: str = "$.input", code: str = "invalid_request") -> list[Item]:
+def decode_items(
+    raw_items: str | list[msgspec.Raw], path: str = "$.input", code: str = "invalid_request"
+) -> list[Item]:
     """Items one by one, so an error names its index; a bare string is one user message. A malformed
     item is ``invalid_request`` on every transport (``code`` lets a caller say otherwise)."""
     if isinstance(raw_items, str):
@@ -144,7 +146,11 @@ def _decode_item(raw: msgspec.Raw, path: str, code: str) -> Item:
     # No ``type``: OpenAI accepts a message as ``{"role", "content"}`` and an item reference as ``{"id"}``.
     try:
         shape = _any_decoder.decode(raw)
-        decoder = _message_decoder if isinstance(shape, dict) and ("role" in shape or "id" not in shape) else _reference_decoder
+        decoder = (
+            _message_decoder
+            if isinstance(shape, dict) and ("role" in shape or "id" not in shape)
+            else _reference_decoder
+        )
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise ClientError(code, _message(exc), _param(exc, path)) from None
@@ -159,4 +165,3 @@ def encode(value: Any) -> bytes:
 def decode_server_event(data: str | bytes) -> AnyServerEvent:
     """For clients and tests: one server frame → its typed event."""
     return _server_decoder.decode(data)
-

@@ -51,5 +51,9 @@ def check_compactions(items: list[Item], path: str) -> None:
     for index, item in enumerate(items):
         content = item.encrypted_content if isinstance(item, Compaction) else None
         if content is not None and content.startswith(COMPACTION_PREFIX) and compaction_ids(content) is None:
-            raise ClientError("invalid_encrypted_content", "the compaction item's encrypted_content is damaged "
-                              "(POST /v1/responses/compact makes it; send it back as it came)", f"{path}[{index}].encrypted_content")
+            raise ClientError(
+                "invalid_encrypted_content",
+                "the compaction item's encrypted_content is damaged "
+                "(POST /v1/responses/compact makes it; send it back as it came)",
+                f"{path}[{index}].encrypted_content",
+            )

@@ -82,9 +82,17 @@ def check_outputs(history: list[Item], items: list[Item], root: str = "") -> Non
             continue
         kind = ANSWERS[type(item)]
         if (kind, item.call_id) not in calls:
-            raise ClientError("unknown_call_id", f"no {_CALL_NAMES[kind]} with call_id {item.call_id!r}", f"{root}input[{index}].call_id")
+            raise ClientError(
+                "unknown_call_id",
+                f"no {_CALL_NAMES[kind]} with call_id {item.call_id!r}",
+                f"{root}input[{index}].call_id",
+            )
         if item.call_id in answered:
-            raise ClientError("duplicate_call_output", f"call {item.call_id!r} already has an output", f"{root}input[{index}].call_id")
+            raise ClientError(
+                "duplicate_call_output",
+                f"call {item.call_id!r} already has an output",
+                f"{root}input[{index}].call_id",
+            )
         answered.add(item.call_id)
 
 

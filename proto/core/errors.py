@@ -26,7 +26,10 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "item_not_found": (404, "invalid_request_error"),
     "message_too_large": (413, "invalid_request_error"),
     "invalid_encoding": (400, "invalid_request_error"),
-    "invalid_encrypted_content": (400, "invalid_request_error"),  # OpenAI's code: encrypted content it cannot read
+    "invalid_encrypted_content": (
+        400,
+        "invalid_request_error",
+    ),  # OpenAI's code: encrypted content it cannot read
     "unsupported_encoding": (415, "invalid_request_error"),
     "tool_timeout": (408, "invalid_request_error"),
     "too_many_items": (400, "invalid_request_error"),
@@ -36,7 +39,10 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "too_many_lanes": (400, "invalid_request_error"),
     "binary_frame_not_supported": (400, "invalid_request_error"),
     "content_policy": (400, "invalid_request_error"),
-    "context_length_exceeded": (400, "invalid_request_error"),  # OpenAI's code: prompt past the model's window
+    "context_length_exceeded": (
+        400,
+        "invalid_request_error",
+    ),  # OpenAI's code: prompt past the model's window
     "empty_array": (400, "invalid_request_error"),  # OpenAI's code for an empty list where items are required
     "unauthorized": (401, "authentication_error"),
     "websocket_connection_limit_reached": (400, "invalid_request_error"),
@@ -96,4 +102,3 @@ def param_from_validation(exc: msgspec.ValidationError, prefix: str = "") -> str
         return prefix or None
     path = text[at + len(marker) : text.rfind("`")]
     return f"{prefix}{path}" if prefix else f"${path}"
-

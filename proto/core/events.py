@@ -53,7 +53,9 @@ class CreateBody(oa.ResponseCreateParamsBase, kw_only=True):
 
 class ResponseCreate(CreateBody, tag="response.create", tag_field="type", kw_only=True):
     event_id: str | None = None
-    stream_id: str | None = None  # GA WebSocket mode's lane (docs/protocol.md, "Lanes (`stream_id`)"); not part of the HTTP body
+    stream_id: str | None = (
+        None  # GA WebSocket mode's lane (docs/protocol.md, "Lanes (`stream_id`)"); not part of the HTTP body
+    )
 
 
 class ClientEventBase(msgspec.Struct, tag_field="type", kw_only=True):
@@ -268,7 +270,9 @@ class SteerFailure(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class SteerError(msgspec.Struct, kw_only=True):
-    code: str  # response_not_found, invalid_input, too_many_pending_steers, response_already_completed, response_not_active
+    # response_not_found, invalid_input, too_many_pending_steers, response_already_completed,
+    # response_not_active
+    code: str
     message: str
     type: str = "invalid_request_error"
 

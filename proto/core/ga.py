@@ -63,7 +63,9 @@ from proto.core.items import CustomToolCall, Item, Message
 from proto.core.state import LANE_REFUSALS, LANE_TRANSITIONS, LaneEvent, LaneState
 from proto.core.work import WorkCounters
 
-CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection on purpose, the client reconnects
+CLOSE_LIMIT_REACHED = (
+    1000  # a normal closure: the server ends the connection on purpose, the client reconnects
+)
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # what the openai SDK's lane router accepts
 MAX_LANES = 64  # lanes one connection may open
 MAX_QUEUED = 16  # creates waiting on one lane
@@ -165,7 +167,9 @@ class GaCore:
                 return self._steer(event)
             if not isinstance(event, ResponseCreate):
                 kind = type(event).__struct_config__.tag
-                raise ClientError("unknown_event_type", f"{kind!r} is not an event of GA WebSocket mode", "type")
+                raise ClientError(
+                    "unknown_event_type", f"{kind!r} is not an event of GA WebSocket mode", "type"
+                )
             lane_id = event.stream_id
             return self._create(event)
         except ClientError as exc:
@@ -178,20 +182,32 @@ class GaCore:
 
     def _create(self, event: ResponseCreate) -> list[Action]:
         if self.closed:
-            raise ClientError("websocket_connection_limit_reached", "the connection reached its maximum age; open a new one")
+            raise ClientError(
+                "websocket_connection_limit_reached", "the connection reached its maximum age; open a new one"
+            )
         lane_id = event.stream_id
         if lane_id is not None and not STREAM_ID.fullmatch(lane_id):
-            raise ClientError("invalid_event", "stream_id must be 1-256 ASCII letters, digits, '_', '-' or '.'", "$.stream_id")
+            raise ClientError(
+                "invalid_event",
+                "stream_id must be 1-256 ASCII letters, digits, '_', '-' or '.'",
+                "$.stream_id",
+            )
         lane = self._lanes.get(lane_id)
         if lane is None:
             if len(self._lanes) > MAX_LANES:
-                raise ClientError("too_many_lanes", f"at most {MAX_LANES} lanes (stream_id values) per connection", "$.stream_id")
+                raise ClientError(
+                    "too_many_lanes",
+                    f"at most {MAX_LANES} lanes (stream_id values) per connection",
+                    "$.stream_id",
+                )
             lane = _Lane(lane_id)
         items, work = validate_create(event, self._models, self._limits)
         if lane_id is None:
             lane.check(LaneEvent.CREATE)  # the default lane refuses a second create, before anything changes
         elif lane.state is LaneState.IN_FLIGHT and len(lane.queue) >= MAX_QUEUED:
-            raise ClientError("too_many_queued_items", f"at most {MAX_QUEUED} creates may wait on one lane", "$.stream_id")
+            raise ClientError(
+                "too_many_queued_items", f"at most {MAX_QUEUED} creates may wait on one lane", "$.stream_id"
+            )
         self._lanes[lane_id] = lane
         owed = self._owed.pop(event.previous_response_id, None) if event.previous_response_id else None
         if owed is not None:  # steering input held for this parent goes first, in submission order
@@ -207,13 +223,24 @@ class GaCore:
 
     def _steer(self, event: ResponseSteer) -> list[Action]:
         target = event.previous_response_id
-        lane = next((lane for lane in self._lanes.values() if lane.current is not None and lane.current.response_id == target), None)
+        lane = next(
+            (
+                lane
+                for lane in self._lanes.values()
+                if lane.current is not None and lane.current.response_id == target
+            ),
+            None,
+        )
         failure = SteerFailure(previous_response_id=target, input=_raw_input(event.input))
         if lane is None:
             code = "response_already_completed" if target in self._ended else "response_not_found"
             owed = self._owed.get(target)
             if owed is None:
-                return [self._failed(failure, code, f"response {target!r} is not in flight on this connection", None)]
+                return [
+                    self._failed(
+                        failure, code, f"response {target!r} is not in flight on this connection", None
+                    )
+                ]
         try:
             items = _steering_items(event.input)
         except ClientError as exc:
@@ -223,18 +250,36 @@ class GaCore:
         if lane is None:  # the response waits on its tool outputs: held with what it owes
             held, stream_id = self._owed[target]
             if len(held) >= MAX_STEERS:
-                return [self._failed(failure, "too_many_pending_steers", f"at most {MAX_STEERS} steering inputs may wait", stream_id)]
+                return [
+                    self._failed(
+                        failure,
+                        "too_many_pending_steers",
+                        f"at most {MAX_STEERS} steering inputs may wait",
+                        stream_id,
+                    )
+                ]
             held.append(steer)
             return [SteerReply(SteerAccepted(steer=ref), None, stream_id)]
         waiting = self._steers.setdefault(target, [])
         if len(waiting) >= MAX_STEERS:
-            return [self._failed(failure, "too_many_pending_steers", f"at most {MAX_STEERS} steering inputs may wait", lane.stream_id)]
+            return [
+                self._failed(
+                    failure,
+                    "too_many_pending_steers",
+                    f"at most {MAX_STEERS} steering inputs may wait",
+                    lane.stream_id,
+                )
+            ]
         waiting.append(steer)
         return [SteerReply(SteerAccepted(steer=ref), target, lane.stream_id)]
 
     @staticmethod
-    def _failed(failure: SteerFailure, code: str, message: str, stream_id: str | None, response_id: str | None = None) -> SteerReply:
-        return SteerReply(SteerFailed(steer=failure, error=SteerError(code=code, message=message)), response_id, stream_id)
+    def _failed(
+        failure: SteerFailure, code: str, message: str, stream_id: str | None, response_id: str | None = None
+    ) -> SteerReply:
+        return SteerReply(
+            SteerFailed(steer=failure, error=SteerError(code=code, message=message)), response_id, stream_id
+        )
 
     # ------------------------------------------------------------------------------------ our side
     def finished(self, start: Start, outcome: Outcome) -> list[Action]:
@@ -252,14 +297,28 @@ class GaCore:
                 self._owed[start.response_id] = (steers, start.stream_id)
                 stubs = [_stub(kind, call_id, name) for kind, call_id, name in outcome.owed]
                 for steer in steers:
-                    pending = SteerPending(steer=SteerRef(id=steer.id, previous_response_id=start.response_id), required_input=stubs)
+                    pending = SteerPending(
+                        steer=SteerRef(id=steer.id, previous_response_id=start.response_id),
+                        required_input=stubs,
+                    )
                     actions.append(SteerReply(pending, None, start.stream_id))
-            elif outcome.status == "completed" or (outcome.status == "incomplete" and outcome.reason == "steered"):
+            elif outcome.status == "completed" or (
+                outcome.status == "incomplete" and outcome.reason == "steered"
+            ):
                 successor = self._successor(start, steers)
             else:
                 for steer in steers:
-                    failure = SteerFailure(previous_response_id=start.response_id, input=steer.raw, id=steer.id)
-                    actions.append(self._failed(failure, "response_not_active", f"the response ended {outcome.status}", start.stream_id))
+                    failure = SteerFailure(
+                        previous_response_id=start.response_id, input=steer.raw, id=steer.id
+                    )
+                    actions.append(
+                        self._failed(
+                            failure,
+                            "response_not_active",
+                            f"the response ended {outcome.status}",
+                            start.stream_id,
+                        )
+                    )
         nxt = successor or (lane.queue.popleft() if lane.queue else None)
         if self.closed:  # the connection is going: nothing more starts
             nxt = None
@@ -274,15 +333,25 @@ class GaCore:
     def _successor(self, parent: Start, steers: list[_Steer]) -> Start:
         """The automatic successor of a steered response: its settings, continuing from it, with the
         queued input (the guide: "Automatic successors inherit the previous response's settings")."""
-        request = msgspec.structs.replace(parent.request, previous_response_id=parent.response_id, input=[], generate=True)
+        request = msgspec.structs.replace(
+            parent.request, previous_response_id=parent.response_id, input=[], generate=True
+        )
         work = WorkCounters(requests_validated=1, items_validated=sum(len(s.items) for s in steers))
-        return Start(self._new_id(), request, [item for steer in steers for item in steer.items], work, parent.stream_id)
+        return Start(
+            self._new_id(),
+            request,
+            [item for steer in steers for item in steer.items],
+            work,
+            parent.stream_id,
+        )
 
     def expire(self) -> list[Action]:
         """The connection reached its age limit: one error, then close (the adapter lets responses in
         flight end first)."""
         self.closed = True
-        limit = ClientError("websocket_connection_limit_reached", "the connection reached its maximum age; open a new one")
+        limit = ClientError(
+            "websocket_connection_limit_reached", "the connection reached its maximum age; open a new one"
+        )
         return [self.error(limit), Close(CLOSE_LIMIT_REACHED, "websocket_connection_limit_reached")]
 
     def close(self) -> None:
@@ -306,7 +375,11 @@ def lane_frame(data: bytes, stream_id: str | None) -> bytes:
 
 
 def _stub(kind: str, call_id: str, name: str) -> RequiredFunctionOutput | RequiredCustomOutput:
-    return RequiredCustomOutput(call_id=call_id) if kind == CustomToolCall.__struct_config__.tag else RequiredFunctionOutput(call_id=call_id, name=name)
+    return (
+        RequiredCustomOutput(call_id=call_id)
+        if kind == CustomToolCall.__struct_config__.tag
+        else RequiredFunctionOutput(call_id=call_id, name=name)
+    )
 
 
 def _raw_input(value: str | list[msgspec.Raw]) -> Any:

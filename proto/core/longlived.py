@@ -53,7 +53,9 @@ from proto.core.work import WorkCounters
 _TRANSITION_EVENTS = frozenset({ResponseDone, *TERMINAL_EVENTS})
 _encode = codec.encode
 
-CLOSE_LIMIT_REACHED = 1000  # a normal closure: the server ends the connection on purpose, the client reconnects
+CLOSE_LIMIT_REACHED = (
+    1000  # a normal closure: the server ends the connection on purpose, the client reconnects
+)
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,9 @@ class LongLivedCore:
         self._before_open = State.IDLE
         self._last_id: str | None = None
         self._expiring = False  # the age limit passed: close once no response is open
-        self._next: tuple[ResponseCreate, list[Item], WorkCounters] | None = None  # a create superseding the open response
+        self._next: tuple[ResponseCreate, list[Item], WorkCounters] | None = (
+            None  # a create superseding the open response
+        )
 
     # ------------------------------------------------------------------------------------ properties
     @property
@@ -178,7 +182,11 @@ class LongLivedCore:
                 case ResponseCancel():
                     return self._cancel(event.response_id)
                 case ResponseSteer():
-                    raise ClientError("unknown_event_type", "response.steer is GA WebSocket mode's; here response.append steers", "$.type")
+                    raise ClientError(
+                        "unknown_event_type",
+                        "response.steer is GA WebSocket mode's; here response.append steers",
+                        "$.type",
+                    )
         except ClientError as exc:
             return [self.error(exc)]
         raise LocalProtocolError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
@@ -191,7 +199,9 @@ class LongLivedCore:
         self._check(Event.CREATE)
         if self.state is State.SUSPENDED:
             return self._supersede(event)
-        items, work = validate_create(event, self._models, self._limits.create, root="$.", refuse_background=False)
+        items, work = validate_create(
+            event, self._models, self._limits.create, root="$.", refuse_background=False
+        )
         return self._start(event, items, work)
 
     def _start(self, event: ResponseCreate, items: list[Item], work: WorkCounters) -> list[Action]:
@@ -208,8 +218,12 @@ class LongLivedCore:
         open_ = self._open
         assert open_ is not None
         if self._next is not None or open_.cancel is not None or self._expiring:
-            raise ClientError("response_in_progress", "the open response is already ending; wait for its terminal event")
-        items, work = validate_create(event, self._models, self._limits.create, root="$.", refuse_background=False)
+            raise ClientError(
+                "response_in_progress", "the open response is already ending; wait for its terminal event"
+            )
+        items, work = validate_create(
+            event, self._models, self._limits.create, root="$.", refuse_background=False
+        )
         self._transition(Event.CREATE)
         self._next = (event, items, work)
         return [*self._cut(Cancel(open_.id, "superseded")), OpenNext()]
@@ -218,12 +232,13 @@ class LongLivedCore:
         """The superseded response has ended: open the create that superseded it (nothing if the
         connection closed meanwhile)."""
         if self._next is not None and self.state not in (State.ENDED, State.CLOSED):
-            raise LocalProtocolError(f"open_next() in state {self.state.name}: the superseded response has not ended")
+            raise LocalProtocolError(
+                f"open_next() in state {self.state.name}: the superseded response has not ended"
+            )
         pending, self._next = self._next, None
         if pending is None or self.state is State.CLOSED:
             return []
         return self._start(*pending)
-
 
     def _append(self, raw: list[msgspec.Raw], response_id: str | None) -> list[Action]:
         if response_id is not None and self._open is not None and response_id != self._open.id:
@@ -232,10 +247,16 @@ class LongLivedCore:
         if self._open is None:
             self._check(Event.APPEND)
         assert self._open is not None
-        if not raw:  # nothing to hand over: answered, never silently dropped (OpenAI's code for an empty array)
-            raise ClientError("empty_array", "Invalid 'input': empty array. Expected at least one item.", "$.input")
+        if (
+            not raw
+        ):  # nothing to hand over: answered, never silently dropped (OpenAI's code for an empty array)
+            raise ClientError(
+                "empty_array", "Invalid 'input': empty array. Expected at least one item.", "$.input"
+            )
         if len(raw) > self._limits.max_input_items:
-            raise ClientError("too_many_items", f"at most {self._limits.max_input_items} input items", "$.input")
+            raise ClientError(
+                "too_many_items", f"at most {self._limits.max_input_items} input items", "$.input"
+            )
         items = codec.decode_items(raw)
         open_ = self._open
         outputs: dict[str, OutputItem] = {}
@@ -244,23 +265,40 @@ class LongLivedCore:
             path = f"$.input[{index}]"
             if isinstance(item, Message):
                 if item.role == "assistant":
-                    raise ClientError("invalid_request", "append accepts user, system or developer messages", f"{path}.role")
+                    raise ClientError(
+                        "invalid_request", "append accepts user, system or developer messages", f"{path}.role"
+                    )
                 messages.append(item)
             elif isinstance(item, OUTPUT_ITEMS):
                 call_id = item.call_id or ""
                 if call_id in open_.received or call_id in open_.answered or call_id in outputs:
-                    raise ClientError("duplicate_call_output", f"call {call_id!r} already has an output", f"{path}.call_id")
+                    raise ClientError(
+                        "duplicate_call_output", f"call {call_id!r} already has an output", f"{path}.call_id"
+                    )
                 if call_id not in open_.pending:
-                    raise ClientError("unknown_call_id", f"the response is not waiting on call {call_id!r}", f"{path}.call_id")
+                    raise ClientError(
+                        "unknown_call_id",
+                        f"the response is not waiting on call {call_id!r}",
+                        f"{path}.call_id",
+                    )
                 outputs[call_id] = item
             elif isinstance(item, CALL_ITEMS):
                 self._check_echo(item, path)  # already in the context: accepted, not added again
             else:
-                raise ClientError("invalid_request", "append accepts function_call_output, custom_tool_call_output, message items and echoes of pending calls", f"{path}.type")
+                raise ClientError(
+                    "invalid_request",
+                    "append accepts function_call_output, custom_tool_call_output, message items and echoes "
+                    "of pending calls",
+                    f"{path}.type",
+                )
         if self.state is not State.SUSPENDED:
             if len(open_.queued) + len(messages) > self._limits.max_queued_items:
                 limit = self._limits.max_queued_items
-                raise ClientError("too_many_queued_items", f"at most {limit} messages may wait for the next turn (--max-queued-items)", "$.input")
+                raise ClientError(
+                    "too_many_queued_items",
+                    f"at most {limit} messages may wait for the next turn (--max-queued-items)",
+                    "$.input",
+                )
             open_.work.items_validated += len(items)
             self._transition(Event.APPEND)
             open_.queued.extend(messages)
@@ -288,29 +326,57 @@ class LongLivedCore:
         assert open_ is not None
         name = open_.pending.get(item.call_id) or open_.calls.get(item.call_id)
         if name is None:
-            raise ClientError("unknown_call_id", f"the response made no call {item.call_id!r}", f"{path}.call_id")
+            raise ClientError(
+                "unknown_call_id", f"the response made no call {item.call_id!r}", f"{path}.call_id"
+            )
         if name != item.name:
-            raise ClientError("invalid_request", f"call {item.call_id!r} is {name!r}, not {item.name!r}", f"{path}.name")
+            raise ClientError(
+                "invalid_request", f"call {item.call_id!r} is {name!r}, not {item.name!r}", f"{path}.name"
+            )
 
     def _inject(self, event: ResponseInject) -> list[Action]:
         # The beta spelling of append: acknowledged or refused with its own event types.
         if self._open is None or event.response_id != self._open.id:
-            code = "response_already_completed" if event.response_id == self._last_id else "response_not_found"
-            return [self._reply(InjectFailed(response_id=event.response_id, code=code, message=f"cannot inject into {event.response_id!r}", event_id=event.event_id))]
+            code = (
+                "response_already_completed" if event.response_id == self._last_id else "response_not_found"
+            )
+            return [
+                self._reply(
+                    InjectFailed(
+                        response_id=event.response_id,
+                        code=code,
+                        message=f"cannot inject into {event.response_id!r}",
+                        event_id=event.event_id,
+                    )
+                )
+            ]
         try:
             actions = self._append(event.input, event.response_id)
         except ClientError as exc:
-            return [self._reply(InjectFailed(response_id=event.response_id, code=exc.code, message=exc.message, event_id=event.event_id))]
+            return [
+                self._reply(
+                    InjectFailed(
+                        response_id=event.response_id,
+                        code=exc.code,
+                        message=exc.message,
+                        event_id=event.event_id,
+                    )
+                )
+            ]
         return [self._reply(InjectCreated(response_id=event.response_id, event_id=event.event_id)), *actions]
 
     def _cancel(self, response_id: str | None) -> list[Action]:
         if self._open is None:
             if response_id is not None and response_id != self._last_id:
-                raise ClientError("response_not_found", f"no response {response_id!r} on this connection", "$.response_id")
+                raise ClientError(
+                    "response_not_found", f"no response {response_id!r} on this connection", "$.response_id"
+                )
             self._check(Event.CANCEL)
         assert self._open is not None
         if response_id is not None and response_id != self._open.id:
-            raise ClientError("response_not_found", f"response {response_id!r} is not the open response", "$.response_id")
+            raise ClientError(
+                "response_not_found", f"response {response_id!r} is not the open response", "$.response_id"
+            )
         self._transition(Event.CANCEL)
         return self._cut(Cancel(self._open.id))
 
@@ -329,7 +395,9 @@ class LongLivedCore:
             return []
         self._expiring = True
         if self._open is None:
-            limit = ClientError("websocket_connection_limit_reached", "the connection reached its maximum age; open a new one")
+            limit = ClientError(
+                "websocket_connection_limit_reached", "the connection reached its maximum age; open a new one"
+            )
             return [self.error(limit), Close(CLOSE_LIMIT_REACHED, "websocket_connection_limit_reached")]
         if self.state is State.SUSPENDED:
             return self._cut(Cancel(self._open.id, "websocket_connection_limit_reached"))
@@ -363,12 +431,18 @@ class LongLivedCore:
             return _encode(event)  # an output event of a sampling response (one per token): no transition
         open_ = self._open
         if open_ is None:
-            raise LocalProtocolError(f"frame({type(event).__name__}) with no open response (state {self.state.name})")
+            raise LocalProtocolError(
+                f"frame({type(event).__name__}) with no open response (state {self.state.name})"
+            )
         if isinstance(event, ResponseDone):
             limit = self._limits.max_pending_calls
             if len(event.pending_calls) > limit:
                 count = len(event.pending_calls)
-                raise ClientError("too_many_pending_calls", f"the model made {count} parallel calls; at most {limit} may be pending (--max-pending-calls)")
+                raise ClientError(
+                    "too_many_pending_calls",
+                    f"the model made {count} parallel calls; at most {limit} may be pending "
+                    f"(--max-pending-calls)",
+                )
             self._transition(Event.SUSPEND)
             open_.pending = {call.call_id: call.name for call in event.pending_calls}
             open_.calls.update(open_.pending)
@@ -396,7 +470,9 @@ class LongLivedCore:
             code = REFUSALS.get((self.state, event))
             if code is None:
                 raise LocalProtocolError(f"no transition for {event.name} in state {self.state.name}")
-            raise ClientError(code, f"{event.name.lower()} is not allowed: connection is {self.state.name.lower()}")
+            raise ClientError(
+                code, f"{event.name.lower()} is not allowed: connection is {self.state.name.lower()}"
+            )
 
     def _transition(self, event: Event) -> None:
         self._check(event)
@@ -405,5 +481,3 @@ class LongLivedCore:
     @staticmethod
     def _reply(event: WireEvent) -> Reply:
         return Reply(codec.encode(event))
-
-

@@ -12,7 +12,8 @@ from proto.core.work import WorkCounters
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 # How a response reached the server: the designs the lab compares, in the seed's order (each removes work
-# the one before redoes; docs/architecture.md, "The pipeline"; docs/protocol.md, "The item cache (`http-cached`)").
+# the one before redoes; docs/architecture.md, "The pipeline"; docs/protocol.md, "The item cache
+# (`http-cached`)").
 Mode = Literal["http", "http-cached", "http-prev", "ws", "longlived"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 
@@ -45,9 +46,13 @@ class Usage(msgspec.Struct, kw_only=True):
         """What was used since ``earlier`` (a copy taken from this same running total)."""
         spent = Usage(
             input_tokens=self.input_tokens - earlier.input_tokens,
-            input_tokens_details=InputTokensDetails(self.input_tokens_details.cached_tokens - earlier.input_tokens_details.cached_tokens),
+            input_tokens_details=InputTokensDetails(
+                self.input_tokens_details.cached_tokens - earlier.input_tokens_details.cached_tokens
+            ),
             output_tokens=self.output_tokens - earlier.output_tokens,
-            output_tokens_details=OutputTokensDetails(self.output_tokens_details.reasoning_tokens - earlier.output_tokens_details.reasoning_tokens),
+            output_tokens_details=OutputTokensDetails(
+                self.output_tokens_details.reasoning_tokens - earlier.output_tokens_details.reasoning_tokens
+            ),
         )
         spent.total_tokens = spent.input_tokens + spent.output_tokens
         return spent
@@ -106,10 +111,26 @@ class EchoedFunctionTool(oa.FunctionTool, tag="function", tag_field="type", kw_o
 
 
 # The Response's ``tools``: the request's tools, its function tools as echoed.
-EchoedTool = EchoedFunctionTool | oa.FileSearchTool | oa.ComputerTool | oa.ComputerUsePreviewTool | oa.WebSearchTool_web_search | \
-    oa.WebSearchTool_web_search_2025_08_26 | oa.Mcp | oa.CodeInterpreter | oa.ProgrammaticToolCalling | oa.ImageGeneration | \
-    oa.LocalShell | oa.FunctionShellTool | oa.CustomTool | oa.NamespaceTool | oa.ToolSearchTool | \
-    oa.WebSearchPreviewTool_web_search_preview | oa.WebSearchPreviewTool_web_search_preview_2025_03_11 | oa.ApplyPatchTool
+EchoedTool = (
+    EchoedFunctionTool
+    | oa.FileSearchTool
+    | oa.ComputerTool
+    | oa.ComputerUsePreviewTool
+    | oa.WebSearchTool_web_search
+    | oa.WebSearchTool_web_search_2025_08_26
+    | oa.Mcp
+    | oa.CodeInterpreter
+    | oa.ProgrammaticToolCalling
+    | oa.ImageGeneration
+    | oa.LocalShell
+    | oa.FunctionShellTool
+    | oa.CustomTool
+    | oa.NamespaceTool
+    | oa.ToolSearchTool
+    | oa.WebSearchPreviewTool_web_search_preview
+    | oa.WebSearchPreviewTool_web_search_preview_2025_03_11
+    | oa.ApplyPatchTool
+)
 
 
 def echo_tool(tool: Tool) -> EchoedTool:
@@ -153,7 +174,9 @@ class Response(msgspec.Struct, kw_only=True):
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     usage: Usage | None = None
-    text: oa.ResponseTextConfig = msgspec.field(default_factory=lambda: oa.ResponseTextConfig(format=oa.Text()))
+    text: oa.ResponseTextConfig = msgspec.field(
+        default_factory=lambda: oa.ResponseTextConfig(format=oa.Text())
+    )
     truncation: str = "disabled"
     reasoning: oa.ReasoningReasoning | None = None
     user: str | None = None

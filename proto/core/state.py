@@ -3,7 +3,8 @@ the long-lived connection (``State`` × ``Event``: ``TRANSITIONS``, ``REFUSALS``
 (``LaneState`` × ``LaneEvent``: ``LANE_TRANSITIONS``, ``LANE_REFUSALS``).
 
 Everything that changes a connection's or a lane's state lives here: the cores look each (state, event)
-pair up in these tables and nowhere else decides. A pair that is not in the table is a ``ClientError`` when the
+pair up in these tables and nowhere else decides. A pair that is not in the table is a ``ClientError`` when
+the
 client caused it (the code is in ``REFUSALS``) and a ``LocalProtocolError`` when the server did (a bug).
 
     IDLE ──create──▶ OPENING ──opened──▶ STREAMING ──suspend──▶ SUSPENDED
@@ -88,6 +89,7 @@ CLIENT_EVENTS = frozenset({Event.CREATE, Event.APPEND, Event.RESUME, Event.CANCE
 
 
 # ---- GA WebSocket mode: one lane (``stream_id``) of a connection; the default lane is lane "" ----
+
 
 class LaneState(Enum):
     IDLE = auto()  # no response in flight on this lane: a create starts one

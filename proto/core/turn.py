@@ -59,10 +59,34 @@ class TurnEncoder:
     token, ``outputs()`` gives each item the turn produced with its tokens. Calls to ``advance`` must not
     interleave with another encoder's on the same builder (the builder numbers the events)."""
 
-    __slots__ = ("_builder", "_coalesce", "_delta", "_end", "_first", "_held", "_key", "_last", "_n", "_produced", "_push", "_spans",
-                 "_stream", "_text", "ids", "sent", "truncated")
+    __slots__ = (
+        "_builder",
+        "_coalesce",
+        "_delta",
+        "_end",
+        "_first",
+        "_held",
+        "_key",
+        "_last",
+        "_n",
+        "_produced",
+        "_push",
+        "_spans",
+        "_stream",
+        "_text",
+        "ids",
+        "sent",
+        "truncated",
+    )
 
-    def __init__(self, builder: ResponseBuilder, items: Sequence[PlannedItem], room: int, text: Detokenizer, coalesce: bool = False) -> None:
+    def __init__(
+        self,
+        builder: ResponseBuilder,
+        items: Sequence[PlannedItem],
+        room: int,
+        text: Detokenizer,
+        coalesce: bool = False,
+    ) -> None:
         self._builder = builder
         self._text = text
         self._coalesce = coalesce
@@ -179,4 +203,7 @@ class TurnEncoder:
     def outputs(self) -> list[tuple[Item, list[int]]]:
         """Each item the turn produced (in order, so far), with the token ids it said."""
         ids = self.ids
-        return [(item, ids[first:end]) for item, (_planned, first, end) in zip(self._produced, self._spans, strict=False)]
+        return [
+            (item, ids[first:end])
+            for item, (_planned, first, end) in zip(self._produced, self._spans, strict=False)
+        ]

@@ -1,6 +1,7 @@
 """The demo (``responses-lab demo``), one noun a module.
 
-A tiny buggy repository is written to a temp dir; the scripted model (docs/protocol.md, "The directive script",
+A tiny buggy repository is written to a temp dir; the scripted model (docs/protocol.md, "The directive
+script",
 sent as the first user message) searches it, reads files, asks the hosted ``web_search``, patches the bug
 and runs the tests. The client runs the local tools for real (files, regexes, a pytest subprocess), and
 the terminal shows a timeline a person can follow: condensed events, each suspension and resumption,

@@ -23,7 +23,7 @@ def mean(values: list[float]) -> float:
 
 FIXED_STATS = BUGGY_STATS.replace("range(len(values) - 1)", "range(len(values))")
 
-TEST_STATS = '''\
+TEST_STATS = """\
 from stats import mean
 
 
@@ -39,13 +39,17 @@ if __name__ == "__main__":  # also runs without pytest: `python test_stats.py`
     test_mean_of_four()
     test_mean_of_one()
     print("2 passed")
-'''
+"""
 
 # The model's fix, as a unified diff (what `git diff` would print), derived from the two versions so the
 # script and the fixture cannot drift apart.
 FIX_PATCH = "".join(
     difflib.unified_diff(
-        BUGGY_STATS.splitlines(keepends=True), FIXED_STATS.splitlines(keepends=True), "a/stats.py", "b/stats.py", n=2
+        BUGGY_STATS.splitlines(keepends=True),
+        FIXED_STATS.splitlines(keepends=True),
+        "a/stats.py",
+        "b/stats.py",
+        n=2,
     )
 )
 

@@ -33,7 +33,10 @@ def parse_unified_diff(text: str, default_path: str | None = None) -> list[tuple
     while i < len(lines):
         line = lines[i]
         i += 1
-        if line.startswith(("diff ", "index ", "--- ", "new file mode", "deleted file mode")) or not line.strip():
+        if (
+            line.startswith(("diff ", "index ", "--- ", "new file mode", "deleted file mode"))
+            or not line.strip()
+        ):
             continue
         if line.startswith("+++ "):
             target = line[4:].split("\t")[0].strip()
@@ -53,7 +56,9 @@ def parse_unified_diff(text: str, default_path: str | None = None) -> list[tuple
         hunk, header_line = Hunk(old_start=int(header[1])), i
         while old_left > 0 or new_left > 0:
             if i >= len(lines):
-                raise ToolError(f"hunk at patch line {header_line} ends early (its @@ counts promise more lines)")
+                raise ToolError(
+                    f"hunk at patch line {header_line} ends early (its @@ counts promise more lines)"
+                )
             body = lines[i]
             i += 1
             tag, rest = (body[:1], body[1:]) if body else (" ", "")  # an empty line: blank context, trimmed
@@ -110,5 +115,7 @@ def _mismatch(lines: list[str], old: list[str], want: int) -> str:
         if n >= len(lines):
             return f"it expects line {n + 1} to be {expected!r} but the file has {len(lines)} lines"
         if lines[n] != expected:
-            return f"line {n + 1} is {lines[n]!r}, the hunk expects {expected!r} (and it matches nowhere else)"
+            return (
+                f"line {n + 1} is {lines[n]!r}, the hunk expects {expected!r} (and it matches nowhere else)"
+            )
     return "its lines match only where an earlier hunk already changed the file"

@@ -25,7 +25,9 @@ from proto.demo.timeline import Timeline
 from proto.demo.workspace import Workspace
 
 
-async def run_demo(url: str, model: str = "mock-1000tps", console: Console | None = None, api_key: str | None = None) -> int:
+async def run_demo(
+    url: str, model: str = "mock-1000tps", console: Console | None = None, api_key: str | None = None
+) -> int:
     """One rollout against the server at ``url``; 0 when it completed and the repo's tests now pass."""
     # Piped output (make, CI logs) gets 120 columns rather than rich's 80, so each event stays on one line.
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
@@ -33,15 +35,21 @@ async def run_demo(url: str, model: str = "mock-1000tps", console: Console | Non
         workspace = Workspace(make_repo(Path(tmp) / "repo"))
         timeline = Timeline(console)
         console.rule("[bold]responses-lab demo: a coding agent over one long-lived Response")
-        console.print(f"  server  {url}  ·  model {model}\n  repo    {workspace.root}  (stats.py has an off-by-one)\n")
+        console.print(
+            f"  server  {url}  ·  model {model}\n  repo    {workspace.root}  (stats.py has an off-by-one)\n"
+        )
         try:
             async with LongLivedClient(url, api_key=api_key) as client:
-                result = await client.rollout(demo_request(model), workspace.tool_fns(timeline.tool_output), timeline.on_event)
+                result = await client.rollout(
+                    demo_request(model), workspace.tool_fns(timeline.tool_output), timeline.on_event
+                )
         except ProtocolFailure as e:
             console.print(f"[bold red]the server refused the rollout: {escape(str(e))}[/]")
             return 1
         except (OSError, TimeoutError, WebSocketException) as e:  # refused, 401 at the handshake, dropped
-            console.print(f"[bold red]cannot talk to {escape(url)}: {escape(type(e).__name__)}: {escape(str(e))}[/]")
+            console.print(
+                f"[bold red]cannot talk to {escape(url)}: {escape(type(e).__name__)}: {escape(str(e))}[/]"
+            )
             return 2
         console.print()
         timeline.summary(result)
@@ -51,19 +59,32 @@ async def run_demo(url: str, model: str = "mock-1000tps", console: Console | Non
         status = result.response.get("status")
         console.print()
         if check.exit_code == 0:
-            console.print(f"[bold green]✓ tests pass[/] after the rollout: exit code 0 ({escape(check.tail(1))}, {took:.0f} ms)")
+            console.print(
+                f"[bold green]✓ tests pass[/] after the rollout: exit code 0 ({escape(check.tail(1))}, "
+                f"{took:.0f} ms)"
+            )
         else:
-            console.print(f"[bold red]✗ tests still fail[/]: exit code {check.exit_code}\n{escape(check.tail())}")
+            console.print(
+                f"[bold red]✗ tests still fail[/]: exit code {check.exit_code}\n{escape(check.tail())}"
+            )
         if status != "completed":
             console.print(f"[bold red]✗ the rollout did not complete[/] (status {status})")
         return 0 if status == "completed" and check.exit_code == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-lab demo", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--url", help="ws://HOST:PORT/v1/responses of a running server (default: start one on loopback)")
+    parser = argparse.ArgumentParser(
+        prog="responses-lab demo", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--url", help="ws://HOST:PORT/v1/responses of a running server (default: start one on loopback)"
+    )
     parser.add_argument("--model", default="mock-1000tps", help="mock model (default: %(default)s)")
-    parser.add_argument("--api-key", default=os.environ.get("RESPONSES_LAB_API_KEY"), help="bearer key, if the server wants one")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("RESPONSES_LAB_API_KEY"),
+        help="bearer key, if the server wants one",
+    )
     args = parser.parse_args(argv)
     if args.url:
         return asyncio.run(run_demo(args.url, args.model, api_key=args.api_key))

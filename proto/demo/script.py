@@ -1,4 +1,5 @@
-"""The model's side of the demo: the directive script (docs/protocol.md, "The directive script") the scripted model follows, sent as the
+"""The model's side of the demo: the directive script (docs/protocol.md, "The directive script") the scripted
+model follows, sent as the
 first user message, and the request that declares the tools it calls."""
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ SUMMARY = (
     "an off-by-one. The loop now covers every value, and both tests pass (pytest exit code 0)."
 )
 
-# One directive line per model turn (docs/protocol.md, "The directive script"). Turn 3 is hosted: the server runs web_search itself and
+# One directive line per model turn (docs/protocol.md, "The directive script"). Turn 3 is hosted: the server
+# runs web_search itself and
 # samples turn 4 without a round-trip, so the client sees 4 suspensions for 6 turns.
 SCRIPT_LINES = (
     _line(("grep", {"pattern": r"def mean|mean\("}), ("read_file", {"path": "test_stats.py"}), tokens=40),
@@ -48,7 +50,10 @@ TOOLS: list[dict[str, Any]] = [
             "type": "object",
             "properties": {
                 "pattern": {"type": "string", "description": "Python regular expression"},
-                "path": {"type": "string", "description": "file or directory to search, relative to the repository root"},
+                "path": {
+                    "type": "string",
+                    "description": "file or directory to search, relative to the repository root",
+                },
             },
             "required": ["pattern"],
         },
@@ -70,7 +75,8 @@ TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "name": "apply_patch",
-        "description": "Edit files: a unified diff in `patch`, or replace the unique `search` text of `path` with `replace`.",
+        "description": "Edit files: a unified diff in `patch`, or replace the unique `search` text of `path` "
+        "with `replace`.",
         "parameters": {
             "type": "object",
             "properties": {

@@ -52,7 +52,12 @@ class Workspace:
 
             return fn
 
-        tools = {"grep": self.grep, "read_file": self.read_file, "apply_patch": self.apply_patch, "run_tests": self.run_tests}
+        tools = {
+            "grep": self.grep,
+            "read_file": self.read_file,
+            "apply_patch": self.apply_patch,
+            "run_tests": self.run_tests,
+        }
         return {name: wrap(name, tool) for name, tool in tools.items()}
 
     # ------------------------------------------------------------------------------ tools
@@ -105,9 +110,16 @@ class Workspace:
         try:
             if "patch" in args:
                 default = str(args["path"]) if "path" in args else None
-                changes = [self._patched(path, hunks) for path, hunks in parse_unified_diff(_str_arg(args, "patch"), default)]
+                changes = [
+                    self._patched(path, hunks)
+                    for path, hunks in parse_unified_diff(_str_arg(args, "patch"), default)
+                ]
             elif "search" in args:
-                changes = [self._replaced(_str_arg(args, "path"), _str_arg(args, "search"), str(args.get("replace", "")))]
+                changes = [
+                    self._replaced(
+                        _str_arg(args, "path"), _str_arg(args, "search"), str(args.get("replace", ""))
+                    )
+                ]
             else:
                 raise ToolError('give "patch" (a unified diff) or "path" + "search" + "replace"')
         except ToolError as e:
@@ -115,7 +127,9 @@ class Workspace:
         for path, text, _ in changes:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-        return "applied: " + ", ".join(f"{path.relative_to(self.root)} ({summary})" for path, _, summary in changes)
+        return "applied: " + ", ".join(
+            f"{path.relative_to(self.root)} ({summary})" for path, _, summary in changes
+        )
 
     def run_tests(self, args: dict[str, Any] | None = None) -> str:
         """``{}`` → the test run's exit code and the tail of its output."""
@@ -135,7 +149,15 @@ class Workspace:
         outputs, code = [], 0
         for command in commands:
             try:
-                done = subprocess.run(command, cwd=self.root, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+                done = subprocess.run(
+                    command,
+                    cwd=self.root,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout_s,
+                    check=False,
+                )
             except subprocess.TimeoutExpired:
                 return SuiteRun(124, f"timed out after {timeout_s:.0f} s: {' '.join(command)}")
             outputs.append(done.stdout + done.stderr)
@@ -155,7 +177,9 @@ class Workspace:
         if not start.is_dir():
             return []
         return sorted(
-            p for p in start.rglob("*") if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(self.root).parts)
+            p
+            for p in start.rglob("*")
+            if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(self.root).parts)
         )
 
     def _patched(self, relative: str, hunks: list[Hunk]) -> tuple[Path, str, str]:

@@ -64,7 +64,29 @@ _encode = msgspec.json.Encoder().encode
 _decode_request = msgspec.json.Decoder(CompletionRequest).decode
 PIN_SWEEP_S = 1.0  # expired pins are dropped this often
 # vLLM's histogram buckets for request_queue_time_seconds / request_prefill_time_seconds (loggers.py).
-_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TIME_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class RequestError(Exception):
@@ -90,7 +112,9 @@ class Lease:
 class MockEngine:
     """Everything the engine process owns: a ``MockGPU`` per model and the leased sequences."""
 
-    def __init__(self, specs: dict[str, ModelSpec], clock: Clock | None = None, api_key: str | None = None) -> None:
+    def __init__(
+        self, specs: dict[str, ModelSpec], clock: Clock | None = None, api_key: str | None = None
+    ) -> None:
         self.specs = specs
         self.gpus = {name: MockGPU(spec, clock) for name, spec in specs.items()}
         self.leases: dict[str, Lease] = {}
@@ -100,8 +124,20 @@ class MockEngine:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(self))
         labels = ["model_name", "engine"]
-        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", labels, buckets=_TIME_BUCKETS, registry=self.registry)
-        self.prefill_time = Histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", labels, buckets=_TIME_BUCKETS, registry=self.registry)
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            labels,
+            buckets=_TIME_BUCKETS,
+            registry=self.registry,
+        )
+        self.prefill_time = Histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            labels,
+            buckets=_TIME_BUCKETS,
+            registry=self.registry,
+        )
 
     # ------------------------------------------------------------------------------------ requests
     def check(self, request: CompletionRequest) -> tuple[MockGPU, list[int]]:
@@ -110,15 +146,26 @@ class MockEngine:
         if gpu is None:
             raise RequestError(404, f"The model `{request.model}` does not exist.", "model")
         if not request.prompt:
-            raise RequestError(400, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+            raise RequestError(
+                400, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+            )
         if request.max_tokens < 1:
             raise RequestError(400, f"max_tokens must be at least 1, got {request.max_tokens}.", "max_tokens")
         if request.min_tokens > request.max_tokens:
-            raise RequestError(400, f"min_tokens must be less than or equal to max_tokens={request.max_tokens}, got {request.min_tokens}.", "min_tokens")
+            raise RequestError(
+                400,
+                f"min_tokens must be less than or equal to max_tokens={request.max_tokens}, got "
+                f"{request.min_tokens}.",
+                "min_tokens",
+            )
         lab = request.responses_lab
         if lab is not None and lab.output_token_ids is not None:
             if len(lab.output_token_ids) != request.max_tokens:
-                raise RequestError(400, "responses_lab.output_token_ids must hold max_tokens ids", "responses_lab.output_token_ids")
+                raise RequestError(
+                    400,
+                    "responses_lab.output_token_ids must hold max_tokens ids",
+                    "responses_lab.output_token_ids",
+                )
             return gpu, lab.output_token_ids
         return gpu, self.tokenizer.model_tokens("", request.max_tokens)
 
@@ -141,7 +188,9 @@ class MockEngine:
         if lease is None:
             return
         if lease.model != request.model:
-            raise RequestError(400, f"sequence {sid!r} belongs to model {lease.model!r}", "responses_lab.sequence_id")
+            raise RequestError(
+                400, f"sequence {sid!r} belongs to model {lease.model!r}", "responses_lab.sequence_id"
+            )
         if lease.busy:
             raise RequestError(409, f"sequence {sid!r} has a request running", "responses_lab.sequence_id")
 
@@ -175,7 +224,9 @@ class MockEngine:
             self.release(sid)
         return len(expired)
 
-    async def stream(self, request: CompletionRequest, gpu: MockGPU, output_ids: list[int]) -> AsyncIterator[bytes]:
+    async def stream(
+        self, request: CompletionRequest, gpu: MockGPU, output_ids: list[int]
+    ) -> AsyncIterator[bytes]:
         """The SSE body: a chunk per token as it comes due (several in one write when a wake-up finds
         several due), the report chunk, ``[DONE]``. An engine fault becomes an error chunk."""
         try:
@@ -183,7 +234,9 @@ class MockEngine:
         except RequestError as exc:  # lost a race since the handler's check
             yield sse(_encode(error_body(exc.status, str(exc), exc.param))) + sse(DONE)
             return
-        head = _Head("cmpl-" + secrets.token_hex(12), int(time.time()), request.model, bool(request.return_token_ids))
+        head = _Head(
+            "cmpl-" + secrets.token_hex(12), int(time.time()), request.model, bool(request.return_token_ids)
+        )
         self.streams += 1
         try:
             text = TextStream(self.tokenizer)
@@ -192,9 +245,13 @@ class MockEngine:
             try:
                 async with aclosing(sequence.run_turn(request.prompt, output_ids)) as ticks:
                     async for count in ticks:
-                        yield b"".join(head.token(output_ids[i], text, i == last) for i in range(sent, sent + count))
+                        yield b"".join(
+                            head.token(output_ids[i], text, i == last) for i in range(sent, sent + count)
+                        )
                         sent += count
-            except ContextLengthExceeded as exc:  # the API tier checks first; this is the engine's own admission
+            except (
+                ContextLengthExceeded
+            ) as exc:  # the API tier checks first; this is the engine's own admission
                 yield sse(_encode(error_body(400, str(exc))))
             except EngineOverloaded as exc:
                 yield sse(_encode(error_body(503, str(exc))))
@@ -206,7 +263,13 @@ class MockEngine:
                     yield sse(_encode(error_body(409, "the sequence was released while this request ran")))
                 else:
                     self.observe(request.model, report)
-                    yield sse(_encode(head.final(report, bool(request.stream_options and request.stream_options.include_usage))))
+                    yield sse(
+                        _encode(
+                            head.final(
+                                report, bool(request.stream_options and request.stream_options.include_usage)
+                            )
+                        )
+                    )
             yield sse(DONE)
         finally:
             self.streams -= 1
@@ -241,26 +304,54 @@ class _Head:
 
     def token(self, token: int, text: TextStream, last: bool) -> bytes:
         piece = text.push(token) + (text.flush() if last else "")
-        choice = StreamChoice(text=piece, finish_reason="length" if last else None, token_ids=[token] if self.token_ids else None)
-        return sse(_encode(TokenChunk(id=self.id, object="text_completion", created=self.created, model=self.model, choices=[choice])))
+        choice = StreamChoice(
+            text=piece,
+            finish_reason="length" if last else None,
+            token_ids=[token] if self.token_ids else None,
+        )
+        return sse(
+            _encode(
+                TokenChunk(
+                    id=self.id,
+                    object="text_completion",
+                    created=self.created,
+                    model=self.model,
+                    choices=[choice],
+                )
+            )
+        )
 
     def final(self, report: EngineReport, include_usage: bool) -> FinalChunk:
         """vLLM's last chunk (no choice: usage and per-request metrics), plus the modelled report. The
         mock sends it even without ``include_usage`` (then without usage): the report has to travel."""
         usage = None
         if include_usage:
-            usage = Usage(report.prompt_tokens, report.output_tokens, report.prompt_tokens + report.output_tokens,
-                          PromptTokensDetails(report.cached_tokens))
+            usage = Usage(
+                report.prompt_tokens,
+                report.output_tokens,
+                report.prompt_tokens + report.output_tokens,
+                PromptTokensDetails(report.cached_tokens),
+            )
         n = report.output_tokens
         metrics = PerRequestMetrics(
             time_to_first_token_ms=report.prefill_ms,
             generation_time_ms=report.decode_ms,
             queue_time_ms=report.queue_wait_ms,
             mean_itl_ms=report.decode_ms / (n - 1) if n > 1 else None,
-            tokens_per_second=n * 1e3 / (report.prefill_ms + report.decode_ms) if report.prefill_ms + report.decode_ms > 0 else None,
+            tokens_per_second=n * 1e3 / (report.prefill_ms + report.decode_ms)
+            if report.prefill_ms + report.decode_ms > 0
+            else None,
         )
-        return FinalChunk(id=self.id, object="text_completion", created=self.created, model=self.model, choices=[],
-                          usage=usage, metrics=metrics, responses_lab=report)
+        return FinalChunk(
+            id=self.id,
+            object="text_completion",
+            created=self.created,
+            model=self.model,
+            choices=[],
+            usage=usage,
+            metrics=metrics,
+            responses_lab=report,
+        )
 
 
 class EngineCollector(Collector):
@@ -272,12 +363,28 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "engine"]
-        running = GaugeMetricFamily("vllm:num_requests_running", "Number of requests in model execution batches.", labels=labels)
-        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels=labels)
-        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=labels)
-        queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", labels=labels)
-        hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels=labels)
-        stored = GaugeMetricFamily("responses_lab_engine_kv_blocks_stored", "KV blocks stored, evictable ones included", labels=labels)
+        running = GaugeMetricFamily(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels=labels
+        )
+        usage = GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=labels
+        )
+        queries = CounterMetricFamily(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels=labels,
+        )
+        hits = CounterMetricFamily(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels=labels
+        )
+        stored = GaugeMetricFamily(
+            "responses_lab_engine_kv_blocks_stored",
+            "KV blocks stored, evictable ones included",
+            labels=labels,
+        )
         for name, gpu in self.engine.gpus.items():
             values = gpu.metrics()
             key = [name, "0"]
@@ -288,11 +395,21 @@ class EngineCollector(Collector):
             hits.add_metric(key, values["prefix_cache_hits"])
             stored.add_metric(key, values["kv_blocks_stored"])
         yield from (running, waiting, usage, queries, hits, stored)
-        yield GaugeMetricFamily("responses_lab_engine_pinned_sequences", "sequences whose KV blocks are held between requests", value=len(self.engine.leases))
-        yield GaugeMetricFamily("responses_lab_engine_streams", "completion requests in flight, queued ones included", value=self.engine.streams)
+        yield GaugeMetricFamily(
+            "responses_lab_engine_pinned_sequences",
+            "sequences whose KV blocks are held between requests",
+            value=len(self.engine.leases),
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_engine_streams",
+            "completion requests in flight, queued ones included",
+            value=self.engine.streams,
+        )
 
 
-def create_engine_app(specs: dict[str, ModelSpec], clock: Clock | None = None, api_key: str | None = None) -> Starlette:
+def create_engine_app(
+    specs: dict[str, ModelSpec], clock: Clock | None = None, api_key: str | None = None
+) -> Starlette:
     engine = MockEngine(specs, clock, api_key)
 
     @contextlib.asynccontextmanager
@@ -308,7 +425,11 @@ def create_engine_app(specs: dict[str, ModelSpec], clock: Clock | None = None, a
                 engine.release(sid)
 
     def refused(exc: RequestError) -> Response:
-        return Response(_encode(error_body(exc.status, str(exc), exc.param)), status_code=exc.status, media_type="application/json")
+        return Response(
+            _encode(error_body(exc.status, str(exc), exc.param)),
+            status_code=exc.status,
+            media_type="application/json",
+        )
 
     async def completions(request: Request) -> Response:
         if not engine.authorized(request):
@@ -337,8 +458,18 @@ def create_engine_app(specs: dict[str, ModelSpec], clock: Clock | None = None, a
 
     async def models(request: Request) -> Response:
         data: list[dict[str, object]] = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "root": name, "parent": None,
-             "max_model_len": None, "permission": [], "settings": spec.public(), **spec.provenance()}
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "responses-lab",
+                "root": name,
+                "parent": None,
+                "max_model_len": None,
+                "permission": [],
+                "settings": spec.public(),
+                **spec.provenance(),
+            }
             for name, spec in sorted(engine.specs.items())
         ]
         return JSONResponse({"object": "list", "data": data})
@@ -363,7 +494,9 @@ def create_engine_app(specs: dict[str, ModelSpec], clock: Clock | None = None, a
     return app
 
 
-async def _complete(engine: MockEngine, body: CompletionRequest, gpu: MockGPU, output_ids: list[int]) -> Response:
+async def _complete(
+    engine: MockEngine, body: CompletionRequest, gpu: MockGPU, output_ids: list[int]
+) -> Response:
     """``stream: false``: the whole stream consumed here, answered as vLLM's ``CompletionResponse``."""
     text: list[str] = []
     tokens: list[int] = []
@@ -384,12 +517,35 @@ async def _complete(engine: MockEngine, body: CompletionRequest, gpu: MockGPU, o
         status = int(info.code) if isinstance(info.code, int) else 500
         return Response(_encode({"error": info}), status_code=status, media_type="application/json")
     report = final.responses_lab
-    whole = {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": "length", "stop_reason": None,
-              "token_ids": tokens if body.return_token_ids else None}
-    usage = Usage(report.prompt_tokens, report.output_tokens, report.prompt_tokens + report.output_tokens, PromptTokensDetails(report.cached_tokens))
-    return Response(_encode({"id": final.id, "object": "text_completion", "created": final.created, "model": final.model,
-                             "choices": [whole], "usage": usage, "metrics": final.metrics, "responses_lab": report}),
-                    media_type="application/json")
+    whole = {
+        "index": 0,
+        "text": "".join(text),
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": tokens if body.return_token_ids else None,
+    }
+    usage = Usage(
+        report.prompt_tokens,
+        report.output_tokens,
+        report.prompt_tokens + report.output_tokens,
+        PromptTokensDetails(report.cached_tokens),
+    )
+    return Response(
+        _encode(
+            {
+                "id": final.id,
+                "object": "text_completion",
+                "created": final.created,
+                "model": final.model,
+                "choices": [whole],
+                "usage": usage,
+                "metrics": final.metrics,
+                "responses_lab": report,
+            }
+        ),
+        media_type="application/json",
+    )
 
 
 async def _sweep(engine: MockEngine) -> None:

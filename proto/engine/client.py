@@ -52,8 +52,16 @@ RELEASE_DRAIN_S = 2.0  # at shutdown, queued releases get this long to go out
 class RemoteEngine:
     """One engine in another process: its models, the connection pool, the stall watchdog, the releases."""
 
-    def __init__(self, url: str, clock: Clock, *, timeout_s: float = 300.0, pin_ttl_s: float = 660.0,
-                 connections: int = 1024, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        clock: Clock,
+        *,
+        timeout_s: float = 300.0,
+        pin_ttl_s: float = 660.0,
+        connections: int = 1024,
+        api_key: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.clock = clock
         self.timeout_s = timeout_s
@@ -80,9 +88,14 @@ class RemoteEngine:
     async def start(self, wait_s: float = 30.0) -> None:
         """Open the pool, read the engine's models (waiting up to ``wait_s`` for it to answer: it may be
         starting beside us), start the watchdog and the releaser."""
-        connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=self.connections, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(connector=connector, headers=self.headers,
-                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0))
+        connector = aiohttp.TCPConnector(
+            limit=self.connections, limit_per_host=self.connections, enable_cleanup_closed=True
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers=self.headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+        )
         self.releases = asyncio.Queue(RELEASE_QUEUE)
         end = time.monotonic() + wait_s  # real time: a start-up wait, not a protocol limit
         while True:
@@ -94,13 +107,20 @@ class RemoteEngine:
             except (aiohttp.ClientError, OSError) as exc:
                 if time.monotonic() >= end:
                     await self.session.close()
-                    raise RuntimeError(f"the engine at {self.url} did not answer /v1/models within {wait_s} s: {exc}") from exc
+                    raise RuntimeError(
+                        f"the engine at {self.url} did not answer /v1/models within {wait_s} s: {exc}"
+                    ) from exc
                 await asyncio.sleep(0.1)  # polling a process that is still starting
         self.cards = [dict(card) for card in cards]
         self.models = {card["id"]: RemoteModel(self, card["id"], card_limits(card)) for card in self.cards}
-        self.lab_extension = bool(self.cards) and all(card.get("owned_by") == "responses-lab" for card in self.cards)
+        self.lab_extension = bool(self.cards) and all(
+            card.get("owned_by") == "responses-lab" for card in self.cards
+        )
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._watch(), name="engine-watchdog"), loop.create_task(self._release(), name="engine-releaser")]
+        self._tasks = [
+            loop.create_task(self._watch(), name="engine-watchdog"),
+            loop.create_task(self._release(), name="engine-releaser"),
+        ]
 
     async def aclose(self) -> None:
         """Send the releases still queued (bounded), stop the tasks, close the pool."""
@@ -143,7 +163,9 @@ class RemoteEngine:
                     if response.status not in (204, 404):  # 404: the engine had nothing (expired, restarted)
                         self.releases_failed += 1
             except (aiohttp.ClientError, OSError):
-                self.releases_failed += 1  # the engine is gone or unreachable: its TTL or its restart frees it
+                self.releases_failed += (
+                    1  # the engine is gone or unreachable: its TTL or its restart frees it
+                )
             finally:
                 self.pinned.discard(sequence_id)
                 self.releases.task_done()
@@ -183,13 +205,17 @@ class RemoteModel:
         self.limits = limits or ModelLimits()
 
     def open(self, keep_warm: bool = True) -> RemoteSequence:
-        return RemoteSequence(self.engine, self.name, pin=keep_warm and self.engine.lab_extension, limits=self.limits)
+        return RemoteSequence(
+            self.engine, self.name, pin=keep_warm and self.engine.lab_extension, limits=self.limits
+        )
 
 
 class RemoteSequence:
     """One response's turns on the engine: ``sampler.engine.EngineSequence``."""
 
-    def __init__(self, engine: RemoteEngine, model: str, pin: bool, limits: ModelLimits | None = None) -> None:
+    def __init__(
+        self, engine: RemoteEngine, model: str, pin: bool, limits: ModelLimits | None = None
+    ) -> None:
         self.engine = engine
         self.model = model
         self.pin = pin
@@ -206,9 +232,12 @@ class RemoteSequence:
         self._request: asyncio.Task[aiohttp.ClientResponse] | None = None
         self._response: aiohttp.ClientResponse | None = None
 
-    async def run_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0) -> AsyncGenerator[int, None]:
+    async def run_turn(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0
+    ) -> AsyncGenerator[int, None]:
         """``every_s`` (``--coalesce-ms``): tokens the engine streams within that long of the last yield are
-        held and yielded with the next chunk that arrives later (or at the end): the engine paces, we merge."""
+        held and yielded with the next chunk that arrives later (or at the end): the engine paces, we merge.
+        """
         if self._closed or self._busy:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         engine, n = self.engine, len(output_ids)
@@ -225,7 +254,10 @@ class RemoteSequence:
             while True:
                 data = await self._read(response)
                 if not data:
-                    raise EngineFailure(self._stalled or f"the engine's stream ended after {sent} of {n} tokens, without [DONE]")
+                    raise EngineFailure(
+                        self._stalled
+                        or f"the engine's stream ended after {sent} of {n} tokens, without [DONE]"
+                    )
                 self.progress = engine.clock.now()
                 due = 0
                 for payload in events.push(data):
@@ -237,7 +269,11 @@ class RemoteSequence:
                         raise _failure(chunk.error.code, chunk.error.message)
                     for choice in chunk.choices:
                         due += len(choice.token_ids) if choice.token_ids is not None else 1
-                    if chunk.usage is not None or chunk.metrics is not None or chunk.responses_lab is not None:
+                    if (
+                        chunk.usage is not None
+                        or chunk.metrics is not None
+                        or chunk.responses_lab is not None
+                    ):
                         final = chunk
                         if chunk.usage is not None and chunk.usage.completion_tokens > sent + due:
                             due = chunk.usage.completion_tokens - sent  # chunks that carried several tokens
@@ -288,23 +324,36 @@ class RemoteSequence:
         n = len(output_ids)
         lab = None
         if self.engine.lab_extension:
-            lab = LabRequest(sequence_id=self.sequence_id if self.pin else None, pin=self.pin, pin_ttl_s=self.engine.pin_ttl_s,
-                             output_token_ids=list(output_ids) if n else None)
+            lab = LabRequest(
+                sequence_id=self.sequence_id if self.pin else None,
+                pin=self.pin,
+                pin_ttl_s=self.engine.pin_ttl_s,
+                output_token_ids=list(output_ids) if n else None,
+            )
             if self.pin:
                 self.engine.pinned.add(self.sequence_id)  # from now on the engine may hold blocks for it
         request = CompletionRequest(
-            model=self.model, prompt=list(prompt_ids), max_tokens=max(n, 1), min_tokens=max(n, 1), ignore_eos=True, stream=True,
+            model=self.model,
+            prompt=list(prompt_ids),
+            max_tokens=max(n, 1),
+            min_tokens=max(n, 1),
+            ignore_eos=True,
+            stream=True,
             # The token ids of each chunk: a chunk may carry several tokens (vLLM merges the outputs of an API
             # process that lags behind its engine core). vLLM also echoes the prompt's ids in its first chunk:
             # that cost is part of its hop.
-            stream_options=StreamOptions(include_usage=True), return_token_ids=True, responses_lab=lab,
+            stream_options=StreamOptions(include_usage=True),
+            return_token_ids=True,
+            responses_lab=lab,
         )
         return _encode(request)
 
     async def _open(self, body: bytes) -> aiohttp.ClientResponse:
         """POST and wait for the status line: in a task of its own, so the watchdog can give up on it."""
         engine = self.engine
-        post = engine.session.post(engine.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        post = engine.session.post(
+            engine.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         request = self._request = asyncio.ensure_future(post)
         try:
             response = await request
@@ -316,7 +365,9 @@ class RemoteSequence:
                 raise EngineFailure(self._stalled) from None
             raise
         except (aiohttp.ClientError, OSError) as exc:
-            raise EngineFailure(f"the engine at {engine.url} is unreachable: {type(exc).__name__}: {exc}") from exc
+            raise EngineFailure(
+                f"the engine at {engine.url} is unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             self._request = None
         self._response = response
@@ -332,7 +383,9 @@ class RemoteSequence:
         try:
             return await response.content.readany()
         except (aiohttp.ClientError, OSError) as exc:
-            raise EngineFailure(self._stalled or f"the engine's stream broke: {type(exc).__name__}: {exc}") from exc
+            raise EngineFailure(
+                self._stalled or f"the engine's stream broke: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _end(self, finished: bool) -> None:
         """The turn's connection: back to the pool after a whole stream, closed otherwise (which ends the
@@ -361,7 +414,9 @@ def _failure(status: int | str | None, message: str) -> Exception:
     return EngineFailure(f"the engine failed ({code}): {message}")
 
 
-def _report(prompt_tokens: int, output_tokens: int, final: StreamChunk, sent_at: float, first_at: float) -> EngineReport:
+def _report(
+    prompt_tokens: int, output_tokens: int, final: StreamChunk, sent_at: float, first_at: float
+) -> EngineReport:
     """The turn's report from the last chunk: the mock engine's own, else vLLM's metrics and usage."""
     to_first_ms = (first_at - sent_at) * 1e3
     lab, metrics, usage = final.responses_lab, final.metrics, final.usage
@@ -369,7 +424,19 @@ def _report(prompt_tokens: int, output_tokens: int, final: StreamChunk, sent_at:
     if lab is not None:
         prefill, queue, decode, cached = lab.prefill_ms, lab.queue_wait_ms, lab.decode_ms, lab.cached_tokens
     elif metrics is not None and metrics.time_to_first_token_ms is not None:
-        prefill, queue, decode = metrics.time_to_first_token_ms, metrics.queue_time_ms or 0.0, metrics.generation_time_ms or 0.0
+        prefill, queue, decode = (
+            metrics.time_to_first_token_ms,
+            metrics.queue_time_ms or 0.0,
+            metrics.generation_time_ms or 0.0,
+        )
     else:  # no timing from the engine: the prefill as the API saw it, hop included, and no hop span
         return EngineReport(prompt_tokens, cached, to_first_ms, 0.0, 0.0, output_tokens)
-    return EngineReport(prompt_tokens, cached, prefill, queue, decode, output_tokens, {"engine_hop": to_first_ms - prefill - queue})
+    return EngineReport(
+        prompt_tokens,
+        cached,
+        prefill,
+        queue,
+        decode,
+        output_tokens,
+        {"engine_hop": to_first_ms - prefill - queue},
+    )

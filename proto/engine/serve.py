@@ -17,16 +17,26 @@ DEFAULT_PORT = 8100
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--model-override", action="append", default=None, metavar="MODEL:KNOB=V,…",
-                        help="the models' knobs, as `serve --model-override` takes them (repeatable)")
-    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (as `vllm serve --api-key`)")
+    parser.add_argument(
+        "--model-override",
+        action="append",
+        default=None,
+        metavar="MODEL:KNOB=V,…",
+        help="the models' knobs, as `serve --model-override` takes them (repeatable)",
+    )
+    parser.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` (as `vllm serve --api-key`)"
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--loop", default="auto", help="auto | uvloop | asyncio")
     parser.add_argument("--http", default="auto", help="auto | httptools | h11")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-lab engine", description="the mock GPU as its own process, behind vLLM's completions API")
+    parser = argparse.ArgumentParser(
+        prog="responses-lab engine",
+        description="the mock GPU as its own process, behind vLLM's completions API",
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     check_host(args.host, bool(args.api_key))

@@ -133,10 +133,20 @@ class ErrorResponse(msgspec.Struct):
 
 def error_body(status: int, message: str, param: str | None = None) -> ErrorResponse:
     """vLLM's error envelope (``code`` is the HTTP status, ``type`` the exception class name)."""
-    return ErrorResponse(ErrorInfo(message=message, type=_ERROR_TYPES.get(status, "InternalServerError"), param=param, code=status))
+    return ErrorResponse(
+        ErrorInfo(
+            message=message, type=_ERROR_TYPES.get(status, "InternalServerError"), param=param, code=status
+        )
+    )
 
 
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError", 429: "TooManyRequestsError", 503: "ServiceUnavailableError"}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    429: "TooManyRequestsError",
+    503: "ServiceUnavailableError",
+}
 
 
 def sse(payload: bytes) -> bytes:

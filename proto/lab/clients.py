@@ -1,4 +1,5 @@
-"""The lab's five rollout clients: one rollout of a :class:`RolloutPlan` over each transport, as a :class:`Trace`.
+"""The lab's five rollout clients: one rollout of a :class:`RolloutPlan` over each transport, as a
+:class:`Trace`.
 
 Each is a thin wrapper on the client library (``proto/client``): the library builds, sends and parses the
 frames and calls the lab's observer on each one (its time and its bytes on the wire); a wrapper adds only
@@ -250,7 +251,9 @@ class GaRolloutClient(_WebSocketRolloutClient, _ChainedClient):
 
     mode = "ws"
 
-    def __init__(self, url: str, api_key: str | None, reconnect: int = 0, others: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, url: str, api_key: str | None, reconnect: int = 0, others: tuple[str, ...] = ()
+    ) -> None:
         self._ga = GaClient(url, api_key, observer=self._observe, **_WS_OPTIONS)
         super().__init__(self._ga)
         self._urls = (url, *others)
@@ -289,7 +292,9 @@ class LongLivedRolloutClient(_WebSocketRolloutClient):
         calls: list[dict[str, Any]] = []
         open_id: str | None = None  # the response waiting for outputs
         ended: str | None = None  # the last response that ended (completed)
-        folded = 0  # output items of the open response already in the history (response.done carries only the new)
+        folded = (
+            0  # output items of the open response already in the history (response.done carries only the new)
+        )
         for send in plan.sends:
             if send.kind == "first":
                 await self.send(messages.create(base), send.kind)
@@ -335,7 +340,12 @@ class LongLivedRolloutClient(_WebSocketRolloutClient):
 
 
 def make_client(
-    mode: str, ws_url: str, http_url: str, api_key: str | None = None, reconnect: int = 0, other_ws_urls: tuple[str, ...] = ()
+    mode: str,
+    ws_url: str,
+    http_url: str,
+    api_key: str | None = None,
+    reconnect: int = 0,
+    other_ws_urls: tuple[str, ...] = (),
 ) -> RolloutClient:
     if mode in ("http", "http-cached", "http-prev"):
         return HttpRolloutClient(http_url, mode, api_key=api_key)

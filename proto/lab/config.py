@@ -54,7 +54,9 @@ class BenchConfig:
     predict: bool = True  # calibrate the fast model first and report each cell's prediction
     calibration_rounds: int = 240  # per mode (--predict-rounds)
     reconnect: int = 0  # ws: a reconnect to the other server every K turns (0: never)
-    db: str | None = None  # the lab's servers' --db (default: a memory database; reconnect, workers: a shared file)
+    db: str | None = (
+        None  # the lab's servers' --db (default: a memory database; reconnect, workers: a shared file)
+    )
     # The topology of the servers the lab starts: the engine (None: in process; a URL: that engine;
     # "spawn": a `responses-lab engine` the lab starts and every profile's server shares) and the API
     # processes in front of it (`serve --workers N`; N > 1 without an engine starts one of its own).
@@ -66,16 +68,29 @@ class BenchConfig:
         """< 3 min on 2 cores: 15 of coding-agent's 30 turns (history 6 k → 31 k tokens), mock-4000tps,
         tool waits ×0.1, 2 sessions × 1 measured rollout, 200 pings. Tool waits are identical in every mode
         and only dilute E2E ratios; the full run keeps them as recorded."""
-        return cls(models=("mock-4000tps",), sessions=2, rollouts=1, turns=15, tool_time_scale=0.1, pings=200, quick=True,
-                   calibration_rounds=120)
+        return cls(
+            models=("mock-4000tps",),
+            sessions=2,
+            rollouts=1,
+            turns=15,
+            tool_time_scale=0.1,
+            pings=200,
+            quick=True,
+            calibration_rounds=120,
+        )
 
 
 # A trace cell's warm-up: code paths and connections, not the trace's sizes (its first prompt may be 30 k).
-WARM = Session("warm-up", 0.0, (
-    Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
-    Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
-    Round(16, (), 0.0, text="Warm."),
-), first_tokens=600)
+WARM = Session(
+    "warm-up",
+    0.0,
+    (
+        Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
+        Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(200,)),
+        Round(16, (), 0.0, text="Warm."),
+    ),
+    first_tokens=600,
+)
 
 
 def nonce() -> str:

@@ -29,13 +29,15 @@ from proto.core.events import TERMINAL_TYPES
 
 SEND = "client.send"
 RECONNECT = "client.reconnect"  # the client opened a new connection (to another server) before its next send
-TOKEN_EVENTS = frozenset({
-    "response.output_text.delta",
-    "response.function_call_arguments.delta",
-    "response.reasoning_text.delta",
-    "response.reasoning_summary_text.delta",
-    "response.refusal.delta",
-})
+TOKEN_EVENTS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.refusal.delta",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -51,16 +53,24 @@ class Trace:
     mode: str
     marks: list[Mark] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)  # response.lab.turns, in turn order
-    usage: dict[str, int] = field(default_factory=lambda: {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0})
+    usage: dict[str, int] = field(
+        default_factory=lambda: {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
+    )
     phases_ms: dict[str, float] = field(default_factory=dict)  # response.lab.phases_ms, summed
     bytes_sent: int = 0  # request line + headers + body (HTTP) or frame header + payload (WebSocket)
     status: str = ""  # the last terminal status
-    tool_wait_s: float = 0.0  # the client's tool waits, as planned (slept between a turn's end and its answer)
+    tool_wait_s: float = (
+        0.0  # the client's tool waits, as planned (slept between a turn's end and its answer)
+    )
     session: str = ""  # the plan's session (a trace's own, or the workload's)
     kinds: list[str] = field(default_factory=list)  # each send's round kind (plan.Send.kind), in order
-    tool_spans: list[tuple[float, float]] = field(default_factory=list)  # the client's tool waits, on the marks' clock
+    tool_spans: list[tuple[float, float]] = field(
+        default_factory=list
+    )  # the client's tool waits, on the marks' clock
     arrival_s: float = 0.0  # a trace session's arrival, after the cell's measured start
-    hops: list[tuple[int, int, int]] = field(default_factory=list)  # per response: (turns, safety hops, model resolutions)
+    hops: list[tuple[int, int, int]] = field(
+        default_factory=list
+    )  # per response: (turns, safety hops, model resolutions)
 
     def add_response(self, response: dict[str, Any]) -> None:
         """Fold one terminal response's usage, phases and turn reports into the trace. Its whole usage:
@@ -75,7 +85,8 @@ class Trace:
         turns = lab.get("turns") or []
         self.reports.extend(turns)
         work = lab.get("work") or {}
-        # The remote calls this response made (paid before its first turn): the fast model prices hops by them.
+        # The remote calls this response made (paid before its first turn): the fast model prices hops by
+        # them.
         self.hops.append((len(turns), int(work.get("safety_hops", 0)), int(work.get("model_resolutions", 0))))
         self.status = str(response.get("status", ""))
 
@@ -172,7 +183,10 @@ def rollout_metrics(trace: Trace) -> RolloutMetrics:
             f"{trace.mode}: {len(turns)} client turns but the server reported {len(trace.reports)} "
             "(hosted tools add sampling segments without a send; the lab replays local tools only)"
         )
-    return RolloutMetrics(e2e_s(trace.marks), tuple(turn_metrics(i, t, r) for i, (t, r) in enumerate(zip(turns, trace.reports, strict=True))))
+    return RolloutMetrics(
+        e2e_s(trace.marks),
+        tuple(turn_metrics(i, t, r) for i, (t, r) in enumerate(zip(turns, trace.reports, strict=True))),
+    )
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -203,7 +217,9 @@ class ModeSummary:
 def summarize(rollouts: Sequence[RolloutMetrics]) -> ModeSummary:
     turns = [t for r in rollouts for t in r.turns]
     depth = max((len(r.turns) for r in rollouts), default=0)
-    by_turn = [percentile((r.turns[k].overhead_ms for r in rollouts if k < len(r.turns)), 50) for k in range(depth)]
+    by_turn = [
+        percentile((r.turns[k].overhead_ms for r in rollouts if k < len(r.turns)), 50) for k in range(depth)
+    ]
     return ModeSummary(
         e2e_s_p50=percentile((r.e2e_s for r in rollouts), 50),
         ttft_ms_p50=percentile((t.ttft_ms for t in turns), 50),

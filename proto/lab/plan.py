@@ -36,13 +36,33 @@ from sampler.tokens import Tokenizer, tools_text
 
 # Code-shaped filler: tokenizes like the sources a coding agent reads (~4 characters per token), so the
 # server's scan and tokenization work per token is realistic rather than that of one repeated word.
-_NAMES = ("session", "cache", "tenant", "token", "user", "request", "handler", "store", "key", "value",
-          "logout", "route", "config", "result", "error", "record", "client", "server", "buffer", "index")
+_NAMES = (
+    "session",
+    "cache",
+    "tenant",
+    "token",
+    "user",
+    "request",
+    "handler",
+    "store",
+    "key",
+    "value",
+    "logout",
+    "route",
+    "config",
+    "result",
+    "error",
+    "record",
+    "client",
+    "server",
+    "buffer",
+    "index",
+)
 _LINES = (
     "def {a}_{b}(self, {c}):",
     "    return self._{a}.get({c})",
     "    if {c} is None:",
-    "        raise {A}Error(f\"no {a} for {{{c}!r}}\")",
+    '        raise {A}Error(f"no {a} for {{{c}!r}}")',
     "    {a}_{b} = {c}.{b}({a}, timeout={n})",
     "class {A}{B}:",
     "    # {a} {b} is keyed by {c}; see {n}",
@@ -73,7 +93,9 @@ def filler(tokens: int, seed: int) -> str:
     # ~8 tokens per line: generate a margin, then cut the ids and decode.
     for _ in range(tokens // 6 + 8):
         a, b, c = rng.sample(_NAMES, 3)
-        lines.append(rng.choice(_LINES).format(a=a, b=b, c=c, A=a.title(), B=b.title(), n=rng.randint(0, 9999)))
+        lines.append(
+            rng.choice(_LINES).format(a=a, b=b, c=c, A=a.title(), B=b.title(), n=rng.randint(0, 9999))
+        )
     tok = tokenizer()
     return tok.decode(tok.model_tokens("\n".join(lines), tokens))
 
@@ -111,8 +133,12 @@ class Item:
     name: str = ""  # call and output items: the tool
 
     def header(self) -> str:
-        return {"user": "user", "message": "assistant", "call": f"assistant to={self.name}",
-                "output": f"{self.name} to=assistant"}[self.kind]
+        return {
+            "user": "user",
+            "message": "assistant",
+            "call": f"assistant to={self.name}",
+            "output": f"{self.name} to=assistant",
+        }[self.kind]
 
     def size(self) -> int:
         return len(tokenizer().header(self.header())) + self.tokens + 1
@@ -122,7 +148,8 @@ class Item:
 class Send:
     """Round k's request, as the client sends it after ``wait_s``: ``new`` items (the first message; the
     outputs answering round k−1's calls, in call order; or a user message), after replacing the bodies of
-    earlier history items (``rewrite``: (index into the history, new text)), and what the server will count."""
+    earlier history items (``rewrite``: (index into the history, new text)), and what the server will count.
+    """
 
     kind: str  # first | outputs | user | rewrite
     new: tuple[str, ...]
@@ -130,7 +157,9 @@ class Send:
     wait_s: float
     prompt_tokens: int
     output_tokens: int
-    appended_tokens: int  # tokens after what the previous context kept: the new items (and, for a rewrite, the cut)
+    appended_tokens: (
+        int  # tokens after what the previous context kept: the new items (and, for a rewrite, the cut)
+    )
 
 
 @dataclass(frozen=True)
@@ -153,7 +182,9 @@ class RolloutPlan:
 
 def script_line(r: Round, index: int) -> str:
     if r.calls:
-        return f"!tokens {r.output_tokens} " + " | ".join(f"!call {c.name} {_compact(c.arguments)}" for c in r.calls)
+        return f"!tokens {r.output_tokens} " + " | ".join(
+            f"!call {c.name} {_compact(c.arguments)}" for c in r.calls
+        )
     return f"!tokens {r.output_tokens} !say " + " ".join((r.text or f"Round {index} done.").split())
 
 
@@ -181,10 +212,15 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
         assert rounds[0].input_tokens is not None
         body = rounds[0].input_tokens - assistant - Item("user", "", 0).size()
     if body < tok.count(head) + 1:
-        raise PlanError(f"{session.name} round 0: {rounds[0].input_tokens} prompt tokens cannot hold the script ({tok.count(head)} tokens)")
+        raise PlanError(
+            f"{session.name} round 0: {rounds[0].input_tokens} prompt tokens cannot hold the script "
+            f"({tok.count(head)} tokens)"
+        )
     first = fit(head + exact_text(body - tok.count(head), 0), body)
     items = [Item("user", first, body)]
-    sends = [Send("first", (first,), (), 0.0, _prompt(items, tools), _output(rounds[0]), _prompt(items, tools))]
+    sends = [
+        Send("first", (first,), (), 0.0, _prompt(items, tools), _output(rounds[0]), _prompt(items, tools))
+    ]
     # Every rollout's tool outputs are its own text: no two rollouts share an item (a content-keyed cache,
     # http-cached's, would otherwise serve one session's reads to the next).
     salt = int(nonce) * 7919 if nonce.isdigit() else 0
@@ -192,19 +228,30 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
         last, this = rounds[k - 1], rounds[k]
         items += _model_items(last, k - 1)
         before = sum(i.size() for i in items)  # the previous context: its prompt and output, rendered
-        new = ([Item("output", "", 0, c.name) for c in last.calls] if last.calls else [Item("user", "", 0)])
+        new = [Item("output", "", 0, c.name) for c in last.calls] if last.calls else [Item("user", "", 0)]
         framing = sum(i.size() for i in new)  # with empty bodies
         wait = last.tool_wait_s * tool_time_scale
         if this.input_tokens is None:  # synthetic: the sizes are the workload's
             sizes = list(last.result_tokens) if last.result_tokens else [1]
             _fill(new, sizes, salt + 1000 * k)
             items += new
-            sends.append(Send("outputs" if last.calls else "user", tuple(i.text for i in new), (), wait,
-                              _prompt(items, tools), _output(this), sum(i.size() for i in new)))
+            sends.append(
+                Send(
+                    "outputs" if last.calls else "user",
+                    tuple(i.text for i in new),
+                    (),
+                    wait,
+                    _prompt(items, tools),
+                    _output(this),
+                    sum(i.size() for i in new),
+                )
+            )
             continue
         target = this.input_tokens - assistant  # the items' total this round
         previous_total = sends[-1].prompt_tokens + last.output_tokens
-        fixed = tools_tokens(tools)  # the tool definitions head every prompt: a trace's kept prefix includes them
+        fixed = tools_tokens(
+            tools
+        )  # the tool definitions head every prompt: a trace's kept prefix includes them
         keep = (this.keep if this.keep is not None else this.input_tokens) - fixed
         rewrite = keep + fixed < previous_total or target - before - framing < len(new)
         edits: list[tuple[int, str]] = []
@@ -214,15 +261,29 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
             edits, cut = _rewrite(items, cut, tok.count(head), session, k)
         room = target - sum(i.size() for i in items) - framing
         if room < len(new):
-            raise PlanError(f"{session.name} round {k}: {this.input_tokens} prompt tokens leave {room} for "
-                            f"{len(new)} new item(s) after keeping {cut} (the items' framing alone is {framing})")
+            raise PlanError(
+                f"{session.name} round {k}: {this.input_tokens} prompt tokens leave {room} for "
+                f"{len(new)} new item(s) after keeping {cut} (the items' framing alone is {framing})"
+            )
         _fill(new, _split(room, last.result_weights if last.calls else (1.0,)), salt + 1000 * k)
         items += new
         kind = "rewrite" if rewrite else "outputs" if last.calls else "user"
         prompt = _prompt(items, tools)
         assert prompt == this.input_tokens, (session.name, k, prompt, this.input_tokens)
-        sends.append(Send(kind, tuple(i.text for i in new), tuple(edits), wait, prompt, _output(this), prompt - cut - assistant))
-    return RolloutPlan(model, first, tools, tuple(sends), tuple(tuple(c.name for c in r.calls) for r in rounds), session.name)
+        sends.append(
+            Send(
+                kind,
+                tuple(i.text for i in new),
+                tuple(edits),
+                wait,
+                prompt,
+                _output(this),
+                prompt - cut - assistant,
+            )
+        )
+    return RolloutPlan(
+        model, first, tools, tuple(sends), tuple(tuple(c.name for c in r.calls) for r in rounds), session.name
+    )
 
 
 def _prompt(items: list[Item], tools: tuple[dict[str, Any], ...]) -> int:
@@ -252,7 +313,13 @@ def _model_items(r: Round, index: int) -> list[Item]:
     tok = tokenizer()
     if not r.calls:
         text = r.text or f"Round {index} done."
-        return [Item("message", tok.decode(tok.model_tokens(" ".join(text.split()), r.output_tokens)), r.output_tokens)]
+        return [
+            Item(
+                "message",
+                tok.decode(tok.model_tokens(" ".join(text.split()), r.output_tokens)),
+                r.output_tokens,
+            )
+        ]
     calls = [Item("call", c.arguments, tok.count(c.arguments), c.name) for c in r.calls]
     spent = sum(c.tokens for c in calls)
     if r.output_tokens > spent:
@@ -277,8 +344,11 @@ def _fill(new: list[Item], sizes: list[int], seed: int) -> None:
         item.text = exact_text(n, seed + j)
 
 
-def _rewrite(items: list[Item], cut: int, script_tokens: int, session: Session, k: int) -> tuple[list[tuple[int, str]], int]:
-    """Edit ``items`` in place to keep ``cut`` tokens (see the module's rule); the edits and the kept length."""
+def _rewrite(
+    items: list[Item], cut: int, script_tokens: int, session: Session, k: int
+) -> tuple[list[tuple[int, str]], int]:
+    """Edit ``items`` in place to keep ``cut`` tokens (see the module's rule); the edits and the kept
+    length."""
     tok = tokenizer()
     edits: list[tuple[int, str]] = []
     start = 0
@@ -298,7 +368,9 @@ def _rewrite(items: list[Item], cut: int, script_tokens: int, session: Session, 
         header = item.size() - item.tokens - 1
         body = max(cut - start - header, 1) if index == holder else 1
         if index == 0 and body < script_tokens + 1:
-            raise PlanError(f"{session.name} round {k}: a rewrite to {cut} tokens would cut the first message's script")
+            raise PlanError(
+                f"{session.name} round {k}: a rewrite to {cut} tokens would cut the first message's script"
+            )
         if body >= item.tokens:
             continue
         text = fit(tok.decode(tok.model_tokens(item.text, body)), body) if body > 1 else CLEARED

@@ -55,9 +55,13 @@ from sampler.policy import PlannedCall
 
 KINDS = ("first", "outputs", "user", "rewrite")
 CALIBRATION_MODEL = "mock-4000tps"
-CALIBRATION_OVERRIDE = f"{CALIBRATION_MODEL}:prefill-overhead=0,prefill-time-per-token=0,time-to-first-token=0"
+CALIBRATION_OVERRIDE = (
+    f"{CALIBRATION_MODEL}:prefill-overhead=0,prefill-time-per-token=0,time-to-first-token=0"
+)
 _FEATURES = ("1", "H", "A", "chain", "O")
-_SLEPT = frozenset({"safety_hop", "resolve_hop", "api_cost"})  # latency knobs: the server sleeps, its core is free
+_SLEPT = frozenset(
+    {"safety_hop", "resolve_hop", "api_cost"}
+)  # latency knobs: the server sleeps, its core is free
 
 
 # ---- the calibration workload ------------------------------------------------------------------
@@ -83,10 +87,20 @@ def calibration_replay(rounds: int, h_max: int, seed: int = 11) -> Replay:
             if r > 0:
                 prev = session[-1]
                 base = keep if keep is not None else (prev.input_tokens or 0) + prev.output_tokens
-                low = 60 if keep is None else 1500  # a rewrite clears every later item to a token: room for them
+                low = (
+                    60 if keep is None else 1500
+                )  # a rewrite clears every later item to a token: room for them
                 total = base + int(math.exp(rng.uniform(math.log(low), math.log(8000))))
-            session.append(Round(out, () if (last or message) else tool, 0.0, input_tokens=total, keep=keep,
-                                 result_weights=() if (last or message) else (1.0,)))
+            session.append(
+                Round(
+                    out,
+                    () if (last or message) else tool,
+                    0.0,
+                    input_tokens=total,
+                    keep=keep,
+                    result_weights=() if (last or message) else (1.0,),
+                )
+            )
             if last:
                 break
         sessions.append(Session(f"calibration#{len(sessions)}", 0.0, tuple(session)))
@@ -107,7 +121,9 @@ class Sample:
     out: int  # output tokens (O)
     c_ms: float
     o_ms: float
-    busy_ms: float  # the server's own timed phases of the round (its event loop's CPU), hops and knobs excluded
+    busy_ms: (
+        float  # the server's own timed phases of the round (its event loop's CPU), hops and knobs excluded
+    )
     safety_hops: int
     resolutions: int
 
@@ -131,17 +147,36 @@ def chains(mode: str, plan: RolloutPlan) -> list[int]:
 def samples_of(mode: str, plan: RolloutPlan, trace: Trace) -> list[Sample]:
     times = round_times(trace.marks)
     if len(times) != len(plan.sends) or len(trace.reports) != len(plan.sends):
-        raise ValueError(f"{mode}: {len(times)} rounds timed, {len(trace.reports)} reported, {len(plan.sends)} planned")
+        raise ValueError(
+            f"{mode}: {len(times)} rounds timed, {len(trace.reports)} reported, {len(plan.sends)} planned"
+        )
     hops = _hops_by_round(trace)
     out = []
     previous_end = times[0].sent
-    for k, (send, t, report, chain, (safety, resolve)) in enumerate(zip(plan.sends, times, trace.reports, chains(mode, plan), hops, strict=True)):
-        modelled = (float(report["queue_wait_ms"]) + float(report["prefill_ms"]) + float(report["decode_ms"])) / 1e3
+    for k, (send, t, report, chain, (safety, resolve)) in enumerate(
+        zip(plan.sends, times, trace.reports, chains(mode, plan), hops, strict=True)
+    ):
+        modelled = (
+            float(report["queue_wait_ms"]) + float(report["prefill_ms"]) + float(report["decode_ms"])
+        ) / 1e3
         c = (t.end - previous_end) - send.wait_s * (k > 0) - modelled
         o = (t.first - t.sent) - (float(report["queue_wait_ms"]) + float(report["prefill_ms"])) / 1e3
         busy = sum(float(v) for name, v in (report.get("phases_ms") or {}).items() if name not in _SLEPT)
-        out.append(Sample(mode, send.kind, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens,
-                          c * 1e3, o * 1e3, busy, safety, resolve))
+        out.append(
+            Sample(
+                mode,
+                send.kind,
+                send.prompt_tokens,
+                send.appended_tokens,
+                chain,
+                send.output_tokens,
+                c * 1e3,
+                o * 1e3,
+                busy,
+                safety,
+                resolve,
+            )
+        )
         previous_end = t.end
     return out
 
@@ -206,15 +241,20 @@ class SharedCore:
 
 # Each calibration round is measured this many times (the whole replay again, every mode in turn) and its
 # median kept: a stall of the shared machine lands on one pass of a round, not on the fit. With one pass
-# the mode ÷ http ratios of two back-to-back runs moved by up to 5.8–7 % (docs/decisions/0016-fast-model-three-passes-and-a-shared-core.md).
+# the mode ÷ http ratios of two back-to-back runs moved by up to 5.8–7 %
+# (docs/decisions/0016-fast-model-three-passes-and-a-shared-core.md).
 PASSES = 3
 
 
 def median_sample(runs: Sequence[Sample]) -> Sample:
     """One round measured on several passes (the same round: same features): its median figures."""
     first = runs[0]
-    return dataclasses.replace(first, c_ms=statistics.median(s.c_ms for s in runs), o_ms=statistics.median(s.o_ms for s in runs),
-                               busy_ms=statistics.median(s.busy_ms for s in runs))
+    return dataclasses.replace(
+        first,
+        c_ms=statistics.median(s.c_ms for s in runs),
+        o_ms=statistics.median(s.o_ms for s in runs),
+        busy_ms=statistics.median(s.busy_ms for s in runs),
+    )
 
 
 def fit(samples: Sequence[Sample]) -> Fit:
@@ -222,14 +262,25 @@ def fit(samples: Sequence[Sample]) -> Fit:
     keep = np.ones(len(samples), dtype=bool)
     for _ in range(2):  # fit, drop the stalls (> 5 MADs), fit again
         coefs = []
-        for y in (np.array([s.c_ms for s in samples]), np.array([s.o_ms for s in samples]), np.array([s.busy_ms for s in samples])):
+        for y in (
+            np.array([s.c_ms for s in samples]),
+            np.array([s.o_ms for s in samples]),
+            np.array([s.busy_ms for s in samples]),
+        ):
             coef, _ = _lstsq(x[keep], y[keep])
             coefs.append(coef)
         residual = np.array([s.c_ms for s in samples]) - x @ np.array(coefs[0])
         mad = float(np.median(np.abs(residual - np.median(residual)))) or 1e-9
         keep = np.abs(residual - np.median(residual)) <= 5 * mad * 1.4826
-    return Fit(coefs[0], coefs[1], coefs[2], statistics.fmean(s.safety_hops for s in samples), statistics.fmean(s.resolutions for s in samples),
-               len(samples), int((~keep).sum()))
+    return Fit(
+        coefs[0],
+        coefs[1],
+        coefs[2],
+        statistics.fmean(s.safety_hops for s in samples),
+        statistics.fmean(s.resolutions for s in samples),
+        len(samples),
+        int((~keep).sum()),
+    )
 
 
 @dataclass
@@ -262,8 +313,21 @@ class Calibration:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Calibration:
         """The fits ``to_json`` wrote (a kept run's ``calibration``); its samples are not kept there."""
-        fits = {mode: {kind: Fit(f["c_ms"], f["o_ms"], f["busy_ms"], f["safety_hops"], f["model_resolutions"], f["rounds"], f["dropped"])
-                       for kind, f in kinds.items()} for mode, kinds in data["fits"].items()}
+        fits = {
+            mode: {
+                kind: Fit(
+                    f["c_ms"],
+                    f["o_ms"],
+                    f["busy_ms"],
+                    f["safety_hops"],
+                    f["model_resolutions"],
+                    f["rounds"],
+                    f["dropped"],
+                )
+                for kind, f in kinds.items()
+            }
+            for mode, kinds in data["fits"].items()
+        }
         return cls(fits, [], data["wall_s"], data["h_max"])
 
     def to_json(self) -> dict[str, Any]:
@@ -271,17 +335,43 @@ class Calibration:
             "wall_s": self.wall_s,
             "h_max": self.h_max,
             "features": list(_FEATURES),
-            "fits": {mode: {kind: {"c_ms": f.c, "o_ms": f.o, "busy_ms": f.busy, "safety_hops": f.safety_hops, "model_resolutions": f.resolutions,
-                                   "rounds": f.n, "dropped": f.dropped} for kind, f in kinds.items()} for mode, kinds in self.fits.items()},
+            "fits": {
+                mode: {
+                    kind: {
+                        "c_ms": f.c,
+                        "o_ms": f.o,
+                        "busy_ms": f.busy,
+                        "safety_hops": f.safety_hops,
+                        "model_resolutions": f.resolutions,
+                        "rounds": f.n,
+                        "dropped": f.dropped,
+                    }
+                    for kind, f in kinds.items()
+                }
+                for mode, kinds in self.fits.items()
+            },
             "overhead_vs_http": self.overhead_ratio(),
             "rounds_by_mode": {mode: sum(1 for s in self.samples if s.mode == mode) for mode in self.fits},
-            "c_ms_by_mode_at": {mode: {f"H={h // 1000}k": self.get(mode, "outputs").at(self.get(mode, "outputs").c, h, 1000, 5, 50)
-                                       for h in (1000, 8000, 32000, 100_000)} for mode in self.fits},
+            "c_ms_by_mode_at": {
+                mode: {
+                    f"H={h // 1000}k": self.get(mode, "outputs").at(
+                        self.get(mode, "outputs").c, h, 1000, 5, 50
+                    )
+                    for h in (1000, 8000, 32000, 100_000)
+                }
+                for mode in self.fits
+            },
         }
 
 
-async def calibrate(modes: Sequence[str], rounds: int, h_max: int, api_key: str | None = None,
-                    on_turn: Callable[[], None] | None = None, passes: int = PASSES) -> Calibration:
+async def calibrate(
+    modes: Sequence[str],
+    rounds: int,
+    h_max: int,
+    api_key: str | None = None,
+    on_turn: Callable[[], None] | None = None,
+    passes: int = PASSES,
+) -> Calibration:
     """Start the calibration server, replay the calibration workload over each mode ``passes`` times,
     take each round's median over the passes, fit."""
     replay = calibration_replay(rounds, h_max)
@@ -302,13 +392,21 @@ async def calibrate(modes: Sequence[str], rounds: int, h_max: int, api_key: str 
                 for index, session in enumerate(replay.sessions):
                     for mode, client in clients.items():
                         plan = build_plan(session, CALIBRATION_MODEL, nonce())
-                        measured.setdefault((mode, index), []).append(samples_of(mode, plan, await client.rollout(plan)))
+                        measured.setdefault((mode, index), []).append(
+                            samples_of(mode, plan, await client.rollout(plan))
+                        )
         finally:
             for client in clients.values():
                 await client.close()
     samples = [median_sample(rounds) for runs in measured.values() for rounds in zip(*runs, strict=True)]
-    fits = {mode: {kind: fit(group) for kind in KINDS if len(group := [s for s in samples if s.mode == mode and s.kind == kind]) >= 6}
-            for mode in modes}
+    fits = {
+        mode: {
+            kind: fit(group)
+            for kind in KINDS
+            if len(group := [s for s in samples if s.mode == mode and s.kind == kind]) >= 6
+        }
+        for mode in modes
+    }
     return Calibration(fits, samples, time.perf_counter() - t0, h_max)
 
 
@@ -336,7 +434,9 @@ class Hops:
 class Prediction:
     e2e_s: list[float] = field(default_factory=list)  # per rollout
     ttft_ms: list[float] = field(default_factory=list)  # per round
-    parts_s: dict[str, float] = field(default_factory=dict)  # summed over rollouts: overhead, hops, queue, prefill, decode, tools
+    parts_s: dict[str, float] = field(
+        default_factory=dict
+    )  # summed over rollouts: overhead, hops, queue, prefill, decode, tools
 
     @property
     def e2e_s_p50(self) -> float:
@@ -367,8 +467,18 @@ def _ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(1, 100_000) for _ in range(n)]
 
 
-async def _session(cal: Calibration, mode: str, plan: RolloutPlan, gpu: MockGPU, clock: Any, hops: Hops,
-                   start_at: float, seed: int, out: Prediction, core: SharedCore) -> None:
+async def _session(
+    cal: Calibration,
+    mode: str,
+    plan: RolloutPlan,
+    gpu: MockGPU,
+    clock: Any,
+    hops: Hops,
+    start_at: float,
+    seed: int,
+    out: Prediction,
+    core: SharedCore,
+) -> None:
     """One session's rollout on the simulated GPU. ``core`` is shared by the cell's sessions: a round's own
     server work (``busy``, the part of ``o`` the server's timed phases take) shares it with the rounds
     served at the same time (``SharedCore``)."""
@@ -386,9 +496,15 @@ async def _session(cal: Calibration, mode: str, plan: RolloutPlan, gpu: MockGPU,
             f = cal.get(mode, send.kind)
             c = f.at(f.c, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3
             o = min(f.at(f.o, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, c)
-            hop = (f.safety_hops * hops.safety_ms + f.resolutions * hops.resolve_ms + hops.api(mode, send.prompt_tokens)) / 1e3
+            hop = (
+                f.safety_hops * hops.safety_ms
+                + f.resolutions * hops.resolve_ms
+                + hops.api(mode, send.prompt_tokens)
+            ) / 1e3
             sent = clock.now()
-            work = min(f.at(f.busy, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, o)
+            work = min(
+                f.at(f.busy, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, o
+            )
             job = core.arrive(sent, work)
             while clock.now() < sent + o + hop + job.extra:  # rounds arriving meanwhile slow it further
                 await clock.sleep_until(sent + o + hop + job.extra)
@@ -407,16 +523,29 @@ async def _session(cal: Calibration, mode: str, plan: RolloutPlan, gpu: MockGPU,
             out.ttft_ms.append(((first if first is not None else clock.now()) - sent) * 1e3)
             await clock.sleep_until(clock.now() + (c - o))
             context = prompt + output
-            for name, value in (("overhead", c), ("hops", hop), ("queue", report.queue_wait_ms / 1e3),
-                                ("prefill", report.prefill_ms / 1e3), ("decode", report.decode_ms / 1e3)):
+            for name, value in (
+                ("overhead", c),
+                ("hops", hop),
+                ("queue", report.queue_wait_ms / 1e3),
+                ("prefill", report.prefill_ms / 1e3),
+                ("decode", report.decode_ms / 1e3),
+            ):
                 parts[name] = parts.get(name, 0.0) + value
     finally:
         sequence.close()
     out.e2e_s.append(clock.now() - t0)
 
 
-def predict_cell(cal: Calibration, mode: str, replay: Replay, spec: ModelSpec, hops: Hops, sessions: int = 1,
-                 rollouts: int = 1, tool_time_scale: float = 1.0) -> Prediction:
+def predict_cell(
+    cal: Calibration,
+    mode: str,
+    replay: Replay,
+    spec: ModelSpec,
+    hops: Hops,
+    sessions: int = 1,
+    rollouts: int = 1,
+    tool_time_scale: float = 1.0,
+) -> Prediction:
     """A cell as the runner runs it: ``sessions`` lock-step copies of a synthetic session, or a trace's own
     sessions at their arrival times; ``rollouts`` times over, each on a fresh engine state's KV prefix."""
     out = Prediction()
@@ -430,8 +559,14 @@ def predict_cell(cal: Calibration, mode: str, replay: Replay, spec: ModelSpec, h
         gpu = MockGPU(spec, clock)
         for rep in range(rollouts):
             core = SharedCore()
-            tasks = [asyncio.ensure_future(_session(cal, mode, plan, gpu, clock, hops, clock.now() + arrival, 7919 * rep + i, out, core))
-                     for i, (plan, arrival) in enumerate(plans)]
+            tasks = [
+                asyncio.ensure_future(
+                    _session(
+                        cal, mode, plan, gpu, clock, hops, clock.now() + arrival, 7919 * rep + i, out, core
+                    )
+                )
+                for i, (plan, arrival) in enumerate(plans)
+            ]
             if concurrent:
                 while not all(t.done() for t in tasks):
                     await clock.run_until_idle()
@@ -444,7 +579,9 @@ def predict_cell(cal: Calibration, mode: str, replay: Replay, spec: ModelSpec, h
 
 @functools.lru_cache(maxsize=512)
 def _plan(session: Session, index: int, tool_time_scale: float) -> RolloutPlan:
-    return build_plan(session, CALIBRATION_MODEL, f"{index:012d}", tool_time_scale)  # the model name is not used
+    return build_plan(
+        session, CALIBRATION_MODEL, f"{index:012d}", tool_time_scale
+    )  # the model name is not used
 
 
 def _loop_running() -> bool:

@@ -14,8 +14,16 @@ from rich.table import Table
 from proto.core.response import MODES
 from proto.lab.results import BASELINE, cells, ratio
 
-MODE_ORDER: tuple[str, ...] = MODES  # the order the designs are compared in: each removes work the one before redoes
-MODE_COLORS = {"http": "#d62728", "http-cached": "#9467bd", "http-prev": "#ff7f0e", "ws": "#1f77b4", "longlived": "#2ca02c"}
+MODE_ORDER: tuple[str, ...] = (
+    MODES  # the order the designs are compared in: each removes work the one before redoes
+)
+MODE_COLORS = {
+    "http": "#d62728",
+    "http-cached": "#9467bd",
+    "http-prev": "#ff7f0e",
+    "ws": "#1f77b4",
+    "longlived": "#2ca02c",
+}
 
 
 # ---- the table ----------------------------------------------------------------------------------
@@ -28,14 +36,20 @@ def print_table(results: dict[str, Any], console: Console) -> None:
     runs = results["runs"]
     groups: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
     for run in runs:
-        groups.setdefault((run["workload"], run["model"]), {}).setdefault(run.get("profile", ""), {})[run["mode"]] = run
+        groups.setdefault((run["workload"], run["model"]), {}).setdefault(run.get("profile", ""), {})[
+            run["mode"]
+        ] = run
     floor = results["floor"]["ws_ping_rtt_ms_p50"]
     if floor is not None:
         console.print(f"floor: WebSocket ping RTT p50 {floor:.3f} ms", width=WIDTH)
     for (workload, model), profiles in groups.items():
         for profile, modes in profiles.items():
-            table = Table(title=_cut(f"{profile} · {workload} · {model} · p50"), title_justify="left",
-                          box=box.SIMPLE_HEAD, padding=(0, 1))
+            table = Table(
+                title=_cut(f"{profile} · {workload} · {model} · p50"),
+                title_justify="left",
+                box=box.SIMPLE_HEAD,
+                padding=(0, 1),
+            )
             for name in ("mode", "E2E s", "±http", "pred s", "err", "TTFT ms", "±http", "ovh ms"):
                 table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
             base = modes.get(BASELINE)
@@ -44,14 +58,23 @@ def print_table(results: dict[str, Any], console: Console) -> None:
                 e2e, ttft = ratio(run, base, "e2e_s_p50"), ratio(run, base, "ttft_ms_p50")
                 pred, err = run.get("predicted_e2e_s_p50"), run.get("prediction_error")
                 table.add_row(
-                    mode, f"{run['e2e_s_p50']:.2f}", _pct(e2e, mode), "–" if pred is None else f"{pred:.2f}",
-                    "–" if err is None else f"{err * 100:+.1f}%", f"{run['ttft_ms_p50']:.1f}", _pct(ttft, mode),
+                    mode,
+                    f"{run['e2e_s_p50']:.2f}",
+                    _pct(e2e, mode),
+                    "–" if pred is None else f"{pred:.2f}",
+                    "–" if err is None else f"{err * 100:+.1f}%",
+                    f"{run['ttft_ms_p50']:.1f}",
+                    _pct(ttft, mode),
                     f"{run['turn_overhead_ms_p50']:.2f}",
                 )
             console.print(table, width=WIDTH)
         names = list(profiles)
-        cost = Table(title=_cut(f"{workload} · {model} · per turn"), title_justify="left",
-                     box=box.SIMPLE_HEAD, padding=(0, 1))
+        cost = Table(
+            title=_cut(f"{workload} · {model} · per turn"),
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
         cost.add_column("mode", no_wrap=True)
         for p in names:
             short = _SHORT.get(p, p)
@@ -62,7 +85,10 @@ def print_table(results: dict[str, Any], console: Console) -> None:
             for p in names:
                 run = profiles[p].get(mode)
                 cpu = None if run is None else run["server_cpu_ms_per_turn"]
-                row += ["–" if cpu is None else f"{cpu:.1f}", "–" if run is None else f"{run['client_bytes_sent_per_turn'] / 1024:.1f}"]
+                row += [
+                    "–" if cpu is None else f"{cpu:.1f}",
+                    "–" if run is None else f"{run['client_bytes_sent_per_turn'] / 1024:.1f}",
+                ]
             cost.add_row(*row)
         console.print(cost, width=WIDTH)
 
@@ -161,7 +187,9 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
             heights = []
             for mode in order:
                 run = modes[mode]
-                if name == "unattributed":  # mean overhead no timed server phase covers: framing, loop, network
+                if (
+                    name == "unattributed"
+                ):  # mean overhead no timed server phase covers: framing, loop, network
                     known = sum(run["phases_ms"].values())
                     heights.append(max(run.get("turn_overhead_ms_mean", 0.0) - known, 0.0))
                 else:
@@ -179,7 +207,13 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
         for mode in sorted(modes, key=_mode_rank):
             xs = sorted(modes[mode].get("ttft_ms_all") or [])
             if xs:
-                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=mode, color=MODE_COLORS.get(mode))
+                ax.step(
+                    xs,
+                    [(i + 1) / len(xs) for i in range(len(xs))],
+                    where="post",
+                    label=mode,
+                    color=MODE_COLORS.get(mode),
+                )
         ax.set_xscale("log")
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("TTFT (ms, log)")

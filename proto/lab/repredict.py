@@ -37,7 +37,9 @@ def repredict(result: dict[str, Any]) -> list[Row]:
     cfg = result["config"]
     config = SimpleNamespace(server_flags=cfg.get("server_flags", []))
     try:
-        replays = {replay.name: replay for replay in map(load_replay, cfg["workloads"])}  # by name: a file's too
+        replays = {
+            replay.name: replay for replay in map(load_replay, cfg["workloads"])
+        }  # by name: a file's too
     except KeyError as exc:  # a scenario's own workload (built by proto/lab/scenarios.py, not a file)
         print(f"  left as it is: {exc}")
         return []
@@ -48,8 +50,16 @@ def repredict(result: dict[str, Any]) -> list[Row]:
         # A shortened workload is named NAME[:TURNS] in the runs.
         replay = replays[run["workload"].split("[")[0]].shortened(cfg.get("turns"))
         before = run.get("prediction_error")
-        predict_run(run, cal, replay, cfg.get("model_overrides", []), config,
-                    sessions=cfg["sessions"], rollouts=cfg["rollouts_per_session"], tool_time_scale=cfg["tool_time_scale"])
+        predict_run(
+            run,
+            cal,
+            replay,
+            cfg.get("model_overrides", []),
+            config,
+            sessions=cfg["sessions"],
+            rollouts=cfg["rollouts_per_session"],
+            tool_time_scale=cfg["tool_time_scale"],
+        )
         out.append((run, before, run["prediction_error"]))
     return out
 
@@ -60,21 +70,34 @@ def print_rows(path: Path, rows: list[Row]) -> None:
     for run, before, after in rows:
         b = "–" if before is None else f"{before * 100:+.1f} %"
         a = "–" if after is None else f"{after * 100:+.1f} %"
-        print(f"  {run.get('profile', ''):<16}{run['workload'][:30]:<32}{run['model']:<14}{run['mode']:<12}{b:>9} → {a}")
+        print(
+            f"  {run.get('profile', ''):<16}{run['workload'][:30]:<32}{run['model']:<14}{run['mode']:<12}"
+            f"{b:>9} → {a}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-lab bench repredict", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="responses-lab bench repredict",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--check", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     for path in args.files:
         result = json.loads(path.read_text(encoding="utf-8"))
         rows = repredict(result)
-        if rows and not args.check:  # written before anything is printed: a closed pipe (`| head`) cannot cut it short
-            result["predictions_recomputed"] = {"commit": commit, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if (
+            rows and not args.check
+        ):  # written before anything is printed: a closed pipe (`| head`) cannot cut it short
+            result["predictions_recomputed"] = {
+                "commit": commit,
+                "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
             path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print_rows(path, rows)
     return 0

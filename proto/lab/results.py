@@ -1,8 +1,10 @@
-"""results.json (docs/lab.md, "results.json") and results.csv: what a bench run produced, shaped, written and read back.
+"""results.json (docs/lab.md, "results.json") and results.csv: what a bench run produced, shaped, written and
+read back.
 
 The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
 ``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
-:func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py`` (``bench report``) — load
+:func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py`` (``bench report``) —
+load
 it with :func:`load` and group it with :func:`cells`, so the format is described here only.
 """
 
@@ -68,7 +70,9 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         "statuses": sorted({t.status for t in cell.traces}),
         "e2e_s": sorted(m.e2e_s for m in metrics),
         "ttft_ms_p90": percentile(s.ttft_ms, 90),
-        "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns) if s.turns else None,
+        "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns)
+        if s.turns
+        else None,
         "turn_overhead_ms_p90": percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
         "prefill_ms_per_turn": prefill / turns,
         "decode_ms_per_turn": decode / turns,
@@ -88,7 +92,10 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
     out: dict[str, list[list[int]]] = {}
     for trace in traces:
         if trace.session not in out:
-            out[trace.session] = [[int(r["prompt_tokens"]), int(r["cached_tokens"]), int(r["output_tokens"])] for r in trace.reports]
+            out[trace.session] = [
+                [int(r["prompt_tokens"]), int(r["cached_tokens"]), int(r["output_tokens"])]
+                for r in trace.reports
+            ]
     return out
 
 
@@ -100,12 +107,28 @@ def predictions(result: BenchResult, runs: list[dict[str, Any]]) -> None:
     for cell, run in zip(result.cells, runs, strict=True):
         if result.calibration is None or cell.replay is None or cell.model not in MODELS:
             continue
-        predict_run(run, result.calibration, cell.replay, config.model_overrides, config,
-                    sessions=config.sessions, rollouts=config.rollouts, tool_time_scale=config.tool_time_scale)
+        predict_run(
+            run,
+            result.calibration,
+            cell.replay,
+            config.model_overrides,
+            config,
+            sessions=config.sessions,
+            rollouts=config.rollouts,
+            tool_time_scale=config.tool_time_scale,
+        )
 
 
-def predict_run(run: dict[str, Any], calibration: Any, replay: Replay, model_overrides: Sequence[str], config: Any,
-                sessions: int, rollouts: int, tool_time_scale: float) -> None:
+def predict_run(
+    run: dict[str, Any],
+    calibration: Any,
+    replay: Replay,
+    model_overrides: Sequence[str],
+    config: Any,
+    sessions: int,
+    rollouts: int,
+    tool_time_scale: float,
+) -> None:
     """Compose ``run``'s cell (its mode, model, profile) with the fast model and write its prediction
     fields (in place): what every real-clock run reports, and what ``bench repredict`` rewrites."""
     from proto.lab.predict import predict_cell, profile_hops
@@ -117,8 +140,16 @@ def predict_run(run: dict[str, Any], calibration: Any, replay: Replay, model_ove
         name, _, knobs = text.partition(":")
         if name == run["model"]:
             spec = apply_knobs(spec, knobs)
-    p = predict_cell(calibration, run["mode"], replay, spec, profile_hops(run.get("profile", "local"), config),
-                     sessions=sessions, rollouts=rollouts, tool_time_scale=tool_time_scale)
+    p = predict_cell(
+        calibration,
+        run["mode"],
+        replay,
+        spec,
+        profile_hops(run.get("profile", "local"), config),
+        sessions=sessions,
+        rollouts=rollouts,
+        tool_time_scale=tool_time_scale,
+    )
     run["predicted_e2e_s_p50"] = p.e2e_s_p50
     run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
     run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}  # per rollout
@@ -126,7 +157,9 @@ def predict_run(run: dict[str, Any], calibration: Any, replay: Replay, model_ove
     run["prediction_error"] = (p.e2e_s_p50 / measured - 1) if measured else None
 
 
-def results_json(result: BenchResult, command: str, sweep_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def results_json(
+    result: BenchResult, command: str, sweep_rows: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     config = result.config
     every = [x for pings in result.pings_ms.values() for x in pings]
     runs = [run_record(cell) for cell in result.cells]
@@ -141,14 +174,29 @@ def results_json(result: BenchResult, command: str, sweep_rows: list[dict[str, A
         "runs": runs,
         "calibration": result.calibration.to_json() if result.calibration is not None else None,
         "sweep": sweep_rows or [],
-        "profiles": {name: {"safety_hop_ms": PROFILES[name].safety_hop_ms, "resolve_hop_ms": PROFILES[name].resolve_hop_ms}
-                     for name in config.profiles if name in PROFILES and not config.url},
+        "profiles": {
+            name: {
+                "safety_hop_ms": PROFILES[name].safety_hop_ms,
+                "resolve_hop_ms": PROFILES[name].resolve_hop_ms,
+            }
+            for name in config.profiles
+            if name in PROFILES and not config.url
+        },
         "config": {
-            "modes": list(config.modes), "workloads": list(config.workloads), "models": list(config.models),
-            "sessions": config.sessions, "rollouts_per_session": config.rollouts, "warmup_per_session": config.warmup,
-            "warmup_turns": config.warmup_turns, "turns": config.turns, "tool_time_scale": config.tool_time_scale,
-            "quick": config.quick, "url": config.url, "model_overrides": list(config.model_overrides),
-            "server_flags": list(config.server_flags), "calibration_rounds": config.calibration_rounds,
+            "modes": list(config.modes),
+            "workloads": list(config.workloads),
+            "models": list(config.models),
+            "sessions": config.sessions,
+            "rollouts_per_session": config.rollouts,
+            "warmup_per_session": config.warmup,
+            "warmup_turns": config.warmup_turns,
+            "turns": config.turns,
+            "tool_time_scale": config.tool_time_scale,
+            "quick": config.quick,
+            "url": config.url,
+            "model_overrides": list(config.model_overrides),
+            "server_flags": list(config.server_flags),
+            "calibration_rounds": config.calibration_rounds,
         },
         "command": command,
         "machine": machine(),
@@ -190,12 +238,35 @@ def write_json(results: dict[str, Any], out: Path) -> Path:
     return path
 
 
-CSV_FIELDS = ("profile", "workload", "model", "mode", "sessions", "rollouts", "turns", "e2e_s_p50", "predicted_e2e_s_p50",
-              "prediction_error", "ttft_ms_p50", "predicted_ttft_ms_p50",
-              "ttft_ms_p90", "tpot_ms_p50", "itl_ms_p99", "turn_overhead_ms_p50", "turn_overhead_ms_p90",
-              "prefill_ms_per_turn", "server_cpu_ms_per_turn", "client_bytes_sent_per_turn", "input_tokens",
-              "cached_tokens", "output_tokens", "e2e_vs_http", "ttft_vs_http", "overhead_first_turn_ms",
-              "overhead_last_turn_ms")
+CSV_FIELDS = (
+    "profile",
+    "workload",
+    "model",
+    "mode",
+    "sessions",
+    "rollouts",
+    "turns",
+    "e2e_s_p50",
+    "predicted_e2e_s_p50",
+    "prediction_error",
+    "ttft_ms_p50",
+    "predicted_ttft_ms_p50",
+    "ttft_ms_p90",
+    "tpot_ms_p50",
+    "itl_ms_p99",
+    "turn_overhead_ms_p50",
+    "turn_overhead_ms_p90",
+    "prefill_ms_per_turn",
+    "server_cpu_ms_per_turn",
+    "client_bytes_sent_per_turn",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "e2e_vs_http",
+    "ttft_vs_http",
+    "overhead_first_turn_ms",
+    "overhead_last_turn_ms",
+)
 
 
 def write_csv(results: dict[str, Any], out: Path) -> Path:
@@ -209,10 +280,18 @@ def write_csv(results: dict[str, Any], out: Path) -> Path:
         for run in runs:
             base = by_cell[cell_key(run)].get(BASELINE)
             by_turn = run["turn_overhead_ms_by_turn"]
-            row = dict(run, **run["usage"], e2e_vs_http=ratio(run, base, "e2e_s_p50"), ttft_vs_http=ratio(run, base, "ttft_ms_p50"),
-                       overhead_first_turn_ms=by_turn[0] if by_turn else None,
-                       overhead_last_turn_ms=by_turn[-1] if by_turn else None)
-            writer.writerow([_fmt(row.get(k)) for k in CSV_FIELDS] + [_fmt(run["phases_ms"].get(n, 0.0)) for n in phase_names])
+            row = dict(
+                run,
+                **run["usage"],
+                e2e_vs_http=ratio(run, base, "e2e_s_p50"),
+                ttft_vs_http=ratio(run, base, "ttft_ms_p50"),
+                overhead_first_turn_ms=by_turn[0] if by_turn else None,
+                overhead_last_turn_ms=by_turn[-1] if by_turn else None,
+            )
+            writer.writerow(
+                [_fmt(row.get(k)) for k in CSV_FIELDS]
+                + [_fmt(run["phases_ms"].get(n, 0.0)) for n in phase_names]
+            )
     return path
 
 

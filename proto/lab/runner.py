@@ -84,7 +84,9 @@ async def ping_rtts_ms(ws_url: str, count: int, api_key: str | None = None) -> l
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     sep = "&" if "?" in ws_url else "?"
     rtts: list[float] = []
-    async with connect(f"{ws_url}{sep}protocol=longlived", additional_headers=headers, ping_interval=None) as ws:
+    async with connect(
+        f"{ws_url}{sep}protocol=longlived", additional_headers=headers, ping_interval=None
+    ) as ws:
         for _ in range(count):
             t0 = time.perf_counter()
             await (await ws.ping())
@@ -93,6 +95,7 @@ async def ping_rtts_ms(ws_url: str, count: int, api_key: str | None = None) -> l
 
 
 # ---- one cell -----------------------------------------------------------------------------------
+
 
 async def run_cell(
     mode: str,
@@ -108,7 +111,9 @@ async def run_cell(
     """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s).
     ``others``: the other servers' WebSocket URLs, for ``config.reconnect``."""
     n = len(replay.sessions) if replay.trace else config.sessions
-    clients: list[RolloutClient] = [make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(n)]
+    clients: list[RolloutClient] = [
+        make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(n)
+    ]
     for client in clients:
         client.on_send = on_turn
     warm = WARM if replay.trace else replay.shortened(config.warmup_turns).sessions[0]
@@ -120,10 +125,17 @@ async def run_cell(
             traces = []
             for _ in range(config.rollouts):
                 start = asyncio.get_running_loop().time()
-                traces += await asyncio.gather(*(_arrive(c, s, start, model, config) for c, s in zip(clients, replay.sessions, strict=True)))
+                traces += await asyncio.gather(
+                    *(
+                        _arrive(c, s, start, model, config)
+                        for c, s in zip(clients, replay.sessions, strict=True)
+                    )
+                )
         else:
             session = replay.sessions[0]
-            per_session = await asyncio.gather(*(_rollouts(c, session, model, config, config.rollouts) for c in clients))
+            per_session = await asyncio.gather(
+                *(_rollouts(c, session, model, config, config.rollouts) for c in clients)
+            )
             traces = [t for ts in per_session for t in ts]
         wall = time.perf_counter() - t0
         cpu_s = cpu() - cpu0 if cpu and cpu0 is not None else None
@@ -132,7 +144,9 @@ async def run_cell(
     return traces, cpu_s, wall
 
 
-async def _rollouts(client: RolloutClient, session: Session, model: str, config: BenchConfig, n: int) -> list[Trace]:
+async def _rollouts(
+    client: RolloutClient, session: Session, model: str, config: BenchConfig, n: int
+) -> list[Trace]:
     traces = []
     for _ in range(n):
         plan = build_plan(session, model, nonce(), config.tool_time_scale)  # built before the clock starts
@@ -140,7 +154,9 @@ async def _rollouts(client: RolloutClient, session: Session, model: str, config:
     return traces
 
 
-async def _arrive(client: RolloutClient, session: Session, start: float, model: str, config: BenchConfig) -> Trace:
+async def _arrive(
+    client: RolloutClient, session: Session, start: float, model: str, config: BenchConfig
+) -> Trace:
     """One trace session, started at its arrival time (open loop); closed loop within it."""
     plan = build_plan(session, model, nonce(), config.tool_time_scale)
     delay = start + session.arrival_s - asyncio.get_running_loop().time()
@@ -195,7 +211,8 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
                 engine.wait_ready()
                 engine_url = engine.http_url
             for name in config.profiles:  # all started before any is waited for: they boot side by side
-                # Processes that share a store (a reconnect's pair, N workers) need a file: a memory database is one process's.
+                # Processes that share a store (a reconnect's pair, N workers) need a file: a memory database
+                # is one process's.
                 shared = pairs > 1 or config.workers > 1
                 db = config.db or (f"{scratch}/{name}.sqlite3" if shared else ":memory:")
                 flags = server_flags(PROFILES[name], config, engine_url)
@@ -204,7 +221,13 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
                 for server in group:
                     server.wait_ready()
             yield [
-                (name, group[0].ws_url, group[0].http_url, functools.partial(_cpu_sum, group, engine), tuple(s.ws_url for s in group[1:]))
+                (
+                    name,
+                    group[0].ws_url,
+                    group[0].http_url,
+                    functools.partial(_cpu_sum, group, engine),
+                    tuple(s.ws_url for s in group[1:]),
+                )
                 for name, group in zip(config.profiles, started, strict=True)
             ]
         finally:
@@ -223,8 +246,14 @@ def _cpu_sum(servers: list[ChildServer], engine: ChildEngine | None = None) -> f
 def server_flags(profile: Profile, config: BenchConfig, engine_url: str | None = None) -> list[str]:
     """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides
     (which an engine elsewhere ignores: they are that engine's flags), its engine and workers."""
-    flags = ["--safety-hop-ms", str(profile.safety_hop_ms), "--resolve-hop-ms", str(profile.resolve_hop_ms),
-             "--log-level", "warning"]
+    flags = [
+        "--safety-hop-ms",
+        str(profile.safety_hop_ms),
+        "--resolve-hop-ms",
+        str(profile.resolve_hop_ms),
+        "--log-level",
+        "warning",
+    ]
     for override in config.model_overrides:
         flags += ["--model-override", override]
     if engine_url:
@@ -235,7 +264,8 @@ def server_flags(profile: Profile, config: BenchConfig, engine_url: str | None =
 
 
 def h_max_of(replays: list[Replay]) -> int:
-    """The largest prompt the run's workloads reach (+10 %, at least 16 k): the calibration's history range."""
+    """The largest prompt the run's workloads reach (+10 %, at least 16 k): the calibration's history
+    range."""
     top = 0
     for r in replays:
         for s in r.sessions:
@@ -244,8 +274,12 @@ def h_max_of(replays: list[Replay]) -> int:
     return max(int(top * 1.1), 16_000)
 
 
-async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = None,
-                    on_cell: Callable[[str], None] | None = None, cells: bool = True) -> BenchResult:
+async def run_bench(
+    config: BenchConfig,
+    on_turn: Callable[[], None] | None = None,
+    on_cell: Callable[[str], None] | None = None,
+    cells: bool = True,
+) -> BenchResult:
     """The run: the fast model's calibration (unless ``config.predict`` is off), then every cell (unless
     ``cells`` is off: ``--predict`` alone)."""
     result = BenchResult(config)
@@ -255,7 +289,9 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
         if on_cell:
             on_cell("fast model: calibrating every mode")
         h_max = 128_000 if not cells else h_max_of(workloads)
-        result.calibration = await calibrate(config.modes, config.calibration_rounds, h_max, config.api_key, on_turn)
+        result.calibration = await calibrate(
+            config.modes, config.calibration_rounds, h_max, config.api_key, on_turn
+        )
     if not cells:
         result.wall_s = time.perf_counter() - t0
         return result
@@ -274,10 +310,12 @@ async def run_bench(config: BenchConfig, on_turn: Callable[[], None] | None = No
                         # long run's gen-2 pause grew with every cell and landed inside a measured round).
                         gc.collect()
                         gc.freeze()
-                        traces, cpu_s, wall = await run_cell(mode, w, model, config, ws_url, http_url, cpu, on_turn, others)
+                        traces, cpu_s, wall = await run_cell(
+                            mode, w, model, config, ws_url, http_url, cpu, on_turn, others
+                        )
                         sessions = len(w.sessions) if w.trace else config.sessions
-                        result.cells.append(CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w))
+                        result.cells.append(
+                            CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w)
+                        )
     result.wall_s = time.perf_counter() - t0
     return result
-
-

@@ -16,8 +16,18 @@ import math
 import random
 from typing import Any
 
-FILES = ["src/app/server.py", "src/app/routes.py", "src/app/models.py", "src/app/auth.py", "src/app/cache.py",
-         "src/app/db.py", "tests/test_routes.py", "tests/test_auth.py", "tests/conftest.py", "pyproject.toml"]
+FILES = [
+    "src/app/server.py",
+    "src/app/routes.py",
+    "src/app/models.py",
+    "src/app/auth.py",
+    "src/app/cache.py",
+    "src/app/db.py",
+    "tests/test_routes.py",
+    "tests/test_auth.py",
+    "tests/conftest.py",
+    "pyproject.toml",
+]
 
 # name -> (tool output tokens, [unused: the old uniform tool-time range, still drawn so sizes stay as they
 # were], model output tokens for the call)
@@ -46,19 +56,28 @@ def tool_time_s(rng: random.Random) -> float:
 def call(rng: random.Random, tool: str, path: str) -> dict[str, Any]:
     args: dict[str, Any] = {
         "list_dir": {"path": path.rsplit("/", 1)[0]},
-        "grep": {"pattern": rng.choice(["def handle_", "TODO", "cache_key", "session", "raise "]), "path": "src"},
+        "grep": {
+            "pattern": rng.choice(["def handle_", "TODO", "cache_key", "session", "raise "]),
+            "path": "src",
+        },
         "read_file": {"path": path},
         "edit_file": {"path": path, "old": "return None", "new": "return self._cache.get(key)"},
-        "run_tests": {"cmd": f"pytest -q {rng.choice(['tests', 'tests/test_routes.py', 'tests/test_auth.py'])}"},
+        "run_tests": {
+            "cmd": f"pytest -q {rng.choice(['tests', 'tests/test_routes.py', 'tests/test_auth.py'])}"
+        },
         "run_shell": {"cmd": rng.choice(["git status", "git diff --stat", "ruff check src", "mypy src"])},
     }[tool]
     return {"name": tool, "arguments": args}
 
 
-def tool_turn(rng: random.Random, times: random.Random, tool: str, parallel: int = 1, scale: float = 1.0) -> dict[str, Any]:
+def tool_turn(
+    rng: random.Random, times: random.Random, tool: str, parallel: int = 1, scale: float = 1.0
+) -> dict[str, Any]:
     (o_lo, o_hi), (t_lo, t_hi), (m_lo, m_hi) = TOOLS[tool]
     turn = {
-        "calls": [call(rng, tool, path) for path in rng.sample(FILES, parallel)],  # parallel reads: distinct files
+        "calls": [
+            call(rng, tool, path) for path in rng.sample(FILES, parallel)
+        ],  # parallel reads: distinct files
         "output_tokens": rng.randint(m_lo, m_hi) + 20 * (parallel - 1),
         "tool_output_tokens": round(rng.randint(o_lo, o_hi) * scale),
     }
@@ -68,12 +87,16 @@ def tool_turn(rng: random.Random, times: random.Random, tool: str, parallel: int
 
 
 # explore, read (some reads in parallel), edit/test cycles, check, summarise
-CODING_PHASES = ("list_dir grep read_file read_file*3 grep read_file read_file*2 run_tests",
-                 "edit_file read_file edit_file run_tests grep read_file edit_file run_tests",
-                 "edit_file run_shell read_file edit_file run_tests run_shell grep edit_file",
-                 "read_file run_tests grep run_shell run_shell")
-CODING_FINAL = ("Fixed the stale session cache: keys now include the tenant id, invalidation runs on "
-                "logout, and a regression test covers both. All tests pass.")
+CODING_PHASES = (
+    "list_dir grep read_file read_file*3 grep read_file read_file*2 run_tests",
+    "edit_file read_file edit_file run_tests grep read_file edit_file run_tests",
+    "edit_file run_shell read_file edit_file run_tests run_shell grep edit_file",
+    "read_file run_tests grep run_shell run_shell",
+)
+CODING_FINAL = (
+    "Fixed the stale session cache: keys now include the tenant id, invalidation runs on "
+    "logout, and a regression test covers both. All tests pass."
+)
 
 
 def coding_agent(turns: int = 30) -> dict[str, Any]:
@@ -93,9 +116,10 @@ def coding_agent(turns: int = 30) -> dict[str, Any]:
     return {
         "format": 1,
         "name": name,
-        "description": f"A coding agent fixing a bug: {turns - 1} tool turns (reads, greps, edits, test runs) and a "
-                       "final summary; history grows from 6 k to tens of thousands of tokens; tool times drawn from "
-                       "TraceLab's heavy-tailed fit (p50 0.3 s, p90 13.6 s).",
+        "description": f"A coding agent fixing a bug: {turns - 1} tool turns (reads, greps, edits, test "
+        f"runs) and a "
+        "final summary; history grows from 6 k to tens of thousands of tokens; tool times drawn from "
+        "TraceLab's heavy-tailed fit (p50 0.3 s, p90 13.6 s).",
         "first_user_text": "Sessions leak between tenants after logout. Find the cause, fix it, add a test.",
         "first_user_tokens": 6000,  # system prompt + tool schemas + task, as agent harnesses send
         "turns": steps,
@@ -106,13 +130,18 @@ def long_context() -> dict[str, Any]:
     rng, times = random.Random(7), random.Random(1107)
     tools = ["read_file", "read_file", "grep", "read_file", "run_shell"] * 3
     turns = [tool_turn(rng, times, t, scale=3.4) for t in tools]  # whole modules and long logs
-    turns.append({"say": "Summary of the codebase's request path, its caches and the three places where "
-                         "tenant isolation depends on call order.", "output_tokens": 900})
+    turns.append(
+        {
+            "say": "Summary of the codebase's request path, its caches and the three places where "
+            "tenant isolation depends on call order.",
+            "output_tokens": 900,
+        }
+    )
     return {
         "format": 1,
         "name": "long-context",
         "description": "Reading a large codebase: 15 turns of large tool outputs on a 12 k-token start; "
-                       "history reaches ~100 k tokens; tool times drawn from TraceLab's heavy-tailed fit.",
+        "history reaches ~100 k tokens; tool times drawn from TraceLab's heavy-tailed fit.",
         "first_user_text": "Read the service and explain how a request flows through its caches.",
         "first_user_tokens": 12_000,
         "turns": turns,

@@ -25,7 +25,16 @@ from typing import Any
 from proto.lab.metrics import RoundTimes, Trace, round_times
 from proto.lab.runner import BenchResult
 
-PHASE_ORDER = ("store_load", "safety", "safety_hop", "resolve_model", "resolve_hop", "render_tokenize", "api_cost", "hosted_tools")
+PHASE_ORDER = (
+    "store_load",
+    "safety",
+    "safety_hop",
+    "resolve_model",
+    "resolve_hop",
+    "render_tokenize",
+    "api_cost",
+    "hosted_tools",
+)
 COLORS = {"tools": "#9e9e9e", "api": "#d62728", "queue": "#ff7f0e", "prefill": "#1f77b4", "decode": "#2ca02c"}
 
 
@@ -41,9 +50,19 @@ def spans(trace: Trace) -> list[dict[str, Any]]:
         out.append({"name": "tools", "cat": "client", "start": start, "end": end, "args": {}})
     for k, (t, report) in enumerate(zip(round_times(trace.marks), trace.reports, strict=False)):
         kind = trace.kinds[k] if k < len(trace.kinds) else ""
-        out.append({"name": f"round {k} ({kind})", "cat": "client", "start": t.sent, "end": t.end,
-                    "args": {"prompt_tokens": report["prompt_tokens"], "cached_tokens": report["cached_tokens"],
-                             "output_tokens": report["output_tokens"]}})
+        out.append(
+            {
+                "name": f"round {k} ({kind})",
+                "cat": "client",
+                "start": t.sent,
+                "end": t.end,
+                "args": {
+                    "prompt_tokens": report["prompt_tokens"],
+                    "cached_tokens": report["cached_tokens"],
+                    "output_tokens": report["output_tokens"],
+                },
+            }
+        )
         out += _server(t, report)
     return out
 
@@ -51,13 +70,25 @@ def spans(trace: Trace) -> list[dict[str, Any]]:
 def _server(t: RoundTimes, report: dict[str, Any]) -> list[dict[str, Any]]:
     prefill, queue, decode = (float(report[k]) / 1e3 for k in ("prefill_ms", "queue_wait_ms", "decode_ms"))
     first = t.first
-    gpu = [("queue", first - prefill - queue, first - prefill), ("prefill", first - prefill, first), ("decode", first, first + decode)]
+    gpu = [
+        ("queue", first - prefill - queue, first - prefill),
+        ("prefill", first - prefill, first),
+        ("decode", first, first + decode),
+    ]
     out = [{"name": name, "cat": "gpu", "start": a, "end": b, "args": {}} for name, a, b in gpu if b > a]
     phases = report.get("phases_ms") or {}
     cursor = first - prefill - queue
     for name in reversed([n for n in PHASE_ORDER if n in phases] + sorted(set(phases) - set(PHASE_ORDER))):
         dur = float(phases[name]) / 1e3
-        out.append({"name": name, "cat": "server", "start": cursor - dur, "end": cursor, "args": {"ms": phases[name]}})
+        out.append(
+            {
+                "name": name,
+                "cat": "server",
+                "start": cursor - dur,
+                "end": cursor,
+                "args": {"ms": phases[name]},
+            }
+        )
         cursor -= dur
     return out
 
@@ -66,15 +97,37 @@ def chrome_trace(cells: Sequence[tuple[str, str, list[Trace]]]) -> dict[str, Any
     events: list[dict[str, Any]] = []
     origin = min((m.t for _, _, traces in cells for t in traces for m in t.marks[:1]), default=0.0)
     for pid, (label, mode, traces) in enumerate(cells, 1):
-        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{label} · {mode}"}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{label} · {mode}"}}
+        )
         for tid, trace in enumerate(traces, 1):
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": trace.session or f"rollout {tid}"}})
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": pid,
+                    "tid": tid,
+                    "args": {"name": trace.session or f"rollout {tid}"},
+                }
+            )
             for span in spans(trace):
-                events.append({"ph": "X", "name": span["name"], "cat": span["cat"], "pid": pid, "tid": tid,
-                               "ts": round((span["start"] - origin) * 1e6, 1), "dur": round((span["end"] - span["start"]) * 1e6, 1),
-                               "args": span["args"]})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"clock": "CLOCK_MONOTONIC of the lab's host (client and server on one machine)"}}
+                events.append(
+                    {
+                        "ph": "X",
+                        "name": span["name"],
+                        "cat": span["cat"],
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": round((span["start"] - origin) * 1e6, 1),
+                        "dur": round((span["end"] - span["start"]) * 1e6, 1),
+                        "args": span["args"],
+                    }
+                )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"clock": "CLOCK_MONOTONIC of the lab's host (client and server on one machine)"},
+    }
 
 
 def write_trace(cells: Sequence[tuple[str, str, list[Trace]]], out: Path) -> list[Path]:

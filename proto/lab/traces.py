@@ -37,8 +37,10 @@ from pathlib import Path
 from sampler.policy import WORKLOADS, PlannedCall, Workload, load_workload, workload_names
 
 TRACELAB = WORKLOADS / "tracelab"
-TRACELAB_SOURCE = ("TraceLab (UW SyFI Lab, github.com/uw-syfi/TraceLab, commit 0b8a262): examples Apache-2.0, "
-                   "dataset CC BY 4.0")
+TRACELAB_SOURCE = (
+    "TraceLab (UW SyFI Lab, github.com/uw-syfi/TraceLab, commit 0b8a262): examples Apache-2.0, "
+    "dataset CC BY 4.0"
+)
 
 
 class TraceError(ValueError):
@@ -62,7 +64,9 @@ class Session:
     name: str
     arrival_s: float
     rounds: tuple[Round, ...]
-    first_tokens: int | None = None  # synthetic: the first message's body tokens (traces: rounds[0].input_tokens)
+    first_tokens: int | None = (
+        None  # synthetic: the first message's body tokens (traces: rounds[0].input_tokens)
+    )
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,14 @@ def from_workload(w: Workload) -> Replay:
     for t in w.turns:
         if t.calls:
             tokens = t.tool_output_tokens or 0
-            rounds.append(Round(t.output_tokens or 0, t.calls, t.client_tool_time_s or 0.0,
-                                result_tokens=tuple(tokens for _ in t.calls)))
+            rounds.append(
+                Round(
+                    t.output_tokens or 0,
+                    t.calls,
+                    t.client_tool_time_s or 0.0,
+                    result_tokens=tuple(tokens for _ in t.calls),
+                )
+            )
         else:
             rounds.append(Round(t.output_tokens or 0, (), 0.0, text=t.text))
     session = Session(w.name, 0.0, tuple(rounds), first_tokens=w.first_user_tokens)
@@ -142,7 +152,9 @@ def read_csv(path: Path) -> Replay:
         sid = (row.get("session_id") or row.get("id") or "").strip()
         if not sid:
             raise TraceError(f"{where}: no session_id")
-        by_session.setdefault(sid, []).append((int(_number(row, "round_idx", where)), _number(row, "arrival_time", where, 0.0), row, where))
+        by_session.setdefault(sid, []).append(
+            (int(_number(row, "round_idx", where)), _number(row, "arrival_time", where, 0.0), row, where)
+        )
     sessions = []
     for sid, entries in by_session.items():
         entries.sort(key=lambda e: e[0])
@@ -150,20 +162,27 @@ def read_csv(path: Path) -> Replay:
         for i, (_, _, row, where) in enumerate(entries):
             prefix, added = int(_number(row, "prefix_len", where)), int(_number(row, "input_len", where))
             last = i == len(entries) - 1
-            rounds.append(Round(
-                output_tokens=int(_number(row, "output_len", where)),
-                calls=() if last else (TOOL,),
-                tool_wait_s=0.0 if last else _number(row, "tool_wait_after_ms", where, 0.0) / 1e3,
-                input_tokens=prefix + added,
-                keep=prefix,
-                result_weights=() if last else (1.0,),
-            ))
+            rounds.append(
+                Round(
+                    output_tokens=int(_number(row, "output_len", where)),
+                    calls=() if last else (TOOL,),
+                    tool_wait_s=0.0 if last else _number(row, "tool_wait_after_ms", where, 0.0) / 1e3,
+                    input_tokens=prefix + added,
+                    keep=prefix,
+                    result_weights=() if last else (1.0,),
+                )
+            )
         sessions.append(Session(f"{path.stem}#{sid}", min(e[1] for e in entries) / 1e3, tuple(rounds)))
     if not sessions:
         raise TraceError(f"{path.name}: no rounds")
     sessions.sort(key=lambda s: s.arrival_s)
-    return Replay(path.stem, f"TraceLab round trace {path.name}: {len(sessions)} sessions, {len(rows)} rounds",
-                  tuple(sessions), trace=True, source=TRACELAB_SOURCE)
+    return Replay(
+        path.stem,
+        f"TraceLab round trace {path.name}: {len(sessions)} sessions, {len(rows)} rounds",
+        tuple(sessions),
+        trace=True,
+        source=TRACELAB_SOURCE,
+    )
 
 
 def read_jsonl(path: Path) -> Replay:
@@ -194,19 +213,29 @@ def read_jsonl(path: Path) -> Replay:
             last = i == len(entries) - 1
             calls = () if last else tuple(PlannedCall(_tool_name(t, where), "{}") for t in tools)
             waits = [float(t.get("tool_wall_latency_ms") or 0.0) for t in tools if isinstance(t, dict)]
-            weights = tuple(max(float(t.get("result_chars") or 0.0), 1.0) for t in tools if isinstance(t, dict))
-            rounds.append(Round(
-                output_tokens=int(row["output_tokens"]),  # type: ignore[call-overload]
-                calls=calls,
-                tool_wait_s=(max(waits) / 1e3 if waits and calls else 0.0),
-                input_tokens=int(row["input_tokens_total"]),  # type: ignore[call-overload]
-                result_weights=weights if calls else (),
-            ))
+            weights = tuple(
+                max(float(t.get("result_chars") or 0.0), 1.0) for t in tools if isinstance(t, dict)
+            )
+            rounds.append(
+                Round(
+                    output_tokens=int(row["output_tokens"]),  # type: ignore[call-overload]
+                    calls=calls,
+                    tool_wait_s=(max(waits) / 1e3 if waits and calls else 0.0),
+                    input_tokens=int(row["input_tokens_total"]),  # type: ignore[call-overload]
+                    result_weights=weights if calls else (),
+                )
+            )
         sessions.append(Session(f"{path.stem}#{sid}", 0.0, tuple(rounds)))
     if not sessions:
         raise TraceError(f"{path.name}: no rounds")
-    return Replay(path.stem, f"TraceLab round trace {path.name}: {len(sessions)} session(s), "
-                  f"{sum(len(s.rounds) for s in sessions)} rounds", tuple(sessions), trace=True, source=TRACELAB_SOURCE)
+    return Replay(
+        path.stem,
+        f"TraceLab round trace {path.name}: {len(sessions)} session(s), "
+        f"{sum(len(s.rounds) for s in sessions)} rounds",
+        tuple(sessions),
+        trace=True,
+        source=TRACELAB_SOURCE,
+    )
 
 
 def _tool_name(tool: object, where: str) -> str:

@@ -42,9 +42,16 @@ def fitted(fit: dict[str, Any], key: str, h: int, a: int = 1000, chain: int = 5,
 
 def repeat_rows(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     a, b = first["calibration"]["overhead_vs_http"], second["calibration"]["overhead_vs_http"]
-    rows = [f"**Repeatability** — `{first['command']}` (started {first['started_utc']}) and the same command again "
-            f"(started {second['started_utc']}): each mode's overhead ÷ http's, summed over the calibration's own rounds "
-            "(same seed, same rounds):", "", "| mode | run 1 | run 2 | difference |", "|---|---|---|---|"]
+    rows = [
+        f"**Repeatability** — `{first['command']}` (started {first['started_utc']}) and the same command "
+        f"again "
+        f"(started {second['started_utc']}): each mode's overhead ÷ http's, summed over the calibration's "
+        f"own rounds "
+        "(same seed, same rounds):",
+        "",
+        "| mode | run 1 | run 2 | difference |",
+        "|---|---|---|---|",
+    ]
     worst = 0.0
     for mode in MODES:
         if mode == "http" or mode not in a or mode not in b:
@@ -52,70 +59,121 @@ def repeat_rows(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
         diff = b[mode] / a[mode] - 1
         worst = max(worst, abs(diff))
         rows.append(f"| {mode} | {a[mode]:.3f} | {b[mode]:.3f} | {diff * 100:+.1f} % |")
-    return [*rows, "", f"Largest difference: {worst * 100:.1f} % (target ±{TOLERANCE * 100:.0f} %: "
-            f"{'met' if worst <= TOLERANCE else 'NOT met'})."]
+    return [
+        *rows,
+        "",
+        f"Largest difference: {worst * 100:.1f} % (target ±{TOLERANCE * 100:.0f} %: "
+        f"{'met' if worst <= TOLERANCE else 'NOT met'}).",
+    ]
 
 
 def calibration_section(first: dict[str, Any], second: dict[str, Any] | None) -> list[str]:
     cal = first["calibration"]
-    rows = [f"Command: **`{first['command']}`** (started {first['started_utc']}; calibration {cal['wall_s']:.0f} s, "
-            f"{sum(cal['rounds_by_mode'].values())} rounds, history to {cal['h_max'] // 1000} k tokens).", "",
-            "Fitted per-round overhead `c` (ms; one session, no hops, a continuation appending 1 k tokens, 50 output tokens, "
-            "chain 5), its part before the first token `o`, and the remote calls per round:", "",
-            "| mode | " + " | ".join(f"c at {k}" for k in REFERENCE) + " | o at H=32k | rewrite c at H=32k | safety hops | resolutions |",
-            "|---|" + "---|" * (len(REFERENCE) + 4)]
+    rows = [
+        f"Command: **`{first['command']}`** (started {first['started_utc']}; calibration {cal['wall_s']:.0f} "
+        f"s, "
+        f"{sum(cal['rounds_by_mode'].values())} rounds, history to {cal['h_max'] // 1000} k tokens).",
+        "",
+        "Fitted per-round overhead `c` (ms; one session, no hops, a continuation appending 1 k tokens, 50 "
+        "output tokens, "
+        "chain 5), its part before the first token `o`, and the remote calls per round:",
+        "",
+        "| mode | "
+        + " | ".join(f"c at {k}" for k in REFERENCE)
+        + " | o at H=32k | rewrite c at H=32k | safety hops | resolutions |",
+        "|---|" + "---|" * (len(REFERENCE) + 4),
+    ]
     for mode in MODES:
         kinds = cal["fits"].get(mode)
         if not kinds:
             continue
         cont = kinds.get("outputs") or next(iter(kinds.values()))
         rewrite = kinds.get("rewrite", cont)
-        rows.append(f"| {mode} | " + " | ".join(f"{fitted(cont, 'c_ms', h):.2f}" for h in REFERENCE.values())
-                    + f" | {fitted(cont, 'o_ms', 32000):.2f} | {fitted(rewrite, 'c_ms', 32000, a=8000, chain=0):.2f} "
-                    f"| {cont['safety_hops']:.2f} | {cont['model_resolutions']:.2f} |")
-    rows += ["", "Per-1 k-token slopes of `c` (ms per 1 000 history tokens H / appended tokens A), continuation rounds: "
-             + "; ".join(f"{m} {k['outputs']['c_ms'][1] * 1e3:.3f} / {k['outputs']['c_ms'][2] * 1e3:.3f}"
-                         for m, k in cal["fits"].items() if "outputs" in k) + "."]
+        rows.append(
+            f"| {mode} | "
+            + " | ".join(f"{fitted(cont, 'c_ms', h):.2f}" for h in REFERENCE.values())
+            + f" | {fitted(cont, 'o_ms', 32000):.2f} | {fitted(rewrite, 'c_ms', 32000, a=8000, chain=0):.2f} "
+            f"| {cont['safety_hops']:.2f} | {cont['model_resolutions']:.2f} |"
+        )
+    rows += [
+        "",
+        "Per-1 k-token slopes of `c` (ms per 1 000 history tokens H / appended tokens A), continuation "
+        "rounds: "
+        + "; ".join(
+            f"{m} {k['outputs']['c_ms'][1] * 1e3:.3f} / {k['outputs']['c_ms'][2] * 1e3:.3f}"
+            for m, k in cal["fits"].items()
+            if "outputs" in k
+        )
+        + ".",
+    ]
     if second is not None:
         rows += ["", *repeat_rows(first, second)]
     return rows
 
 
-def curve_table(sweep: list[dict[str, Any]], curve: str, x_key: str, x_label: str, profiles: tuple[str, ...]) -> list[str]:
+def curve_table(
+    sweep: list[dict[str, Any]], curve: str, x_key: str, x_label: str, profiles: tuple[str, ...]
+) -> list[str]:
     rows_ = [r for r in sweep if r.get("curve") == curve]
     if not rows_:
         return ["(no sweep in this run)"]
     modes = [m for m in MODES if any(r["mode"] == m for r in rows_) and m != "http"]
-    out = [f"| {x_label} | profile | http E2E s | " + " | ".join(f"{m} E2E / TTFT" for m in modes) + " |",
-           "|---|---|---|" + "---|" * len(modes)]
+    out = [
+        f"| {x_label} | profile | http E2E s | " + " | ".join(f"{m} E2E / TTFT" for m in modes) + " |",
+        "|---|---|---|" + "---|" * len(modes),
+    ]
     for profile in profiles:
         xs = sorted({r[x_key] for r in rows_ if profile in ("", r["profile"])})
         for x in xs:
             at = {r["mode"]: r for r in rows_ if r[x_key] == x and profile in ("", r["profile"])}
             if "http" not in at:
                 continue
-            cellv = [f"{at[m]['predicted_e2e_vs_http'] * 100:+.1f} % / {at[m]['predicted_ttft_vs_http'] * 100:+.1f} %" if m in at else "–" for m in modes]
-            out.append(f"| {x:g} | {at['http']['profile']} | {at['http']['predicted_e2e_s']:.2f} | " + " | ".join(cellv) + " |")
+            cellv = [
+                f"{at[m]['predicted_e2e_vs_http'] * 100:+.1f} % / "
+                f"{at[m]['predicted_ttft_vs_http'] * 100:+.1f} %"
+                if m in at
+                else "–"
+                for m in modes
+            ]
+            out.append(
+                f"| {x:g} | {at['http']['profile']} | {at['http']['predicted_e2e_s']:.2f} | "
+                + " | ".join(cellv)
+                + " |"
+            )
     return out
 
 
 def curves_section(results: dict[str, Any]) -> list[str]:
     sweep = results.get("sweep") or []
     scale = sweep[0]["tool_time_scale"] if sweep else 1.0
-    return [f"From **`{results['command']}`**; one session, coding-agent, tool times × {scale:g}. Gain = mode ÷ http − 1, "
-            "E2E / TTFT p50.", "",
-            "**Against decode speed** (each speed with its class's prefill: GPU-served 80 ms + 8.5 µs/token below 500 "
-            "tokens/s, wafer-scale 1 ms + 39 µs/token from 500; `gain_vs_speed.png`):", "",
-            *curve_table(sweep, "speed", "decode_tps", "tokens/s", ("local", "production-like")), "",
-            "**Against turns** (mock-1000tps; `gain_vs_turns.png`):", "",
-            *curve_table(sweep, "turns", "turns", "turns", ("local", "production-like")), "",
-            "**Against the hop cost** (mock-1000tps; resolve hop a tenth of the safety hop; `gain_vs_hops.png`):", "",
-            *curve_table(sweep, "hops", "safety_hop_ms", "safety hop ms", ("",)), ""]
+    return [
+        f"From **`{results['command']}`**; one session, coding-agent, tool times × {scale:g}. Gain = mode ÷ "
+        f"http − 1, "
+        "E2E / TTFT p50.",
+        "",
+        "**Against decode speed** (each speed with its class's prefill: GPU-served 80 ms + 8.5 µs/token "
+        "below 500 "
+        "tokens/s, wafer-scale 1 ms + 39 µs/token from 500; `gain_vs_speed.png`):",
+        "",
+        *curve_table(sweep, "speed", "decode_tps", "tokens/s", ("local", "production-like")),
+        "",
+        "**Against turns** (mock-1000tps; `gain_vs_turns.png`):",
+        "",
+        *curve_table(sweep, "turns", "turns", "turns", ("local", "production-like")),
+        "",
+        "**Against the hop cost** (mock-1000tps; resolve hop a tenth of the safety hop; `gain_vs_hops.png`):",
+        "",
+        *curve_table(sweep, "hops", "safety_hop_ms", "safety hop ms", ("",)),
+        "",
+    ]
 
 
 def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str], float]:
-    rows = ["| run | profile · workload · model | mode | E2E p50 s | predicted | error | TTFT p50 ms | predicted |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| run | profile · workload · model | mode | E2E p50 s | predicted | error | TTFT p50 ms | predicted "
+        "|",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     worst = 0.0
     for name, results in runs_by_name.items():
         for run in results["runs"]:
@@ -123,38 +181,61 @@ def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str
             if err is None:
                 continue
             worst = max(worst, abs(err))
-            rows.append(f"| {name} | {run['profile']} · {run['workload']} · {run['model']} | {run['mode']} | {run['e2e_s_p50']:.2f} "
-                        f"| {run['predicted_e2e_s_p50']:.2f} | {err * 100:+.1f} % | {run['ttft_ms_p50']:.1f} | {run['predicted_ttft_ms_p50']:.1f} |")
+            rows.append(
+                f"| {name} | {run['profile']} · {run['workload']} · {run['model']} | {run['mode']} | "
+                f"{run['e2e_s_p50']:.2f} "
+                f"| {run['predicted_e2e_s_p50']:.2f} | {err * 100:+.1f} % | {run['ttft_ms_p50']:.1f} | "
+                f"{run['predicted_ttft_ms_p50']:.1f} |"
+            )
     return rows, worst
 
 
 def validation_section(points: list[tuple[str, dict[str, Any], str]]) -> list[str]:
-    """(label, a run's cells keyed by mode, mode) → the measured gain beside the fast model's for that cell."""
-    rows = ["| curve point | mode | measured E2E vs http | the fast model's | measured TTFT vs http | the fast model's |",
-            "|---|---|---|---|---|---|"]
+    """(label, a run's cells keyed by mode, mode) → the measured gain beside the fast model's for that
+    cell."""
+    rows = [
+        "| curve point | mode | measured E2E vs http | the fast model's | measured TTFT vs http | the fast "
+        "model's |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, modes, mode in points:
         run, base = modes.get(mode), modes.get("http")
         if run is None or base is None:  # the cell's own prediction is the fast model's value at that point
             continue
-        rows.append(f"| {label} | {mode} | {change(run['e2e_s_p50'], base['e2e_s_p50'])} | {change(run['predicted_e2e_s_p50'], base['predicted_e2e_s_p50'])} "
-                    f"| {change(run['ttft_ms_p50'], base['ttft_ms_p50'])} | {change(run['predicted_ttft_ms_p50'], base['predicted_ttft_ms_p50'])} |")
+        rows.append(
+            f"| {label} | {mode} | {change(run['e2e_s_p50'], base['e2e_s_p50'])} | "
+            f"{change(run['predicted_e2e_s_p50'], base['predicted_e2e_s_p50'])} "
+            f"| {change(run['ttft_ms_p50'], base['ttft_ms_p50'])} | "
+            f"{change(run['predicted_ttft_ms_p50'], base['predicted_ttft_ms_p50'])} |"
+        )
     return rows
 
 
 def scenario_section(results: dict[str, Any]) -> list[str]:
     sc = results.get("scenario") or {}
-    out = [f"- **Authors**: {sc.get('authors', '–')}", f"- **Conditions here**: {sc.get('conditions', '–')}",
-           f"- **Command**: `{results['command']}`"]
+    out = [
+        f"- **Authors**: {sc.get('authors', '–')}",
+        f"- **Conditions here**: {sc.get('conditions', '–')}",
+        f"- **Command**: `{results['command']}`",
+    ]
     fast = sc.get("fast_model") or {}
     if fast:
         out.append("- **Fast model**: " + "; ".join(f"{k} = {_fmt_any(v)}" for k, v in fast.items()))
     if results["runs"]:
         out += ["", "Measured (real clock):", ""]
         for (profile, workload, model), modes in cells(results["runs"]).items():
-            base = modes.get("http-prev" if "sglang" in sc.get("name", "") or sc.get("name") == "xai" else "http")
-            out.append(f"- {profile} · {workload} · {model}: " + "; ".join(
-                f"{m} E2E {r['e2e_s_p50']:.2f} s ({change(r['e2e_s_p50'], value(base, 'e2e_s_p50'))}), TTFT {r['ttft_ms_p50']:.1f} ms "
-                f"({change(r['ttft_ms_p50'], value(base, 'ttft_ms_p50'))})" for m, r in modes.items()))
+            base = modes.get(
+                "http-prev" if "sglang" in sc.get("name", "") or sc.get("name") == "xai" else "http"
+            )
+            out.append(
+                f"- {profile} · {workload} · {model}: "
+                + "; ".join(
+                    f"{m} E2E {r['e2e_s_p50']:.2f} s ({change(r['e2e_s_p50'], value(base, 'e2e_s_p50'))}), "
+                    f"TTFT {r['ttft_ms_p50']:.1f} ms "
+                    f"({change(r['ttft_ms_p50'], value(base, 'ttft_ms_p50'))})"
+                    for m, r in modes.items()
+                )
+            )
     return out
 
 
@@ -168,20 +249,46 @@ def _fmt_any(v: Any) -> str:
 
 def lab(directory: Path) -> str:
     runs = {p.parent.name: load(p) for p in sorted(directory.glob("*/results.json"))}
-    out = ["# Lab results (generated)", "",
-           f"Generated by `responses-lab bench report --lab {directory}` from the results.json of the runs kept in "
-           f"`{directory}/`, one directory per run, named as the sections below cite them.", ""]
+    out = [
+        "# Lab results (generated)",
+        "",
+        f"Generated by `responses-lab bench report --lab {directory}` from the results.json of the runs kept "
+        f"in "
+        f"`{directory}/`, one directory per run, named as the sections below cite them.",
+        "",
+    ]
     if "predict-1" in runs:
-        out += ["## The fast model: per-round overhead on this machine", "",
-                *calibration_section(runs["predict-1"], runs.get("predict-2")), "",
-                *(repeat_rows(runs["predict-3"], runs["predict-4"]) if "predict-3" in runs and "predict-4" in runs else []), "",
-                "## The seed's curve and the SMG axis (fast model, tool times × 1)", "", *curves_section(runs["predict-1"])]
+        out += [
+            "## The fast model: per-round overhead on this machine",
+            "",
+            *calibration_section(runs["predict-1"], runs.get("predict-2")),
+            "",
+            *(
+                repeat_rows(runs["predict-3"], runs["predict-4"])
+                if "predict-3" in runs and "predict-4" in runs
+                else []
+            ),
+            "",
+            "## The seed's curve and the SMG axis (fast model, tool times × 1)",
+            "",
+            *curves_section(runs["predict-1"]),
+        ]
     if "sweep-coding" in runs:
-        out += ["## The same curves at the real-clock runs' tool times (× 0.1)", "", *curves_section(runs["sweep-coding"])]
+        out += [
+            "## The same curves at the real-clock runs' tool times (× 0.1)",
+            "",
+            *curves_section(runs["sweep-coding"]),
+        ]
     measured = {k: v for k, v in runs.items() if v["runs"]}
     rows, worst = predicted_section(measured)
-    out += ["## Predicted vs measured, every real-clock cell", "",
-            f"Largest |predicted − measured| / measured on E2E p50: **{worst * 100:.1f} %** (target 5 %).", "", *rows, ""]
+    out += [
+        "## Predicted vs measured, every real-clock cell",
+        "",
+        f"Largest |predicted − measured| / measured on E2E p50: **{worst * 100:.1f} %** (target 5 %).",
+        "",
+        *rows,
+        "",
+    ]
     points = []
     by = {name: cells(r["runs"]) for name, r in measured.items()}
 
@@ -193,20 +300,51 @@ def lab(directory: Path) -> str:
         for name, turns in (("turns-8", 8), ("turns-15", 15), ("sweep-coding", 30)):
             for profile in ("local", "production-like"):
                 key = next((k for k in by.get(name, {}) if k[0] == profile and k[2] == "mock-1000tps"), None)
-                points.append((f"{turns} turns, {profile}", by.get(name, {}).get(key, {}) if key else {}, mode))
-        for name, profile, hop in (("sweep-coding", "local", 0), ("sweep-coding", "production-like", 20), ("hops-remote", "remote", 50)):
-            key = next((k for k in by.get(name, {}) if k[0] == profile and k[2] == "mock-1000tps" and k[1] == "coding-agent"), None)
-            points.append((f"safety hop {hop} ms ({profile})", by.get(name, {}).get(key, {}) if key else {}, mode))
-    out += ["## Three real-clock points of each curve", "",
-            "Each curve point measured on the real clock (tool times × 0.1, 2 sessions), its gain over http beside the fast "
-            "model's for the same cell:", "", *validation_section(points), ""]
-    for name, title in (("scenario-seed", "OpenAI's seed"), ("scenario-sglang", "SGLang / SMG model gateway"), ("scenario-xai", "xAI"),
-                        ("scenario-vllm", "vLLM's /v1/responses API cost")):
+                points.append(
+                    (f"{turns} turns, {profile}", by.get(name, {}).get(key, {}) if key else {}, mode)
+                )
+        for name, profile, hop in (
+            ("sweep-coding", "local", 0),
+            ("sweep-coding", "production-like", 20),
+            ("hops-remote", "remote", 50),
+        ):
+            key = next(
+                (
+                    k
+                    for k in by.get(name, {})
+                    if k[0] == profile and k[2] == "mock-1000tps" and k[1] == "coding-agent"
+                ),
+                None,
+            )
+            points.append(
+                (f"safety hop {hop} ms ({profile})", by.get(name, {}).get(key, {}) if key else {}, mode)
+            )
+    out += [
+        "## Three real-clock points of each curve",
+        "",
+        "Each curve point measured on the real clock (tool times × 0.1, 2 sessions), its gain over http "
+        "beside the fast "
+        "model's for the same cell:",
+        "",
+        *validation_section(points),
+        "",
+    ]
+    for name, title in (
+        ("scenario-seed", "OpenAI's seed"),
+        ("scenario-sglang", "SGLang / SMG model gateway"),
+        ("scenario-xai", "xAI"),
+        ("scenario-vllm", "vLLM's /v1/responses API cost"),
+    ):
         if name in runs:
             out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
     for name in ("quick-1", "sweep-rewrites", "sweep-traces"):
         if name in runs:
-            out += [render(runs[name], runs.get("quick-2") if name == "quick-1" else None, title=f"Run `{name}`").replace("### ", "## ", 1), ""]
+            out += [
+                render(
+                    runs[name], runs.get("quick-2") if name == "quick-1" else None, title=f"Run `{name}`"
+                ).replace("### ", "## ", 1),
+                "",
+            ]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -223,7 +361,8 @@ def write_lab(directory: Path, out: Path) -> None:
 
 
 def write_marked(path: Path, marker: str, text: str) -> None:
-    """Replace what lies between ``path``'s ``<!-- MARKER:begin -->`` and ``<!-- MARKER:end -->`` with ``text``."""
+    """Replace what lies between ``path``'s ``<!-- MARKER:begin -->`` and ``<!-- MARKER:end -->`` with
+    ``text``."""
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     doc = path.read_text(encoding="utf-8")
     if begin not in doc or end not in doc:
@@ -234,12 +373,27 @@ def write_marked(path: Path, marker: str, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-lab bench report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="responses-lab bench report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("results", type=Path, nargs="?", help="one run's results.json")
-    parser.add_argument("--lab", type=Path, nargs="?", const=RESULTS, default=None, metavar="DIR",
-                        help=f"a directory of kept runs (default {RESULTS}): write the lab's results document")
-    parser.add_argument("--out", type=Path, default=DOCUMENT, help=f"with --lab: the file to write (default {DOCUMENT}; - prints)")
+    parser.add_argument(
+        "--lab",
+        type=Path,
+        nargs="?",
+        const=RESULTS,
+        default=None,
+        metavar="DIR",
+        help=f"a directory of kept runs (default {RESULTS}): write the lab's results document",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DOCUMENT,
+        help=f"with --lab: the file to write (default {DOCUMENT}; - prints)",
+    )
     parser.add_argument("--again", type=Path, default=None, help="a second run of the same command")
     parser.add_argument("--write", type=Path, default=None, help="replace the marked section of this file")
     parser.add_argument("--marker", default="results", help="the section's marker name")

@@ -94,7 +94,9 @@ class Seen:
     usage: dict[str, Any] | None = None  # the terminal event's usage, when heard
     received: int = 0  # output tokens the client counted in deltas
     left: bool = False  # the client went away (or was cut) before a terminal event
-    crashed: bool = False  # the server died under it: billed from its durable trace, at most what was received
+    crashed: bool = (
+        False  # the server died under it: billed from its durable trace, at most what was received
+    )
 
 
 @dataclass
@@ -186,7 +188,8 @@ class Target:
         self.server = None
 
     async def metrics(self) -> dict[str, float]:
-        """Every sample of ``/metrics``, summed over labels (``responses_lab_engine_running`` = all models)."""
+        """Every sample of ``/metrics``, summed over labels (``responses_lab_engine_running`` = all
+        models)."""
         async with httpx.AsyncClient(base_url=self.child.http_url, timeout=GUARD) as http:
             text = (await http.get("/metrics")).text
         values: dict[str, float] = {}
@@ -200,7 +203,10 @@ class Target:
 
     def rows(self) -> dict[str, Row]:
         with sqlite3.connect(self.db) as db:
-            found = db.execute("SELECT response_id, mode, status, reason, input_tokens, cached_tokens, output_tokens FROM usage").fetchall()
+            found = db.execute(
+                "SELECT response_id, mode, status, reason, input_tokens, cached_tokens, output_tokens FROM "
+                "usage"
+            ).fetchall()
         db.close()
         return {r[0]: Row(*r[1:]) for r in found}
 
@@ -223,13 +229,24 @@ class Target:
         now: dict[str, float] = {}
         for _ in range(300):
             now = await self.metrics()
-            if all(now.get(k, 0.0) == v for k, v in want.items()) and now["responses_lab_tasks"] <= base["responses_lab_tasks"]:
+            if (
+                all(now.get(k, 0.0) == v for k, v in want.items())
+                and now["responses_lab_tasks"] <= base["responses_lab_tasks"]
+            ):
                 break
             await asyncio.sleep(0.05)
         else:
-            left = {k: now.get(k) for k in (*want, "responses_lab_tasks") if now.get(k) != want.get(k, base["responses_lab_tasks"])}
+            left = {
+                k: now.get(k)
+                for k in (*want, "responses_lab_tasks")
+                if now.get(k) != want.get(k, base["responses_lab_tasks"])
+            }
             book.violate(f"leak: {left} (baseline tasks {base['responses_lab_tasks']})")
-        for name in ("responses_lab_ledger_failed", "responses_lab_ledger_duplicates", "responses_lab_ledger_overflow"):
+        for name in (
+            "responses_lab_ledger_failed",
+            "responses_lab_ledger_duplicates",
+            "responses_lab_ledger_overflow",
+        ):
             if now.get(name, 0.0):
                 book.violate(f"{name} = {now[name]}")
 
@@ -244,19 +261,32 @@ class Target:
             if seen.terminals > 1:
                 book.violate(f"{seen.transport} {response_id}: {seen.terminals} terminal events")
             if seen.usage is not None:
-                heard = (seen.usage["input_tokens"], seen.usage["input_tokens_details"]["cached_tokens"], seen.usage["output_tokens"])
+                heard = (
+                    seen.usage["input_tokens"],
+                    seen.usage["input_tokens_details"]["cached_tokens"],
+                    seen.usage["output_tokens"],
+                )
                 billed = (found.input_tokens, found.cached_tokens, found.output_tokens)
                 if heard != billed:
                     book.violate(f"{seen.transport} {response_id}: terminal usage {heard} != ledger {billed}")
-                if seen.transport != "json" and heard[2] != seen.received:  # the client heard every token it pays for
-                    book.violate(f"{seen.transport} {response_id}: terminal usage says {heard[2]} output tokens, the client received {seen.received}")
+                if (
+                    seen.transport != "json" and heard[2] != seen.received
+                ):  # the client heard every token it pays for
+                    book.violate(
+                        f"{seen.transport} {response_id}: terminal usage says {heard[2]} output tokens, the "
+                        f"client received {seen.received}"
+                    )
             elif not seen.left:
                 book.violate(f"{seen.transport} {response_id}: no terminal event though the client stayed")
             elif not seen.crashed and found.output_tokens < seen.received:
-                book.violate(f"{seen.transport} {response_id}: billed {found.output_tokens} < received {seen.received}")
+                book.violate(
+                    f"{seen.transport} {response_id}: billed {found.output_tokens} < received {seen.received}"
+                )
         unnamed = set(rows) - before - set(book.seen)
         if len(unnamed) > book.blind:
-            book.violate(f"{len(unnamed)} ledger rows for responses no client saw start, {book.blind} blind starts")
+            book.violate(
+                f"{len(unnamed)} ledger rows for responses no client saw start, {book.blind} blind starts"
+            )
         if self.open_rows():
             book.violate(f"{self.open_rows()} crash-trace rows left open")
 
@@ -267,8 +297,16 @@ async def recv(ws: ClientConnection) -> dict[str, Any]:
     return event
 
 
-async def ws_until(ws: ClientConnection, book: Book, transport: str, stop: frozenset[str], current: str | None = None, deltas: int = 0) -> tuple[dict[str, Any], str | None]:
-    """Frames into ``book`` until one of ``stop`` (or an error), or until ``deltas`` deltas; the last frame."""
+async def ws_until(
+    ws: ClientConnection,
+    book: Book,
+    transport: str,
+    stop: frozenset[str],
+    current: str | None = None,
+    deltas: int = 0,
+) -> tuple[dict[str, Any], str | None]:
+    """Frames into ``book`` until one of ``stop`` (or an error), or until ``deltas`` deltas; the last
+    frame."""
     count = 0
     while True:
         event = await recv(ws)
@@ -295,7 +333,9 @@ WS_STATES = ("before_create", "opening", "streaming", "suspended", "mid_append",
 HTTP_STATES = ("opening", "streaming", "after_terminal")
 
 
-async def _ws_case(target: Target, book: Book, protocol: str, where: str, how: str, rng: random.Random) -> None:
+async def _ws_case(
+    target: Target, book: Book, protocol: str, where: str, how: str, rng: random.Random
+) -> None:
     transport = protocol
     terminal = TERMINAL_TYPES if protocol == "ga" else TERMINAL_TYPES | {"response.done"}
     current: str | None = None
@@ -310,11 +350,15 @@ async def _ws_case(target: Target, book: Book, protocol: str, where: str, how: s
             await ws.send(create(CALLS, FAST if where == "suspended" else SLOW))
             last, current = await ws_until(ws, book, transport, terminal)
             if where == "mid_append" and last["type"] in ("response.done", "response.completed"):
-                calls = last.get("pending_calls") or [i for i in last["response"]["output"] if i["type"] == "function_call"]
+                calls = last.get("pending_calls") or [
+                    i for i in last["response"]["output"] if i["type"] == "function_call"
+                ]
                 if protocol == "longlived":
                     await ws.send(frame_text(messages.append(outputs(calls))))
                 else:  # the GA spelling: a continuation (the cached response), left as soon as it is sent
-                    follow = messages.body(SLOW, outputs(calls), tools=TOOLS, previous_response_id=current, store=False)
+                    follow = messages.body(
+                        SLOW, outputs(calls), tools=TOOLS, previous_response_id=current, store=False
+                    )
                     await ws.send(frame_text(messages.create(follow)))
                     book.blind += 1
         elif where == "after_terminal":
@@ -355,7 +399,9 @@ async def _http_case(target: Target, book: Book, transport: str, where: str, rng
 
 
 async def disconnects(target: Target, book: Book, rng: random.Random, rounds: int) -> None:
-    cases = [(p, s) for p in ("longlived", "ga") for s in WS_STATES] + [(p, s) for p in ("sse", "json") for s in HTTP_STATES]
+    cases = [(p, s) for p in ("longlived", "ga") for s in WS_STATES] + [
+        (p, s) for p in ("sse", "json") for s in HTTP_STATES
+    ]
     for _ in range(rounds):
         rng.shuffle(cases)
         for transport, where in cases:
@@ -370,7 +416,20 @@ async def disconnects(target: Target, book: Book, rng: random.Random, rounds: in
 
 
 # ------------------------------------------------------------------------------------------- fuzz
-_VALUES: tuple[Any, ...] = (None, 0, -1, 2**63, 1.5, "", "x" * 1000, [], {}, True, [1, "a", None], {"type": "message"})
+_VALUES: tuple[Any, ...] = (
+    None,
+    0,
+    -1,
+    2**63,
+    1.5,
+    "",
+    "x" * 1000,
+    [],
+    {},
+    True,
+    [1, "a", None],
+    {"type": "message"},
+)
 
 
 def mutate(rng: random.Random, frame: dict[str, Any], binary: bool = False) -> str | bytes:
@@ -396,7 +455,9 @@ def mutate(rng: random.Random, frame: dict[str, Any], binary: bool = False) -> s
         depth = rng.choice((10, 200, 5000, 50000))
         return text.replace('"input":', '"input":' + "[" * depth + "1" + "]" * depth + ',"x":', 1)
     if kind == "type":
-        return json.dumps({**frame, "type": rng.choice(("response.creat", "session.update", "", "response.append.x", 7))})
+        return json.dumps(
+            {**frame, "type": rng.choice(("response.creat", "session.update", "", "response.append.x", 7))}
+        )
     mutated = json.loads(text)
     target: Any = mutated
     path: list[Any] = []
@@ -435,7 +496,9 @@ async def _fuzz_ws(target: Target, book: Book, protocol: str, rng: random.Random
             await ws.send(frame)
             try:
                 last, current = await ws_until(ws, book, protocol, terminal)
-                book.answered(str(last["error"].get("code")) if last["type"] == "error" else str(last["type"]))
+                book.answered(
+                    str(last["error"].get("code")) if last["type"] == "error" else str(last["type"])
+                )
                 if last["type"] == "error" and not registered(last.get("error")):
                     book.violate(f"fuzz {protocol}: unregistered error {last} for {frame[:120]!r}")
                 if last["type"] == "response.done":  # a mutation that is still a valid create: end it
@@ -481,7 +544,9 @@ async def _fuzz_http(target: Target, book: Book, rng: random.Random, count: int)
             text = mutate(rng, base)
             try:
                 data = text if isinstance(text, bytes) else text.encode()
-                reply = await http.post("/v1/responses", content=data, headers={"content-type": "application/json"})
+                reply = await http.post(
+                    "/v1/responses", content=data, headers={"content-type": "application/json"}
+                )
                 answer = reply.json()
             except (httpx.HTTPError, ValueError) as exc:
                 book.violate(f"fuzz http: no JSON answer to {text[:120]!r}: {type(exc).__name__}")
@@ -507,7 +572,9 @@ async def fuzz(target: Target, book: Book, rng: random.Random, count: int) -> No
 
 
 # ------------------------------------------------------------------------------------------- load
-async def rollout(target: Target, book: Book, transport: str, model: str, store: bool = False) -> list[dict[str, Any]]:
+async def rollout(
+    target: Target, book: Book, transport: str, model: str, store: bool = False
+) -> list[dict[str, Any]]:
     """One multi-turn rollout to its end over ``transport``; the terminal events (or error bodies) it got."""
     ends: list[dict[str, Any]] = []
     if transport == "longlived":
@@ -515,7 +582,9 @@ async def rollout(target: Target, book: Book, transport: str, model: str, store:
             await longlived.send(create(CALLS, model, store=store))
             current: str | None = None  # one response over every turn
             while True:
-                last, current = await ws_until(longlived, book, transport, TERMINAL_TYPES | {"response.done"}, current)
+                last, current = await ws_until(
+                    longlived, book, transport, TERMINAL_TYPES | {"response.done"}, current
+                )
                 if last["type"] != "response.done":
                     return [*ends, last]
                 await longlived.send(frame_text(messages.append(outputs(last["pending_calls"]))))
@@ -532,10 +601,14 @@ async def rollout(target: Target, book: Book, transport: str, model: str, store:
             calls = [i for i in response.get("output", []) if i.get("type") == "function_call"]
             if last.get("type") != "response.completed" or not calls:
                 return ends
-            payload = messages.continuation(body("", model, store=payload["store"]), outputs(calls), response["id"])
+            payload = messages.continuation(
+                body("", model, store=payload["store"]), outputs(calls), response["id"]
+            )
 
 
-async def _one(book: Book, transport: str, payload: dict[str, Any], ws: ClientConnection | None, http: HttpClient) -> dict[str, Any]:
+async def _one(
+    book: Book, transport: str, payload: dict[str, Any], ws: ClientConnection | None, http: HttpClient
+) -> dict[str, Any]:
     if ws is not None:
         await ws.send(frame_text(messages.create(payload)))
         last, _ = await ws_until(ws, book, transport, TERMINAL_TYPES)
@@ -551,7 +624,10 @@ async def _one(book: Book, transport: str, payload: dict[str, Any], ws: ClientCo
     reply = await http.post(payload)
     answer: dict[str, Any] = reply.json()
     if reply.status_code == 200:
-        event = {"type": "response.completed" if answer.get("status") == "completed" else "response.incomplete", "response": answer}
+        event = {
+            "type": "response.completed" if answer.get("status") == "completed" else "response.incomplete",
+            "response": answer,
+        }
         book.note("json", event, None)
         return event
     book.blind += 1  # failed before any byte: the OpenAI error body, without the response's id
@@ -573,8 +649,12 @@ async def load(target: Target, book: Book, rng: random.Random, rollouts: int, co
                 return
             last = ends[-1]
             error = (last.get("response") or {}).get("error") or last.get("error")
-            book.answered(f"{transport} {last['type']} {error.get('code') if isinstance(error, dict) else ''}".strip())
-            if last["type"] in ("response.failed", "error") and not (isinstance(error, dict) and error.get("code") == "engine_failure"):
+            book.answered(
+                f"{transport} {last['type']} {error.get('code') if isinstance(error, dict) else ''}".strip()
+            )
+            if last["type"] in ("response.failed", "error") and not (
+                isinstance(error, dict) and error.get("code") == "engine_failure"
+            ):
                 book.violate(f"load {transport}: ended {last['type']} {error}")
 
     await asyncio.gather(*(one() for _ in range(rollouts)))
@@ -590,14 +670,18 @@ async def db_lock(target: Target, book: Book, rng: random.Random, rollouts: int)
     try:
         transports = [rng.choice(("longlived", "ga", "sse", "json")) for _ in range(rollouts)]
         book.cases += len(transports)
-        results = await asyncio.gather(*(rollout(target, book, t, FAST, store=True) for t in transports), return_exceptions=True)
+        results = await asyncio.gather(
+            *(rollout(target, book, t, FAST, store=True) for t in transports), return_exceptions=True
+        )
         for transport, result in zip(transports, results, strict=True):
             if isinstance(result, BaseException):
                 book.violate(f"db_lock {transport}: {type(result).__name__} {result}")
                 continue
             for end in result:
                 error = (end.get("response") or {}).get("error") or end.get("error")
-                if end["type"] in ("response.failed", "error") and not (isinstance(error, dict) and error.get("code") == "store_unavailable"):
+                if end["type"] in ("response.failed", "error") and not (
+                    isinstance(error, dict) and error.get("code") == "store_unavailable"
+                ):
                     book.violate(f"db_lock {transport}: ended {end['type']} {error}")
         await asyncio.sleep(max(0.0, hold_s - (time.monotonic() - locked_at)))
     finally:
@@ -614,7 +698,10 @@ async def crash(target: Target, book: Book, rng: random.Random) -> None:
     """SIGKILL with responses in flight on every transport; restart on the same file; reconcile."""
     in_flight: dict[str, str] = {}
     async with contextlib.AsyncExitStack() as stack:
-        sockets = {name: await stack.enter_async_context(connect(ws_url(target, name), max_size=None)) for name in ("longlived", "ga")}
+        sockets = {
+            name: await stack.enter_async_context(connect(ws_url(target, name), max_size=None))
+            for name in ("longlived", "ga")
+        }
         for name, ws in sockets.items():
             await ws.send(create(LONG, SLOW))
             _, streaming = await ws_until(ws, book, name, frozenset(), deltas=rng.randint(1, 20))
@@ -635,7 +722,9 @@ async def crash(target: Target, book: Book, rng: random.Random) -> None:
             book.violate(f"crash: only {sorted(in_flight.values())} started streaming")
         for _ in range(300):  # every trace durable with some output (bounded poll)
             with sqlite3.connect(target.db) as db:
-                traced = db.execute("SELECT count(*) FROM open_responses WHERE output_tokens > 0").fetchone()[0]
+                traced = db.execute("SELECT count(*) FROM open_responses WHERE output_tokens > 0").fetchone()[
+                    0
+                ]
             db.close()
             if traced >= len(in_flight):
                 break
@@ -659,7 +748,10 @@ async def crash(target: Target, book: Book, rng: random.Random) -> None:
         if found is None or (found.status, found.reason) != ("incomplete", "server_crashed"):
             book.violate(f"crash {transport} {response_id}: billed {found} (want incomplete, server_crashed)")
         elif found.output_tokens > book.seen[response_id].received:
-            book.violate(f"crash {transport} {response_id}: billed {found.output_tokens} > received {book.seen[response_id].received}")
+            book.violate(
+                f"crash {transport} {response_id}: billed {found.output_tokens} > received "
+                f"{book.seen[response_id].received}"
+            )
     ends = await rollout(target, book, "longlived", FAST)
     if ends[-1]["type"] != "response.completed":
         book.violate(f"crash: the restarted server does not serve: {ends[-1]}")
@@ -722,16 +814,33 @@ async def round_of_chaos(seed: int, sizes: Sizes, workdir: Path | None = None) -
                     await target.settle(book)
                     target.check_ledger(book, before)
                 seconds = round(time.perf_counter() - started, 2)
-                outcomes.append(Outcome(name, seed, book.cases, len(book.seen), book.blind, seconds, book.violations, book.answers))
+                outcomes.append(
+                    Outcome(
+                        name,
+                        seed,
+                        book.cases,
+                        len(book.seen),
+                        book.blind,
+                        seconds,
+                        book.violations,
+                        book.answers,
+                    )
+                )
         finally:
             await target.stop()
     return outcomes
 
 
 def table(outcomes: list[Outcome]) -> str:
-    lines = ["| scenario | seed | faults | responses seen | blind starts | s | violations |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| scenario | seed | faults | responses seen | blind starts | s | violations |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
-        lines.append(f"| {o.scenario} | {o.seed} | {o.cases} | {o.responses} | {o.blind} | {o.seconds} | {len(o.violations)} |")
+        lines.append(
+            f"| {o.scenario} | {o.seed} | {o.cases} | {o.responses} | {o.blind} | {o.seconds} | "
+            f"{len(o.violations)} |"
+        )
     for o in outcomes:
         lines.extend(f"- {o.scenario} (seed {o.seed}): {v}" for v in o.violations[:20])
     return "\n".join(lines)
@@ -762,7 +871,10 @@ def totals(outcomes: list[Outcome]) -> str:
         total[2] += o.responses
         total[3] += len(o.violations)
     lines = ["| scenario | rounds | faults | responses seen | violations |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {rounds} | {cases} | {responses} | {violations} |" for name, (rounds, cases, responses, violations) in sums.items()]
+    lines += [
+        f"| {name} | {rounds} | {cases} | {responses} | {violations} |"
+        for name, (rounds, cases, responses, violations) in sums.items()
+    ]
     return "\n".join(lines)
 
 

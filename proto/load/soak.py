@@ -108,7 +108,10 @@ class Soak:
                         else:
                             self.error(event.data["response"]["status"])
                         return
-                    sent, first = await client.send(messages.append(messages.outputs(event.data["pending_calls"]))), None
+                    sent, first = (
+                        await client.send(messages.append(messages.outputs(event.data["pending_calls"]))),
+                        None,
+                    )
 
     def turn(self, response: dict[str, Any], sent: float, first: float | None) -> None:
         self.report.turns_ok += 1
@@ -193,7 +196,9 @@ class Soak:
                 sockets += await asyncio.gather(*(self.suspend_one() for _ in range(min(100, count - start))))
             await asyncio.sleep(0.5)
             report.suspended_rss_mb_after = self.rss_mb()
-            report.suspended_kb_per_response = round((report.suspended_rss_mb_after - report.suspended_rss_mb_before) * 1024 / count, 1)
+            report.suspended_kb_per_response = round(
+                (report.suspended_rss_mb_after - report.suspended_rss_mb_before) * 1024 / count, 1
+            )
         finally:
             await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 
@@ -250,14 +255,30 @@ def check_loopback(url: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="responses-lab soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=None, help="a running server on loopback (default: start one)")
-    parser.add_argument("--server-pid", type=int, default=None, help="with --url: the server's pid, for its RSS")
-    parser.add_argument("--connections", type=int, default=100, help="rollouts run at once (long-lived + HTTP)")
+    parser.add_argument(
+        "--server-pid", type=int, default=None, help="with --url: the server's pid, for its RSS"
+    )
+    parser.add_argument(
+        "--connections", type=int, default=100, help="rollouts run at once (long-lived + HTTP)"
+    )
     parser.add_argument("--turns", type=int, default=10, help="model turns per rollout (turns-1 tool calls)")
-    parser.add_argument("--http-share", type=float, default=0.1, help="share of the rollouts run over HTTP (previous_response_id)")
-    parser.add_argument("--suspended", type=int, default=0, help="then hold this many responses suspended at once: RSS per response")
+    parser.add_argument(
+        "--http-share",
+        type=float,
+        default=0.1,
+        help="share of the rollouts run over HTTP (previous_response_id)",
+    )
+    parser.add_argument(
+        "--suspended",
+        type=int,
+        default=0,
+        help="then hold this many responses suspended at once: RSS per response",
+    )
     parser.add_argument("--model", default="mock-4000tps")
     parser.add_argument("--ramp-s", type=float, default=2.0, help="connections start spread over this long")
-    parser.add_argument("--max-s", type=float, default=300.0, help="the run's time limit (an error if reached)")
+    parser.add_argument(
+        "--max-s", type=float, default=300.0, help="the run's time limit (an error if reached)"
+    )
     parser.add_argument("--sample-s", type=float, default=1.0, help="RSS sampling interval")
     parser.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -272,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         process = psutil.Process(args.server_pid) if args.server_pid else None
         report = asyncio.run(Soak(args.url, args, process).run())
     else:
-        with (tempfile.TemporaryDirectory() as tmp,
-              ChildServer(["--model-override", FAST_OVERRIDE], db=str(Path(tmp) / "soak.db")) as server):
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            ChildServer(["--model-override", FAST_OVERRIDE], db=str(Path(tmp) / "soak.db")) as server,
+        ):
             report = asyncio.run(Soak(server.http_url, args, server.process).run())
     text = json.dumps(asdict(report), indent=1)
     if args.out is not None:

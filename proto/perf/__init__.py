@@ -1,4 +1,5 @@
-"""``responses-lab perf``: the hot path at the stack's floor, a regression suite to run before and after a change.
+"""``responses-lab perf``: the hot path at the stack's floor, a regression suite to run before and after a
+change.
 
     responses-lab perf turn      [--contexts 1000,100000] [--turns 50] [--append 1000]
     responses-lab perf cpu       [--context 100000] [--turns 20]
@@ -57,11 +58,22 @@ def ints(text: str) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     from proto.perf import topology
 
-    top = argparse.ArgumentParser(prog="responses-lab perf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = argparse.ArgumentParser(
+        prog="responses-lab perf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     top.add_argument("--server-path", default=None, help="run the server from this checkout (PYTHONPATH)")
-    top.add_argument("--compare", default=None, metavar="DIR", help="also run the server from DIR first ('before')")
-    top.add_argument("--profile", default=None, metavar="DIR", help="run every server under py-spy (raw stacks in DIR; CPU figures then meaningless)")
-    top.add_argument("--flag", dest="flags", action="append", default=[], help="an extra `serve` flag (repeatable)")
+    top.add_argument(
+        "--compare", default=None, metavar="DIR", help="also run the server from DIR first ('before')"
+    )
+    top.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="run every server under py-spy (raw stacks in DIR; CPU figures then meaningless)",
+    )
+    top.add_argument(
+        "--flag", dest="flags", action="append", default=[], help="an extra `serve` flag (repeatable)"
+    )
     sub = top.add_subparsers(dest="command", required=True)
     p = sub.add_parser("turn", help="per-turn overhead of a long-lived response against the ping floor")
     p.add_argument("--contexts", type=ints, default=[1000, 100_000])
@@ -74,7 +86,12 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stream", help="server CPU per streamed token against the bare stack's floor")
     p.add_argument("--tokens", type=int, default=16_000, help="per stream (the models' max output is 16 384)")
     p.add_argument("--streams", type=ints, default=[1, 32])
-    p.add_argument("--models", type=lambda s: s.split(","), default=["flat-out", "4000", "1000"], help="paces: flat-out or tok/s")
+    p.add_argument(
+        "--models",
+        type=lambda s: s.split(","),
+        default=["flat-out", "4000", "1000"],
+        help="paces: flat-out or tok/s",
+    )
     p.add_argument("--loop", default="asyncio")
     p = sub.add_parser("capacity", help="N long-lived streams at once: achieved rate and gaps")
     p.add_argument("--streams", type=ints, default=[64, 96, 128, 160, 192, 256])
@@ -82,15 +99,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--loop", default="asyncio")
     p.add_argument("--tries", type=int, default=4, help="runs of a level at most, while the box is contended")
-    p.add_argument("--max-wait", type=float, default=0.05, help="the server's run-queue wait share a run may have")
+    p.add_argument(
+        "--max-wait", type=float, default=0.05, help="the server's run-queue wait share a run may have"
+    )
     p = sub.add_parser("rss", help="server RSS per suspended long-lived response, by context")
     p.add_argument("--contexts", type=ints, default=[1000, 10_000, 100_000])
     p.add_argument("--count", type=int, default=12)
-    p = sub.add_parser("deflate", help="server CPU per token and bytes per frame, permessage-deflate on or off")
+    p = sub.add_parser(
+        "deflate", help="server CPU per token and bytes per frame, permessage-deflate on or off"
+    )
     p.add_argument("--tokens", type=int, default=16_000)
     p.add_argument("--rate", action="store_true", help="at the model's 4 000 tok/s instead of flat out")
-    p = sub.add_parser("topology", help="streams per second: in process, behind an engine, two workers",
-                       description=topology.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "topology",
+        help="streams per second: in process, behind an engine, two workers",
+        description=topology.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     topology.add_arguments(p)
     p = sub.add_parser("profile", help="summarise py-spy raw output written by --profile")
     p.add_argument("files", nargs="+")

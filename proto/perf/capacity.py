@@ -29,24 +29,46 @@ class Level:
 
 def cmd_capacity(args: argparse.Namespace) -> None:
     tokens = int(args.rate * args.seconds)
-    print(f"capacity: N long-lived streams × {args.rate:.0f} tok/s ({tokens} tokens each, time-factor-under-load=1), loop {args.loop}")
-    print("rates and gaps over the window in which every stream runs; CPU and run-queue wait: the server's share of")
-    print("the wall time on a CPU, and ready but waiting for one (another process had it); µs/token = CPU / tokens")
-    print(f"{'server':<10}{'streams':>8}{'min rate':>10}{'p50 rate':>10}{'≥99 %':>8}{'max gap':>10}{'p99 gap':>9}{'CPU':>10}{'runq wait':>10}{'µs/token':>10}{'tries':>6}")
+    print(
+        f"capacity: N long-lived streams × {args.rate:.0f} tok/s ({tokens} tokens each, "
+        f"time-factor-under-load=1), loop {args.loop}"
+    )
+    print(
+        "rates and gaps over the window in which every stream runs; CPU and run-queue wait: the server's "
+        "share of"
+    )
+    print(
+        "the wall time on a CPU, and ready but waiting for one (another process had it); µs/token = CPU / "
+        "tokens"
+    )
+    print(
+        f"{'server':<10}{'streams':>8}{'min rate':>10}{'p50 rate':>10}{'≥99 %':>8}{'max gap':>10}"
+        f"{'p99 gap':>9}{'CPU':>10}{'runq wait':>10}{'µs/token':>10}{'tries':>6}"
+    )
     for streams in args.streams:  # before and this side by side at each level: the box's load drifts
         for label, path in servers(args):
             runs = least_contended(args, path, streams, tokens)
             level = min(runs, key=lambda run: run.waited)
             ok = sum(r >= 0.99 for r in level.ratios)
-            print(f"{label:<10}{streams:>8}{min(level.ratios):>9.1%}{percentile(level.ratios, 50):>10.1%}{ok:>5}/{streams:<3}"
-                  f"{max(level.gaps_ms):>8.1f}ms{percentile(level.gaps_ms, 99):>7.1f}ms{level.cpu:>10.0%}{level.waited:>10.0%}"
-                  f"{level.cpu / (streams * args.rate) * 1e6:>10.2f}{len(runs):>6}")
+            print(
+                f"{label:<10}{streams:>8}{min(level.ratios):>9.1%}{percentile(level.ratios, 50):>10.1%}"
+                f"{ok:>5}/{streams:<3}"
+                f"{max(level.gaps_ms):>8.1f}ms{percentile(level.gaps_ms, 99):>7.1f}ms{level.cpu:>10.0%}"
+                f"{level.waited:>10.0%}"
+                f"{level.cpu / (streams * args.rate) * 1e6:>10.2f}{len(runs):>6}"
+            )
 
 
 def least_contended(args: argparse.Namespace, path: str | None, streams: int, tokens: int) -> list[Level]:
     """The box is shared: a level is run again (up to ``--tries`` times) while the server waited for a CPU
     more than ``--max-wait`` of the window (another process had the core). Every run, in order."""
-    flags = ["--model-override", f"{MODEL}:tokens-per-second={args.rate},time-factor-under-load=1,{FAST}", "--loop", args.loop, *args.flags]
+    flags = [
+        "--model-override",
+        f"{MODEL}:tokens-per-second={args.rate},time-factor-under-load=1,{FAST}",
+        "--loop",
+        args.loop,
+        *args.flags,
+    ]
     runs: list[Level] = []
     for _ in range(args.tries):
         with lab_server(flags, path) as server:
@@ -61,7 +83,9 @@ async def capacity_once(server: ChildServer, streams: int, tokens: int, rate: fl
     (from the last stream's first delta to the first stream's last): the start-up ramp and the tail
     where streams end together are not the steady state the sweep asks about."""
     conns = [await counting(server.port, "/v1/responses?protocol=longlived") for _ in range(streams)]
-    samples: list[tuple[float, float, float]] = []  # (time, server CPU s, server run-queue wait s), every 50 ms
+    samples: list[
+        tuple[float, float, float]
+    ] = []  # (time, server CPU s, server run-queue wait s), every 50 ms
 
     async def sample_cpu() -> None:
         while True:

@@ -22,7 +22,11 @@ from proto.perf.schedstat import thread_cpu_seconds
 
 DELTA = b'.delta"'  # in every *.delta event's type, in no other event of these streams
 END = b'"response.completed"'
-ENDS = (END, b'"response.incomplete"', b'"response.failed"')  # a stream that did not complete ends too (an error)
+ENDS = (
+    END,
+    b'"response.incomplete"',
+    b'"response.failed"',
+)  # a stream that did not complete ends too (an error)
 
 
 def client_frame(payload: bytes) -> bytes:
@@ -45,8 +49,11 @@ class Counting(asyncio.Protocol):
     carried deltas, and how many it carried. Server frames are unmasked and (deflate declined) plain text."""
 
     def __init__(self, path: str, port: int) -> None:
-        self.request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                        f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+        self.request = (
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\nSec-WebSocket-Version: "
+            f"13\r\n\r\n"
+        ).encode()
         self.transport: asyncio.Transport | None = None
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -133,8 +140,11 @@ async def counting(port: int, path: str) -> Counting:
     return proto
 
 
-async def count_streams(port: int, path: str, first: dict[str, Any] | None, streams: int, process: psutil.Process) -> tuple[float, int, float]:
-    """``streams`` counting connections at once, each sent ``first``; returns (server CPU s, deltas, wall s)."""
+async def count_streams(
+    port: int, path: str, first: dict[str, Any] | None, streams: int, process: psutil.Process
+) -> tuple[float, int, float]:
+    """``streams`` counting connections at once, each sent ``first``; returns (server CPU s, deltas, wall
+    s)."""
     conns = [await counting(port, path) for _ in range(streams)]
     cpu0, t0 = thread_cpu_seconds(process), time.perf_counter()
     for conn in conns:

@@ -9,7 +9,8 @@ IDLE = ("select (", "poll (", "_run_once (selectors")  # the event loop's idle w
 
 
 def frame_name(frame: str) -> str:
-    """``function (path/to/file.py:line)`` → ``function (file.py)``: one name per function, whatever the line."""
+    """``function (path/to/file.py:line)`` → ``function (file.py)``: one name per function, whatever the
+    line."""
     if " (" not in frame:
         return frame
     function, where = frame.split(" (", 1)
@@ -17,7 +18,8 @@ def frame_name(frame: str) -> str:
 
 
 def shares(paths: list[str]) -> tuple[int, dict[str, int], dict[str, int]]:
-    """(busy samples, self samples by function, inclusive samples by function) of py-spy raw (collapsed) stacks."""
+    """(busy samples, self samples by function, inclusive samples by function) of py-spy raw (collapsed)
+    stacks."""
     selfs: dict[str, int] = {}
     incl: dict[str, int] = {}
     total = 0

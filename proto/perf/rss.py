@@ -44,12 +44,21 @@ async def rss_once(server: ChildServer, context: int, count: int) -> tuple[float
 
 
 def cmd_rss(args: argparse.Namespace) -> None:
-    print(f"server RSS per suspended long-lived response, each context distinct: the first {args.count} held at once,")
-    print(f"then {args.count} more. The mock GPU's KV pool (30 000 blocks of 16 tokens) is shared and bounded: once")
+    print(
+        f"server RSS per suspended long-lived response, each context distinct: the first {args.count} held "
+        f"at once,"
+    )
+    print(
+        f"then {args.count} more. The mock GPU's KV pool (30 000 blocks of 16 tokens) is shared and bounded: "
+        f"once"
+    )
     print("it is full a response pins nothing more, so the second figure is what a response itself holds")
     print(f"{'server':<10}{'context':>9}{'first':>12}{'B/token':>9}{'next':>12}{'B/token':>9}")
     for label, path in servers(args):
         for context in args.contexts:
             with lab_server(["--model-override", f"{MODEL}:{FAST}", *args.flags], path) as server:
                 first, more = asyncio.run(rss_once(server, context, args.count))
-            print(f"{label:<10}{context:>9}{first / 2**20:>10.3f}MB{first / context:>9.1f}{more / 2**20:>10.3f}MB{more / context:>9.1f}")
+            print(
+                f"{label:<10}{context:>9}{first / 2**20:>10.3f}MB{first / context:>9.1f}"
+                f"{more / 2**20:>10.3f}MB{more / context:>9.1f}"
+            )

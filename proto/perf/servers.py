@@ -49,9 +49,23 @@ def py_spy(server: ChildServer, directory: Path) -> Iterator[None]:
     ``directory``. ``--nonblocking``: the server is not paused per sample (its figures stay close to an
     unprofiled run's)."""
     out = directory / f"{time.strftime('%H%M%S')}-{server.port}.txt"
-    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking", "--rate", "1000",
-                            "--format", "raw", "--output", str(out), "--pid", str(server.proc.pid)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spy = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--nonblocking",
+            "--rate",
+            "1000",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--pid",
+            str(server.proc.pid),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1.0)  # py-spy attaches
     try:
         yield
@@ -61,8 +75,17 @@ def py_spy(server: ChildServer, directory: Path) -> Iterator[None]:
 
 
 # A delta event of the size ours have (a 24-hex item id, a one-token delta, a 5-digit sequence number).
-FLOOR_FRAME = json.dumps({"type": "response.output_text.delta", "item_id": "msg_" + "0" * 24, "output_index": 0,
-                          "content_index": 0, "delta": " the", "sequence_number": 12345}, separators=(",", ":"))
+FLOOR_FRAME = json.dumps(
+    {
+        "type": "response.output_text.delta",
+        "item_id": "msg_" + "0" * 24,
+        "output_index": 0,
+        "content_index": 0,
+        "delta": " the",
+        "sequence_number": 12345,
+    },
+    separators=(",", ":"),
+)
 GO = {"type": "go"}  # what the floor app waits for before it streams
 
 
@@ -99,8 +122,17 @@ def _floor_serve(port: int, loop: str) -> None:
             await ws.receive()  # the client closes
 
     app = Starlette(routes=[WebSocketRoute("/floor", stream)])
-    uvicorn.run(app, host="127.0.0.1", port=port, ws="wsproto", loop=loop, ws_per_message_deflate=False,
-                ws_ping_interval=None, log_level="error", lifespan="off")
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        ws="wsproto",
+        loop=loop,
+        ws_per_message_deflate=False,
+        ws_ping_interval=None,
+        log_level="error",
+        lifespan="off",
+    )
 
 
 @contextlib.contextmanager

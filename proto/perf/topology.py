@@ -56,10 +56,14 @@ class Cell:
     ttft_ms_p50: float
 
     def line(self) -> str:
-        return (f"{self.topology:17} C={self.concurrency:3}  {self.streams_per_s:7.1f} streams/s  {self.tokens_per_s:9.0f} tok/s "
-                f"(nominal {self.nominal_tokens_per_s:9.0f})  CPU ms/stream api {self.api_cpu_ms_per_stream:5.2f} "
-                f"engine {self.engine_cpu_ms_per_stream:5.2f} client {self.client_cpu_ms_per_stream:5.2f}  "
-                f"TTFT p50 {self.ttft_ms_p50:6.2f} ms")
+        return (
+            f"{self.topology:17} C={self.concurrency:3}  {self.streams_per_s:7.1f} streams/s  "
+            f"{self.tokens_per_s:9.0f} tok/s "
+            f"(nominal {self.nominal_tokens_per_s:9.0f})  CPU ms/stream api "
+            f"{self.api_cpu_ms_per_stream:5.2f} "
+            f"engine {self.engine_cpu_ms_per_stream:5.2f} client {self.client_cpu_ms_per_stream:5.2f}  "
+            f"TTFT p50 {self.ttft_ms_p50:6.2f} ms"
+        )
 
 
 def client_cpu() -> float:
@@ -129,18 +133,29 @@ def topology(name: str, workers: int, remote: bool, tmp: Path) -> Iterator[Topol
 
 async def measure(t: Topology, concurrency: int, tokens: int, seconds: float) -> Cell:
     # A short warm-up of every connection's code paths, then the measured window.
-    await asyncio.gather(*(client(t.server.ws_url, tokens, time.perf_counter() + 0.3, []) for _ in range(concurrency)))
+    await asyncio.gather(
+        *(client(t.server.ws_url, tokens, time.perf_counter() + 0.3, []) for _ in range(concurrency))
+    )
     ttfts: list[float] = []
     api0, eng0, cli0, t0 = t.api_cpu(), t.engine_cpu(), client_cpu(), time.perf_counter()
-    counts = await asyncio.gather(*(client(t.server.ws_url, tokens, t0 + seconds, ttfts) for _ in range(concurrency)))
+    counts = await asyncio.gather(
+        *(client(t.server.ws_url, tokens, t0 + seconds, ttfts) for _ in range(concurrency))
+    )
     wall = time.perf_counter() - t0
     api, eng, cli = t.api_cpu() - api0, t.engine_cpu() - eng0, client_cpu() - cli0
     streams = sum(counts)
     return Cell(
-        topology=t.name, concurrency=concurrency, streams=streams, seconds=wall, streams_per_s=streams / wall,
-        tokens_per_s=streams * tokens / wall, nominal_tokens_per_s=concurrency * 4000.0,
-        api_cpu_ms_per_stream=api * 1e3 / streams, engine_cpu_ms_per_stream=eng * 1e3 / streams,
-        client_cpu_ms_per_stream=cli * 1e3 / streams, ttft_ms_p50=percentile(ttfts, 50),
+        topology=t.name,
+        concurrency=concurrency,
+        streams=streams,
+        seconds=wall,
+        streams_per_s=streams / wall,
+        tokens_per_s=streams * tokens / wall,
+        nominal_tokens_per_s=concurrency * 4000.0,
+        api_cpu_ms_per_stream=api * 1e3 / streams,
+        engine_cpu_ms_per_stream=eng * 1e3 / streams,
+        client_cpu_ms_per_stream=cli * 1e3 / streams,
+        ttft_ms_p50=percentile(ttfts, 50),
     )
 
 
@@ -171,18 +186,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_topology(args: argparse.Namespace) -> None:
     cells = asyncio.run(run(args))
-    best = {name: max((c for c in cells if c.topology == name), key=lambda c: c.streams_per_s) for name in {c.topology for c in cells}}
+    best = {
+        name: max((c for c in cells if c.topology == name), key=lambda c: c.streams_per_s)
+        for name in {c.topology for c in cells}
+    }
     remote = best["engine+2 workers"]
     paper = {f"{n} workers": on_paper(remote, n) for n in (1, 2, 4, 8, 16)}
-    print("best streams/s: " + ", ".join(f"{name} {cell.streams_per_s:.1f}" for name, cell in sorted(best.items())))
-    print(f"on paper (costs of engine+2 workers at C={remote.concurrency}, a core per process): "
-          + ", ".join(f"{k} {v:.0f}" for k, v in paper.items()))
-    args.out.write_text(json.dumps({"machine": machine(args), "cells": [asdict(c) for c in cells], "on_paper_streams_per_s": paper}, indent=2))
+    print(
+        "best streams/s: "
+        + ", ".join(f"{name} {cell.streams_per_s:.1f}" for name, cell in sorted(best.items()))
+    )
+    print(
+        f"on paper (costs of engine+2 workers at C={remote.concurrency}, a core per process): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in paper.items())
+    )
+    args.out.write_text(
+        json.dumps(
+            {"machine": machine(args), "cells": [asdict(c) for c in cells], "on_paper_streams_per_s": paper},
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 
 def machine(args: argparse.Namespace) -> dict[str, Any]:
     """The box and the command that reproduces the run."""
     flags = {k: getattr(args, k) for k in ("seconds", "concurrency", "tokens", "out")}
-    return {"cpus": psutil.cpu_count(), "command": "responses-lab perf topology " + " ".join(
-        f"--{k} {','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in flags.items())}
+    return {
+        "cpus": psutil.cpu_count(),
+        "command": "responses-lab perf topology "
+        + " ".join(f"--{k} {','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in flags.items()),
+    }

@@ -43,7 +43,9 @@ class TurnRun:
             self.phases.setdefault(name, []).append(ms)
 
 
-async def longlived_turns(url: str, context: int, turns: int, append: int, server: psutil.Process, pings: int = 3) -> TurnRun:
+async def longlived_turns(
+    url: str, context: int, turns: int, append: int, server: psutil.Process, pings: int = 3
+) -> TurnRun:
     """One long-lived rollout of ``turns`` tool calls over a ``context``-token history, each answered with
     ``append`` tokens; ``pings`` WebSocket pings on the same connection before each append."""
     run = TurnRun(context)
@@ -51,7 +53,9 @@ async def longlived_turns(url: str, context: int, turns: int, append: int, serve
     output = filler(append)
     # A websockets connection of its own, its frames json.dumps's as they always were (proto.client.ws would
     # encode them compactly: other bytes on the wire, another figure than a before/after's earlier runs).
-    async with connect(url + "?protocol=longlived", max_size=2**26, compression=None, ping_interval=None) as ws:
+    async with connect(
+        url + "?protocol=longlived", max_size=2**26, compression=None, ping_interval=None
+    ) as ws:
         await ws.send(json.dumps(create))
         sent = first = cpu0 = 0.0
         turn = 0
@@ -90,15 +94,29 @@ async def ping_times(ws: ClientConnection, pings: int) -> list[float]:
 
 
 def cmd_turn(args: argparse.Namespace) -> None:
-    print(f"per-turn overhead: long-lived, {args.turns} turns of ~{args.append}-token appends, {MODEL} with a 1 ms prefill;")
-    print("append sent → first delta − modelled prefill − queue wait, p50 over the turns; ping: WebSocket ping RTT on")
-    print("the same connection before each append; rest = overhead − ping − safety − render_tokenize − clock_late")
-    print(f"{'server':<10}{'context':>9}{'overhead':>10}{'p90':>8}{'ping':>7}{'÷ping':>7}{'first10':>9}{'last10':>8}"
-          f"{'safety':>8}{'tokenize':>9}{'clock':>7}{'rest':>7}{'lookup':>8}{'CPU/turn':>10}")
+    print(
+        f"per-turn overhead: long-lived, {args.turns} turns of ~{args.append}-token appends, {MODEL} with a "
+        f"1 ms prefill;"
+    )
+    print(
+        "append sent → first delta − modelled prefill − queue wait, p50 over the turns; ping: WebSocket ping "
+        "RTT on"
+    )
+    print(
+        "the same connection before each append; rest = overhead − ping − safety − render_tokenize − "
+        "clock_late"
+    )
+    print(
+        f"{'server':<10}{'context':>9}{'overhead':>10}{'p90':>8}{'ping':>7}{'÷ping':>7}{'first10':>9}"
+        f"{'last10':>8}"
+        f"{'safety':>8}{'tokenize':>9}{'clock':>7}{'rest':>7}{'lookup':>8}{'CPU/turn':>10}"
+    )
     for context in args.contexts:
         for label, path in servers(args):
             with lab_server(["--model-override", f"{MODEL}:{FAST}", *args.flags], path) as server:
-                run = asyncio.run(longlived_turns(server.ws_url, context, args.turns, args.append, server.process))
+                run = asyncio.run(
+                    longlived_turns(server.ws_url, context, args.turns, args.append, server.process)
+                )
             print(turn_row(label, run))
 
 
@@ -106,10 +124,15 @@ def turn_row(label: str, run: TurnRun) -> str:
     p50, ping = percentile(run.overhead_ms, 50), percentile(run.ping_ms, 50)
     stage = {name: percentile(run.phases.get(name, [0.0]), 50) for name in (*PATH_STAGES, "engine_lookup")}
     rest = p50 - ping - sum(stage[name] for name in PATH_STAGES)
-    return (f"{label:<10}{run.context:>9}{p50:>8.3f}ms{percentile(run.overhead_ms, 90):>8.3f}{ping:>7.3f}{p50 / ping:>7.1f}"
-            f"{percentile(run.overhead_ms[:10], 50):>9.3f}{percentile(run.overhead_ms[-10:], 50):>8.3f}{stage['safety']:>8.3f}"
-            f"{stage['render_tokenize']:>9.3f}{stage['clock_late']:>7.3f}{rest:>7.3f}{stage['engine_lookup']:>8.3f}"
-            f"{run.cpu_ms_per_turn:>8.2f}ms")
+    return (
+        f"{label:<10}{run.context:>9}{p50:>8.3f}ms{percentile(run.overhead_ms, 90):>8.3f}{ping:>7.3f}"
+        f"{p50 / ping:>7.1f}"
+        f"{percentile(run.overhead_ms[:10], 50):>9.3f}{percentile(run.overhead_ms[-10:], 50):>8.3f}"
+        f"{stage['safety']:>8.3f}"
+        f"{stage['render_tokenize']:>9.3f}{stage['clock_late']:>7.3f}{rest:>7.3f}"
+        f"{stage['engine_lookup']:>8.3f}"
+        f"{run.cpu_ms_per_turn:>8.2f}ms"
+    )
 
 
 async def http_turns(http_url: str, context: int, turns: int, append: int, server: psutil.Process) -> float:
@@ -149,7 +172,11 @@ def cmd_cpu(args: argparse.Namespace) -> None:
     for label, path in servers(args):
         flags = ["--model-override", f"{MODEL}:{FAST}", *args.flags]
         with lab_server(flags, path) as server:
-            ll = asyncio.run(longlived_turns(server.ws_url, args.context, args.turns, args.append, server.process)).cpu_ms_per_turn
+            ll = asyncio.run(
+                longlived_turns(server.ws_url, args.context, args.turns, args.append, server.process)
+            ).cpu_ms_per_turn
         with lab_server(flags, path) as server:
-            http = asyncio.run(http_turns(server.http_url, args.context, args.turns, args.append, server.process))
+            http = asyncio.run(
+                http_turns(server.http_url, args.context, args.turns, args.append, server.process)
+            )
         print(f"{label:<10}{ll:>10.2f}ms{http:>17.2f}ms{ll / http:>8.1%}")

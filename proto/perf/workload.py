@@ -15,7 +15,8 @@ WORDS = (" the", " code", " and", " then", " check", " file", " test", " we", " 
 
 
 def filler(tokens: int, salt: int = 0) -> str:
-    """Exactly ``tokens`` tokens of text; a different ``salt`` gives a different text (no shared KV prefix)."""
+    """Exactly ``tokens`` tokens of text; a different ``salt`` gives a different text (no shared KV
+    prefix)."""
     if salt:
         return "".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(tokens))
     return "".join(WORDS[i % len(WORDS)] for i in range(tokens))
@@ -23,7 +24,9 @@ def filler(tokens: int, salt: int = 0) -> str:
 
 def turn_script(turns: int) -> str:
     """A directive script of ``turns`` tool calls, then a last answer."""
-    return "\n".join(["Work on the repository.", *(f'!call grep {{"turn": {k}}}' for k in range(turns)), "!say done"])
+    return "\n".join(
+        ["Work on the repository.", *(f'!call grep {{"turn": {k}}}' for k in range(turns)), "!say done"]
+    )
 
 
 def rollout_input(script: str, context: int, salt: int = 0) -> list[Item]:

@@ -48,14 +48,16 @@ class Server:
     async def drain(self, grace_s: float) -> int:
         """Shutdown, before uvicorn's own (which would drop every WebSocket with 1012): tell each session
         to end — its open response gets ``server_shutting_down`` and is billed, the connection closes 1001 —
-        and wait up to ``grace_s`` for them; every HTTP response in flight is cut alike (``HttpResponses.stop``).
+        and wait up to ``grace_s`` for them; every HTTP response in flight is cut alike
+        (``HttpResponses.stop``).
         Returns how many connections were still open when the grace ran out."""
         self.http.stop()
         for connection in list(self.connections):
             connection.stop(SHUTDOWN)
         # Real time, whatever the limits' clock: a SIGTERM's grace is the operator's, not a protocol limit.
         end = time.monotonic() + grace_s
-        # Polled: each connection ends on its own task; one bounded wait is simpler than an event per connection.
+        # Polled: each connection ends on its own task; one bounded wait is simpler than an event per
+        # connection.
         while self.connections and time.monotonic() < end:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         return len(self.connections)
@@ -73,44 +75,93 @@ class ServerCollector(Collector):
         per_engine: dict[str, GaugeMetricFamily] = {}
         for model, gpu in pipeline.engines.gpus.items():
             for name, value in gpu.metrics().items():
-                family = per_engine.setdefault(name, GaugeMetricFamily(f"responses_lab_engine_{name}", f"mock GPU {name}", labels=["model"]))
+                family = per_engine.setdefault(
+                    name,
+                    GaugeMetricFamily(f"responses_lab_engine_{name}", f"mock GPU {name}", labels=["model"]),
+                )
                 family.add_metric([model], value)
         yield from per_engine.values()
         remote = pipeline.engines.remote
         if remote is not None:  # the engine's own gauges are on its /metrics; these are this side's
             for name, value in remote.metrics().items():
-                yield GaugeMetricFamily(f"responses_lab_engine_client_{name}", f"engine hop: {name.replace('_', ' ')}", value=value)
+                yield GaugeMetricFamily(
+                    f"responses_lab_engine_client_{name}",
+                    f"engine hop: {name.replace('_', ' ')}",
+                    value=value,
+                )
         work = CounterMetricFamily("responses_lab_work", "pipeline work done, by kind", labels=["kind"])
         for name in pipeline.totals.__struct_fields__:
             work.add_metric([name], float(getattr(pipeline.totals, name)))
         yield work
-        yield GaugeMetricFamily("responses_lab_ws_sessions", "open WebSocket sessions", value=len(self.server.connections))
+        yield GaugeMetricFamily(
+            "responses_lab_ws_sessions", "open WebSocket sessions", value=len(self.server.connections)
+        )
         # Scraped on the server's loop: a leak of one task per dropped connection shows here (soak).
-        yield GaugeMetricFamily("responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks()))
+        yield GaugeMetricFamily(
+            "responses_lab_tasks", "asyncio tasks alive on the server loop", value=len(asyncio.all_tasks())
+        )
         queued = sum(connection.out.qsize() for connection in self.server.connections)
-        yield GaugeMetricFamily("responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued)
+        yield GaugeMetricFamily(
+            "responses_lab_send_queue_frames", "frames waiting in every session's send queue", value=queued
+        )
         ledger = pipeline.ledger
-        yield GaugeMetricFamily("responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written)
-        yield GaugeMetricFamily("responses_lab_ledger_rows_retried", "ledger write attempts that failed and were retried", value=ledger.retries)
-        yield GaugeMetricFamily("responses_lab_ledger_pending", "ledger operations accepted, not yet durable", value=ledger.pending)
-        yield GaugeMetricFamily("responses_lab_ledger_failed", "usage rows the ledger gave up on (logged with their ids)", value=ledger.failed)
-        yield GaugeMetricFamily("responses_lab_ledger_overflow", "ledger calls refused: pending buffer full", value=ledger.overflow)
-        yield GaugeMetricFamily("responses_lab_ledger_duplicates", "usage rows refused: response id already billed", value=ledger.duplicates)
-        yield GaugeMetricFamily("responses_lab_ledger_reconciled", "responses a dead process left open, billed at start-up (server_crashed)", value=ledger.reconciled)
+        yield GaugeMetricFamily(
+            "responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_ledger_rows_retried",
+            "ledger write attempts that failed and were retried",
+            value=ledger.retries,
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_ledger_pending",
+            "ledger operations accepted, not yet durable",
+            value=ledger.pending,
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_ledger_failed",
+            "usage rows the ledger gave up on (logged with their ids)",
+            value=ledger.failed,
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_ledger_overflow",
+            "ledger calls refused: pending buffer full",
+            value=ledger.overflow,
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_ledger_duplicates",
+            "usage rows refused: response id already billed",
+            value=ledger.duplicates,
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_ledger_reconciled",
+            "responses a dead process left open, billed at start-up (server_crashed)",
+            value=ledger.reconciled,
+        )
 
 
 class ItemCacheCollector(Collector):
-    """``http-cached``'s item cache, read at scrape time (its hits and misses are in ``responses_lab_work``)."""
+    """``http-cached``'s item cache, read at scrape time (its hits and misses are in
+    ``responses_lab_work``)."""
 
     def __init__(self, cache: ItemCache) -> None:
         self.cache = cache
 
     def collect(self) -> Iterator[Metric]:
         cache = self.cache
-        yield GaugeMetricFamily("responses_lab_item_cache_tokens", "http-cached: token ids the item cache holds", value=cache.tokens)
-        yield GaugeMetricFamily("responses_lab_item_cache_entries", "http-cached: item bodies the cache holds", value=len(cache))
-        yield CounterMetricFamily("responses_lab_item_cache_evictions", "http-cached: entries evicted (LRU, past --item-cache-tokens)",
-                                  value=cache.evictions)
+        yield GaugeMetricFamily(
+            "responses_lab_item_cache_tokens",
+            "http-cached: token ids the item cache holds",
+            value=cache.tokens,
+        )
+        yield GaugeMetricFamily(
+            "responses_lab_item_cache_entries", "http-cached: item bodies the cache holds", value=len(cache)
+        )
+        yield CounterMetricFamily(
+            "responses_lab_item_cache_evictions",
+            "http-cached: entries evicted (LRU, past --item-cache-tokens)",
+            value=cache.evictions,
+        )
 
 
 # Codex's WebSocket transports name themselves in the handshake (codex-rs/codex-api, responses_websocket):
@@ -125,7 +176,9 @@ def protocol_of_beta(header: str | None) -> str:
     return "longlived" if LONGLIVED_BETA in values else "ga"
 
 
-def create_app(settings: Settings | None = None, clock: Clock | None = None, reconcile: bool = True) -> Starlette:
+def create_app(
+    settings: Settings | None = None, clock: Clock | None = None, reconcile: bool = True
+) -> Starlette:
     """``clock`` drives the server's limits (idle, age, tool, send and shutdown timeouts): tests pass a
     ``FakeClock`` to run them on virtual time. ``reconcile``: bill, before serving, the responses a dead
     process left open in the ledger (on SQLite one process per database does it: ``--workers N``
@@ -154,7 +207,9 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None, rec
             return
         protocol = ws.query_params.get("protocol") or protocol_of_beta(ws.headers.get("openai-beta"))
         if protocol not in ("longlived", "ga"):
-            await ws.send_denial_response(error_response(ClientError("invalid_request", f"unknown protocol {protocol!r}", "protocol")))
+            await ws.send_denial_response(
+                error_response(ClientError("invalid_request", f"unknown protocol {protocol!r}", "protocol"))
+            )
             return
         await ws.accept()
         structlog.contextvars.bind_contextvars(conn_id="conn_" + secrets.token_hex(6), protocol=protocol)
@@ -176,7 +231,9 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None, rec
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request, key_id: str) -> Response:
-        return Response(generate_latest(server.pipeline.metrics.registry), media_type="text/plain; version=0.0.4")
+        return Response(
+            generate_latest(server.pipeline.metrics.registry), media_type="text/plain; version=0.0.4"
+        )
 
     app = Starlette(
         routes=[

@@ -19,7 +19,9 @@ _encoder = msgspec.json.Encoder()
 
 def error_response(exc: ClientError) -> Response:
     """OpenAI's JSON error body, with the status its code is registered with."""
-    return Response(_encoder.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type="application/json")
+    return Response(
+        _encoder.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type="application/json"
+    )
 
 
 def unauthorized() -> ClientError:

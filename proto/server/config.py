@@ -21,25 +21,32 @@ class Settings:
     # postgresql://… URL shared by every worker and host (proto/server/storage/database.py).
     db: str = "responses-lab.db"
     # How long one SQLite statement waits for another writer's lock before it fails: a store write then
-    # ends its response `store_unavailable`; the ledger retries with backoff (docs/operations.md, "Databases").
+    # ends its response `store_unavailable`; the ledger retries with backoff (docs/operations.md,
+    # "Databases").
     db_busy_timeout_s: float = 10.0
     progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1
-    loop: str = "auto"  # auto | uvloop | asyncio — auto: uvloop when installed (docs/decisions/0009-uvloop-and-httptools-pinned.md)
+    # auto | uvloop | asyncio — auto: uvloop when installed
+    # (docs/decisions/0009-uvloop-and-httptools-pinned.md)
+    loop: str = "auto"
     http: str = "auto"  # auto | httptools | h11 — auto: httptools when installed
     default_policy: str = "echo"  # without directives: echo | random[:seed] | trace:NAME
     safety: str = "annotate"  # annotate | block | off
     model_override: list[str] = field(default_factory=list)  # "mock-1000tps:inter-token-latency=0.5"
     # The engine: "" = the mock GPU in process (one per worker); a URL = any engine speaking vLLM's
-    # completions API (`responses-lab engine`, `vllm serve`), shared by every worker (docs/engine.md, "`serve --engine URL`").
+    # completions API (`responses-lab engine`, `vllm serve`), shared by every worker (docs/engine.md, "`serve
+    # --engine URL`").
     # `--workers N` without one starts a `responses-lab engine` for the workers to share.
     engine: str = ""
     engine_api_key: str = ""  # `Authorization: Bearer` for the engine (`vllm serve --api-key`)
-    engine_timeout_s: float = 300.0  # a stream with no byte from the engine this long (queued too): engine_failure
+    engine_timeout_s: float = (
+        300.0  # a stream with no byte from the engine this long (queued too): engine_failure
+    )
     engine_connections: int = 1024  # the keep-alive pool: one connection per stream in flight
     resolve_hop_ms: float = 0.0  # modelled remote routing service (the hop the seed removed)
     safety_hop_ms: float = 0.0  # modelled remote safety classifier
-    # Modelled per-request API cost of the HTTP modes (docs/lab.md, "Profiles"): vLLM 0.32's own /v1/responses work
+    # Modelled per-request API cost of the HTTP modes (docs/lab.md, "Profiles"): vLLM 0.32's own /v1/responses
+    # work
     # before its engine measured ~5 ms + ~1.7 ms per 1 k history tokens. Added on top of this server's real
     # work, per request of http and http-prev (http-cached: the base only; its cache does the per-token part).
     api_cost_ms: float = 0.0
@@ -49,12 +56,17 @@ class Settings:
     max_input_items: int = 2048
     max_tools: int = 128
     max_pending_calls: int = 64
-    max_queued_items: int = 2048  # long-lived: user messages appended while sampling, waiting for the next turn
-    tool_timeout_s: float = 600.0  # a suspended response waits this long for outputs: incomplete, tool_timeout
+    max_queued_items: int = (
+        2048  # long-lived: user messages appended while sampling, waiting for the next turn
+    )
+    tool_timeout_s: float = (
+        600.0  # a suspended response waits this long for outputs: incomplete, tool_timeout
+    )
     idle_timeout_s: float = 3600.0
     connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached
     # Merge a stream's deltas within this window into one event (the GPU wakes at most this often; its
-    # token deadlines do not move). 0: one delta per token, as OpenAI streams (docs/operations.md, "`responses-lab serve`").
+    # token deadlines do not move). 0: one delta per token, as OpenAI streams (docs/operations.md,
+    # "`responses-lab serve`").
     coalesce_ms: float = 0.0
     # Accept permessage-deflate when a client offers it (the websockets client and Codex do by default).
     # Off by measurement: negotiated, it took 3.5× the server CPU per streamed token (4.3–4.8 vs 1.1–1.4 µs
@@ -62,7 +74,9 @@ class Settings:
     # (docs/decisions/0010-permessage-deflate-off.md).
     ws_per_message_deflate: bool = False
     send_queue: int = 4096  # frames buffered per connection before the sampler waits for the client
-    send_timeout_s: float = 30.0  # slow reader: one frame not written for this long closes the connection 1008
+    send_timeout_s: float = (
+        30.0  # slow reader: one frame not written for this long closes the connection 1008
+    )
     shutdown_grace_s: float = 10.0  # SIGTERM: open sessions get this long to end (error event, close 1001)
     log_level: str = "warning"
     log_text: bool = False  # log message text (debug only; never keys)

@@ -117,7 +117,14 @@ class ResponseDriver:
     """Runs one prepared response to its terminal event. ``run`` is awaited by the response's owning task;
     ``resume`` is called by the transport when the core says the suspended response may go on."""
 
-    def __init__(self, pipeline: Pipeline, prepared: Prepared, transport: EventSink, api_key_id: str, created: float | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        prepared: Prepared,
+        transport: EventSink,
+        api_key_id: str,
+        created: float | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.prepared = prepared
         self.transport = transport
@@ -126,7 +133,9 @@ class ResponseDriver:
         self._resume: asyncio.Future[list[Item]] | None = None
         self._billed = False
         self._reported = (0, 0, 0, 0)  # the last progress() figures (the open row starts at zeros)
-        self._progress_due = 0.0  # time.monotonic() after which a streaming turn reports again: its first token does
+        self._progress_due = (
+            0.0  # time.monotonic() after which a streaming turn reports again: its first token does
+        )
 
     @property
     def response_id(self) -> str:
@@ -178,7 +187,9 @@ class ResponseDriver:
         untraced = self._trace_start()
         await self.transport.send(builder.start())
         if untraced is not None:
-            return builder.failed("ledger_unavailable", f"usage cannot be recorded ({untraced}); the response did not run")
+            return builder.failed(
+                "ledger_unavailable", f"usage cannot be recorded ({untraced}); the response did not run"
+            )
         if not proceed:
             return builder.incomplete("cancelled")
         if not generate:
@@ -201,7 +212,11 @@ class ResponseDriver:
             case ClientError():  # content_policy on an appended item, too_many_pending_calls
                 return builder.failed(exc.code, exc.message)
             case ContextLengthExceeded():  # refused before any prefill; OpenAI fails the response alike
-                return builder.failed("context_length_exceeded", f"Your input exceeds the context window of this model ({exc}). Adjust your input and try again.")
+                return builder.failed(
+                    "context_length_exceeded",
+                    f"Your input exceeds the context window of this model ({exc}). Adjust your input and try "
+                    f"again.",
+                )
             case EngineOverloaded():
                 return builder.failed("server_overloaded", str(exc))
             case EngineFailure():
@@ -216,10 +231,16 @@ class ResponseDriver:
         builder = self.prepared.rollout.builder
         response = builder.response
         try:
-            self.pipeline.ledger.started(response.id, self.api_key_id, response.model, builder.lab.mode, self.created)
+            self.pipeline.ledger.started(
+                response.id, self.api_key_id, response.model, builder.lab.mode, self.created
+            )
         except LedgerError as exc:
             log.error("ledger.start_refused", response_id=response.id, error=str(exc))
-            return "the usage ledger is full" if isinstance(exc, LedgerFullError) else "the usage ledger is closed"
+            return (
+                "the usage ledger is full"
+                if isinstance(exc, LedgerFullError)
+                else "the usage ledger is closed"
+            )
         return None
 
     def _progress(self) -> None:
@@ -262,7 +283,9 @@ class ResponseDriver:
                         self._progress()
                         if not self.transport.suspends:
                             return
-                        self._resume = asyncio.get_running_loop().create_future()  # before done can be answered
+                        self._resume = (
+                            asyncio.get_running_loop().create_future()
+                        )  # before done can be answered
                         try:
                             await self.transport.send([rollout.builder.suspend(list(calls))])
                             reply = await self._ingest(await self._wait_resume())
@@ -301,7 +324,9 @@ class ResponseDriver:
                         self._progress()
                 # A full chunk may be a burst (a late wake-up, a very fast model): the task takes the rest,
                 # as it takes any burst, with other streams going first between its chunks.
-                nxt = pacing.next_due() if 0 < k < EMIT_CHUNK and k < plain else None  # k < plain: still inside
+                nxt = (
+                    pacing.next_due() if 0 < k < EMIT_CHUNK and k < plain else None
+                )  # k < plain: still inside
                 if nxt is not None:
                     call = timer.call_at(nxt, due)
                     return
@@ -338,7 +363,9 @@ class ResponseDriver:
         if not builder.response.store:
             return terminal
         try:
-            await persist_response(self.pipeline, builder.response, self.api_key_id, self.prepared.rollout.input_items)
+            await persist_response(
+                self.pipeline, builder.response, self.api_key_id, self.prepared.rollout.input_items
+            )
         except Exception as exc:  # a store fault ends this response typed; the connection serves on
             log.warning("store.write_failed", response_id=builder.response.id, error=type(exc).__name__)
             return builder.failed("store_unavailable", f"the response could not be stored: {exc}")

@@ -5,11 +5,13 @@ same URL when the provider sets ``model_catalog_url`` and ``[features] api_key_m
 (codex-rs/model-provider/src/models_endpoint.rs; LiteLLM's Codex guide gives the same two settings): it
 decodes ``{"models": [ModelInfo, ...]}`` and ignores the rest, as OpenAI's SDKs ignore ``models``. One
 object serves both. Without the catalog Codex runs a custom provider's model on "fallback metadata":
-``exec_command``, ``view_image``, its namespace tools, but no ``apply_patch`` (docs/protocol.md, "Model objects").
+``exec_command``, ``view_image``, its namespace tools, but no ``apply_patch`` (docs/protocol.md, "Model
+objects").
 
 The ModelInfo fields are those of Codex 0.171's bundled catalog (codex-rs/protocol/src/openai_models.rs);
 ``REQUIRED`` are the ones 0.171 refuses a catalog entry without (found by dropping each field of a bundled
-entry in turn against the real binary: docs/protocol.md, "Model objects" gives the command). The values describe what the
+entry in turn against the real binary: docs/protocol.md, "Model objects" gives the command). The values
+describe what the
 mock model is: it calls tools in parallel, takes images, has no reasoning effort levels; its freeform
 ``apply_patch`` and its ``exec_command`` shell are what Codex offers such a model.
 """
@@ -18,8 +20,19 @@ from __future__ import annotations
 
 from typing import Any
 
-REQUIRED = ("slug", "display_name", "priority", "visibility", "supported_in_api", "shell_type", "support_verbosity",
-            "supported_reasoning_levels", "truncation_policy", "experimental_supported_tools", "model_messages")
+REQUIRED = (
+    "slug",
+    "display_name",
+    "priority",
+    "visibility",
+    "supported_in_api",
+    "shell_type",
+    "support_verbosity",
+    "supported_reasoning_levels",
+    "truncation_policy",
+    "experimental_supported_tools",
+    "model_messages",
+)
 CONTEXT_WINDOW = 200_000  # tokens; the mock GPU's KV cache bounds nothing here, Codex compacts near it
 INSTRUCTIONS = (
     "You are a responses-lab mock model. You do not read the conversation: you follow the directive script "

@@ -87,7 +87,9 @@ async def off_loop(chars: int, work: Callable[[], T]) -> T:
     return work() if chars <= OFF_LOOP_CHARS else await asyncio.to_thread(work)
 
 
-async def tokenized(tokenizer: Tokenizer, chars: int, texts: Callable[[], Iterable[str]], work: Callable[[], T]) -> T:
+async def tokenized(
+    tokenizer: Tokenizer, chars: int, texts: Callable[[], Iterable[str]], work: Callable[[], T]
+) -> T:
     """``work`` (a rendering that tokenizes ``texts``, ``chars`` of them) inline when small; when large,
     the texts are tokenized first a slice at a time on the loop (``Tokenizer.prepare``; not on a thread:
     see ``sampler.tokens.SLICE_CHARS``) and ``work`` takes their ids."""
@@ -126,10 +128,13 @@ class Engines:
         self.specs: dict[str, ModelSpec] = {}
         if settings.engine:
             self.remote = RemoteEngine(
-                settings.engine, clock, timeout_s=settings.engine_timeout_s,
+                settings.engine,
+                clock,
+                timeout_s=settings.engine_timeout_s,
                 # A suspended response waits at most --tool-timeout-s, then it is closed (and unpinned);
                 # the TTL only matters if this process dies first.
-                pin_ttl_s=settings.tool_timeout_s + 60.0, connections=settings.engine_connections,
+                pin_ttl_s=settings.tool_timeout_s + 60.0,
+                connections=settings.engine_connections,
                 api_key=settings.engine_api_key or None,
             )
             return
@@ -153,8 +158,17 @@ class Engines:
         """``GET /v1/models``' entries: the catalogue's, or the engine's own (its address is not shown)."""
         if self.remote is not None:
             return [dict(card) for card in self.remote.cards]
-        return [{"id": name, "object": "model", "created": 0, "owned_by": "responses-lab", "settings": spec.public(),
-                 **spec.provenance()} for name, spec in sorted(self.specs.items())]
+        return [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "responses-lab",
+                "settings": spec.public(),
+                **spec.provenance(),
+            }
+            for name, spec in sorted(self.specs.items())
+        ]
 
     def resolve(self, name: str, work: WorkCounters) -> Engine:
         work.model_resolutions += 1
@@ -182,7 +196,9 @@ class Pipeline:
         self.web_search = WebSearch()
         self.ledger = UsageLedger(settings.db, busy_timeout=settings.db_busy_timeout_s)
         self.store = ResponseStore(settings.db, busy_timeout=settings.db_busy_timeout_s)
-        select_policy("", settings.default_policy)  # a bad --default-policy fails at start-up, not per request
+        select_policy(
+            "", settings.default_policy
+        )  # a bad --default-policy fails at start-up, not per request
         self.item_cache = ItemCache(settings.item_cache_tokens)
         self.totals = WorkCounters()
         self.metrics = PipelineMetrics()
@@ -198,14 +214,21 @@ class Pipeline:
 
     # ---------------------------------------------------------------------------------- stages
     async def scan(
-        self, items: list[Item], work: WorkCounters, phases: dict[str, float], instructions: str | None = None, cache_scope: str | None = None
+        self,
+        items: list[Item],
+        work: WorkCounters,
+        phases: dict[str, float],
+        instructions: str | None = None,
+        cache_scope: str | None = None,
     ) -> list[str]:
         with timed(phases, "safety"):
             texts = [text for item in items for text in text_segments(item)]
             if instructions:
                 texts.append(instructions)
             if cache_scope is None:
-                result = await off_loop(sum(map(len, texts)), lambda: self.scanner.enforce(self.scanner.scan_many(texts)))
+                result = await off_loop(
+                    sum(map(len, texts)), lambda: self.scanner.enforce(self.scanner.scan_many(texts))
+                )
                 work.chars_scanned += result.chars_scanned
                 remote = True
             else:
@@ -216,7 +239,9 @@ class Pipeline:
             await knob(phases, "safety_hop", self.settings.safety_hop_ms)
         return list(result.rules)
 
-    async def resolve(self, model: str, work: WorkCounters, phases: dict[str, float], cache_scope: str | None = None) -> Engine:
+    async def resolve(
+        self, model: str, work: WorkCounters, phases: dict[str, float], cache_scope: str | None = None
+    ) -> Engine:
         if cache_scope is not None:
             known = self.item_cache.resolved(cache_scope, model)
             if known is not None:
@@ -248,12 +273,21 @@ class Pipeline:
         ``scan_history``. A GA WebSocket cache hit passes the previous response's ``conversation`` (its
         rendered tokens: only ``new_items`` are tokenized onto it; the caller hands it over, it is
         mutated) and its resolved ``gpu`` (no model resolution). ``cache_scope`` (``http-cached``: the API
-        key id) scans, tokenizes and resolves through the item cache (``proto/server/stages/item_cache.py``)."""
+        key id) scans, tokenizes and resolves through the item cache (``proto/server/stages/item_cache.py``).
+        """
         phases = phases if phases is not None else {}
-        flags = await self.scan(history + new_items if scan_history else new_items, work, phases, request.instructions, cache_scope)
+        flags = await self.scan(
+            history + new_items if scan_history else new_items,
+            work,
+            phases,
+            request.instructions,
+            cache_scope,
+        )
         if gpu is None:
             gpu = await self.resolve(request.model, work, phases, cache_scope)
-        tokenizer = self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
+        tokenizer = (
+            self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
+        )
 
         def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
@@ -269,12 +303,16 @@ class Pipeline:
         # The bodies the rendering tokenizes (instructions, and the history unless continuing a rendered
         # conversation): how large the work is, and what ``tokenized`` prepares when it is large.
         texts = [request.instructions] if request.instructions and conversation is None else []
-        for item in (history + new_items if conversation is None else new_items):
+        for item in history + new_items if conversation is None else new_items:
             texts.extend(text_segments(item))
         chars = sum(map(len, texts))
         with timed(phases, "render_tokenize"):
-            conversation = await tokenized(conversation.tokenizer if conversation is not None else tokenizer, chars, lambda: texts,
-                                           functools.partial(render, conversation))
+            conversation = await tokenized(
+                conversation.tokenizer if conversation is not None else tokenizer,
+                chars,
+                lambda: texts,
+                functools.partial(render, conversation),
+            )
         await self.api_cost(mode, len(conversation.log), phases)
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
@@ -287,8 +325,13 @@ class Pipeline:
             conversation=conversation,
             # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
             sequence=gpu.open(keep_warm=mode == "longlived"),
-            policy=select_policy(script, self.settings.default_policy, parallel=request.parallel, offered=offered_tools(request.tools),
-                                 answers_user_turn=turn if answers_user else None),
+            policy=select_policy(
+                script,
+                self.settings.default_policy,
+                parallel=request.parallel,
+                offered=offered_tools(request.tools),
+                answers_user_turn=turn if answers_user else None,
+            ),
             web_search=self.web_search,
             script=script,
             turn=turn,
@@ -304,7 +347,8 @@ class Pipeline:
 
     async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
-        ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in docs/lab.md, "Profiles"), paid by
+        ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in docs/lab.md, "Profiles"),
+        paid by
         every HTTP request: ``http`` and ``http-prev`` in full, ``http-cached`` the base only (its cache does
         the per-token rendering vLLM spends that part on). The WebSocket modes never pay it: this is what a
         per-request server costs, which is what they remove."""
@@ -333,7 +377,12 @@ class Pipeline:
             work.chars_scanned += result.chars_scanned
             rollout.builder.lab.safety_flags.extend(result.rules)
         with timed(phases, "render_tokenize"):
-            await tokenized(rollout.conversation.tokenizer, chars, lambda: texts, functools.partial(rollout.conversation.add_input, items))
+            await tokenized(
+                rollout.conversation.tokenizer,
+                chars,
+                lambda: texts,
+                functools.partial(rollout.conversation.add_input, items),
+            )
         for name, ms in phases.items():
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
 
@@ -398,7 +447,8 @@ def _output_text(items: list[Item]) -> str:
 
 
 def script_source(items: list[Item]) -> str:
-    """The directive script's source (docs/protocol.md, "The directive script"): the first user message that contains directive lines.
+    """The directive script's source (docs/protocol.md, "The directive script"): the first user message that
+    contains directive lines.
     Agents put context first (Codex's first user message is its ``<environment_context>``); without any
     directive line, the first user message (what the default policy reads)."""
     users = [message_text(item) for item in items if isinstance(item, Message) and item.role == "user"]
@@ -406,7 +456,8 @@ def script_source(items: list[Item]) -> str:
 
 
 def offered_tools(tools: Sequence[Tool]) -> list[OfferedTool]:
-    """What the mock model may call (docs/protocol.md, "The directive script"): function and custom tools, those inside a namespace by
+    """What the mock model may call (docs/protocol.md, "The directive script"): function and custom tools,
+    those inside a namespace by
     their own name, and the hosted tools it runs (``web_search``)."""
     offered: list[OfferedTool] = []
     for tool in tools:
@@ -427,7 +478,9 @@ def count_segments(items: list[Item]) -> int:
     segments = 0
     inside = False
     for item in items:
-        own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (isinstance(item, Message) and item.role == "assistant")
+        own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (
+            isinstance(item, Message) and item.role == "assistant"
+        )
         if own:
             if not inside:
                 segments += 1
@@ -435,4 +488,3 @@ def count_segments(items: list[Item]) -> int:
         else:
             inside = False
     return segments
-

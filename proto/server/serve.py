@@ -31,7 +31,9 @@ from proto.server.transports.websocket import FRAMES_EXTENSION
 from sampler.clock import Clock
 
 
-def uvicorn_config(settings: Settings, clock: Clock | None = None, reconcile: bool = True, **extra: object) -> uvicorn.Config:
+def uvicorn_config(
+    settings: Settings, clock: Clock | None = None, reconcile: bool = True, **extra: object
+) -> uvicorn.Config:
     """The one configuration every way of serving uses (the CLI, each of N workers, the threaded test
     server): a fresh app for ``settings``, the same protocol class, limits, pings and shutdown timing.
     ``reconcile``: ``create_app``'s (a SQLite worker does not)."""
@@ -48,7 +50,9 @@ def uvicorn_config(settings: Settings, clock: Clock | None = None, reconcile: bo
         log_level=settings.log_level,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # then uvicorn cancels what still runs (SSE)
+        timeout_graceful_shutdown=math.ceil(
+            settings.shutdown_grace_s
+        ),  # then uvicorn cancels what still runs (SSE)
         **extra,  # type: ignore[arg-type]
     )
 
@@ -118,9 +122,16 @@ class LabWSProtocol(WSProtocol):
     def write_now(self, frames: Sequence[bytes]) -> bool:
         """Write ``frames`` at once if a ``websocket.send`` of them would neither wait nor fail."""
         connection = self.conn.connection
-        if (not self.writable.is_set() or self.disconnected or not self.handshake_complete or connection is None
-                or self.response_started or self.close_sent or connection.state is not ConnectionState.OPEN
-                or self.transport.is_closing()):
+        if (
+            not self.writable.is_set()
+            or self.disconnected
+            or not self.handshake_complete
+            or connection is None
+            or self.response_started
+            or self.close_sent
+            or connection.state is not ConnectionState.OPEN
+            or self.transport.is_closing()
+        ):
             return False
         self._write_frames(connection, frames)
         return True
@@ -136,7 +147,9 @@ class LabWSProtocol(WSProtocol):
                 data = frames[0]
                 self.transport.write(_text_header(len(data)) + data)
             else:
-                self.transport.write(b"".join([part for data in frames for part in (_text_header(len(data)), data)]))
+                self.transport.write(
+                    b"".join([part for data in frames for part in (_text_header(len(data)), data)])
+                )
         else:
             serialize = proto._serialize_frame  # whole messages only: no fragmented one is open
             self.transport.write(b"".join([serialize(Opcode.TEXT, data) for data in frames]))
@@ -144,14 +157,19 @@ class LabWSProtocol(WSProtocol):
     def _too_large(self) -> None:
         if self.close_sent or self.transport.is_closing():
             return
-        limit = ClientError("message_too_large", f"a message may be at most {self.config.ws_max_size} bytes (--max-frame-bytes)")
+        limit = ClientError(
+            "message_too_large",
+            f"a message may be at most {self.config.ws_max_size} bytes (--max-frame-bytes)",
+        )
         self.transport.write(self.conn.send(events.TextMessage(data=error_reply(limit).data.decode())))
 
     def handle_close(self, event: events.CloseConnection) -> None:
         if not self.close_sent and self.conn.state is ConnectionState.OPEN:
             self.transport.write(self.conn.send(events.CloseConnection(code=event.code, reason=event.reason)))
             self.close_sent = True
-            self.queue.put_nowait({"type": "websocket.disconnect", "code": event.code, "reason": event.reason})
+            self.queue.put_nowait(
+                {"type": "websocket.disconnect", "code": event.code, "reason": event.reason}
+            )
             self.transport.close()
             return
         super().handle_close(event)

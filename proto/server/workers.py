@@ -47,7 +47,9 @@ def serve_workers(settings: Settings) -> None:
     check_bind(settings)
     configure(settings.log_level)
     if settings.db in ("", ":memory:"):
-        raise SystemExit("--workers N shares the store between processes: give --db a file, not a memory database")
+        raise SystemExit(
+            "--workers N shares the store between processes: give --db a file, not a memory database"
+        )
     engine = None
     if not settings.engine:
         flags = ["--log-level", settings.log_level]
@@ -67,7 +69,9 @@ def serve_workers(settings: Settings) -> None:
         reconcile_ledger(settings.db)
     try:
         # Bound once, here: every worker accepts on this socket. The app string is never loaded.
-        sock = uvicorn.Config("proto.server.app:create_app", host=settings.host, port=settings.port).bind_socket()
+        sock = uvicorn.Config(
+            "proto.server.app:create_app", host=settings.host, port=settings.port
+        ).bind_socket()
         Supervisor(settings, sock, engine).run()
     finally:
         if engine is not None:
@@ -92,7 +96,9 @@ class Supervisor:
         self.engine = engine
         self.stopping = threading.Event()
         self.workers: list[BaseProcess] = []
-        self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no loop or thread inherited
+        self._context = multiprocessing.get_context(
+            "spawn"
+        )  # a fresh interpreter: no loop or thread inherited
 
     def run(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -103,7 +109,9 @@ class Supervisor:
         self._stop_workers()
 
     def _spawn(self, index: int) -> BaseProcess:
-        process = self._context.Process(target=run_worker, args=(self.settings, self.sock), name=f"responses-lab-worker-{index}")
+        process = self._context.Process(
+            target=run_worker, args=(self.settings, self.sock), name=f"responses-lab-worker-{index}"
+        )
         process.start()
         return process
 

@@ -22,13 +22,17 @@ _response_decoder = msgspec.json.Decoder(Response)
 _encoder = msgspec.json.Encoder()
 
 
-async def persist_response(pipeline: Pipeline, response: Response, api_key_id: str, input_items: list[Item]) -> None:
+async def persist_response(
+    pipeline: Pipeline, response: Response, api_key_id: str, input_items: list[Item]
+) -> None:
     """``input_items`` are this response's own inputs (a continuation links to its previous response
     instead of copying the chain)."""
     assert response.lab is not None
     response.lab.work.store_writes += 1
     inputs = [_with_id(item) for item in input_items]
-    by_id = [(item_id, _encoder.encode(item)) for item in (*inputs, *response.output) if (item_id := _id_of(item))]
+    by_id = [
+        (item_id, _encoder.encode(item)) for item in (*inputs, *response.output) if (item_id := _id_of(item))
+    ]
     await pipeline.store.put(
         response.id,
         api_key_id,
@@ -41,8 +45,14 @@ async def persist_response(pipeline: Pipeline, response: Response, api_key_id: s
     )
 
 
-_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
-           "custom_tool_call_output": "ctco", "reasoning": "rs"}
+_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
 
 
 def _id_of(item: Item) -> str | None:
@@ -57,7 +67,9 @@ def _with_id(item: Item) -> Item:
     return msgspec.structs.replace(item, id=new_item_id(_PREFIX.get(item_type(item), "item")))
 
 
-async def resolve_references(pipeline: Pipeline, items: list[Item], api_key_id: str, work: WorkCounters, root: str = "") -> list[Item]:
+async def resolve_references(
+    pipeline: Pipeline, items: list[Item], api_key_id: str, work: WorkCounters, root: str = ""
+) -> list[Item]:
     """Each ``item_reference`` replaced by the stored item it names (OpenAI resolves them the same way:
     the AI SDK sends its earlier output items as references when ``store`` is on). ``item_not_found``
     names the first one missing (another key's items do not exist for this key)."""
@@ -73,11 +85,15 @@ async def resolve_references(pipeline: Pipeline, items: list[Item], api_key_id: 
             resolved.append(_item_decoder.decode(found[item.id]))
             work.references_resolved += 1
         else:
-            raise ClientError("item_not_found", f"item with id {item.id!r} not found", f"{root}input[{index}].id")
+            raise ClientError(
+                "item_not_found", f"item with id {item.id!r} not found", f"{root}input[{index}].id"
+            )
     return resolved
 
 
-async def load_history(pipeline: Pipeline, previous_response_id: str, api_key_id: str, work: WorkCounters) -> list[Item]:
+async def load_history(
+    pipeline: Pipeline, previous_response_id: str, api_key_id: str, work: WorkCounters
+) -> list[Item]:
     """The stored chain ending at ``previous_response_id`` as one item list: for each response, oldest
     first, its input items then its output items. ``previous_response_not_found`` when any link is gone."""
     chain = await pipeline.store.chain(previous_response_id, api_key_id)

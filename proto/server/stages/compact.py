@@ -23,7 +23,9 @@ from proto.core.work import WorkCounters
 from sampler.tokens import Conversation, Tokenizer
 
 
-def compact_window(tokenizer: Tokenizer, instructions: str | None, items: list[Item], work: WorkCounters) -> CompactResource:
+def compact_window(
+    tokenizer: Tokenizer, instructions: str | None, items: list[Item], work: WorkCounters
+) -> CompactResource:
     whole = Conversation(tokenizer, work)
     if instructions:
         whole.add_instructions(instructions)
@@ -33,10 +35,16 @@ def compact_window(tokenizer: Tokenizer, instructions: str | None, items: list[I
     replaced.add_input([item for item in items if not (isinstance(item, Message) and item.role == "user")])
     summary = tokenizer.model_tokens("", summary_size(len(replaced.log)))
     compaction = Compaction(id=new_item_id("cmp"), encrypted_content=compaction_content(summary))
-    usage = Usage(input_tokens=len(whole.log), output_tokens=len(summary), total_tokens=len(whole.log) + len(summary))
-    return CompactResource(id=new_response_id(), created_at=int(time.time()), output=[*kept, compaction], usage=usage)
+    usage = Usage(
+        input_tokens=len(whole.log), output_tokens=len(summary), total_tokens=len(whole.log) + len(summary)
+    )
+    return CompactResource(
+        id=new_response_id(), created_at=int(time.time()), output=[*kept, compaction], usage=usage
+    )
 
 
 def _kept(message: Message) -> Message:
     content = [InputText(text=message.content)] if isinstance(message.content, str) else list(message.content)
-    return msgspec.structs.replace(message, id=message.id or new_item_id("msg"), status="completed", content=content)
+    return msgspec.structs.replace(
+        message, id=message.id or new_item_id("msg"), status="completed", content=content
+    )

@@ -62,7 +62,9 @@ class ItemCache:
     def key(scope: str, text: str) -> tuple[str, bytes]:
         return scope, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
-    def scan(self, scanner: SafetyScanner, scope: str, texts: Sequence[str], work: WorkCounters) -> tuple[ScanResult, bool]:
+    def scan(
+        self, scanner: SafetyScanner, scope: str, texts: Sequence[str], work: WorkCounters
+    ) -> tuple[ScanResult, bool]:
         """The findings of ``texts`` as one ``scan_many`` would report them; only unseen texts are scanned.
         Returns (result, whether any text was new: the remote classifier is needed)."""
         findings: list[Finding] = []
@@ -91,7 +93,9 @@ class ItemCache:
         return self._models.get((scope, model))
 
     def remember_model(self, scope: str, model: str, engine: Any) -> None:
-        if len(self._models) > 4096:  # model names are client-chosen but validated; keys are few: stay bounded
+        if (
+            len(self._models) > 4096
+        ):  # model names are client-chosen but validated; keys are few: stay bounded
             self._models.clear()
         self._models[(scope, model)] = engine
 
@@ -107,7 +111,9 @@ class ItemCache:
         if len(ids) > self.max_tokens:
             return
         entry = self._entries.get(key)
-        if entry is None:  # tokenized without a scan first (a hosted tool's result): findings unknown, not kept
+        if (
+            entry is None
+        ):  # tokenized without a scan first (a hosted tool's result): findings unknown, not kept
             return
         if entry.ids is not None:
             return

@@ -2,7 +2,8 @@
 
 It stands in for the classifiers the seed names as per-turn work, so its cost must follow the text it is
 given: every call reads every character of it (a lowercase copy, then one Aho–Corasick pass that finds
-every rule's trigger words at once, a regex tried at each hit). The transports differ only in *what* they hand it: HTTP
+every rule's trigger words at once, a regex tried at each hit). The transports differ only in *what* they hand
+it: HTTP
 re-scans the whole history each turn, GA WebSocket and the long-lived response scan each new item once.
 
 Outcome policy (``mode``):
@@ -64,7 +65,8 @@ class _Rule:
     name: str
     # Every match starts with one of these (lowercase) literals. One Aho–Corasick pass over the text
     # (pyahocorasick, in C) finds every rule's triggers at once and the regex is only tried there: ~8x
-    # faster on mixed prose and code than a regex attempt at every position (docs/decisions/0003-aho-corasick-safety-scan.md),
+    # faster on mixed prose and code than a regex attempt at every position
+    # (docs/decisions/0003-aho-corasick-safety-scan.md),
     # and one pass instead of one ``str.find`` pass per trigger (39 of them).
     triggers: tuple[str, ...]
     regex: re.Pattern[str]
@@ -83,7 +85,8 @@ _SECRET_RULES = (
         "secret",
         "private_key_block",
         "-----begin",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?:[\s\S]{0,16384}?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----)?",
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?:[\s\S]{0,16384}?-----END (?:[A-Z0-9]+ )*PRIVATE "
+        r"KEY-----)?",
     ),
     # Real keys are random base62, so they hold a digit; "sk-learn-compatible-estimators" does not.
     _rule(

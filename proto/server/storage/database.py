@@ -157,11 +157,16 @@ class Database:
         """Apply ``component``'s migrations past its recorded version, in one exclusive transaction;
         returns the version now. Creating over an existing schema of the same version is a no-op."""
         with self.connection(write=True) as conn, transaction(conn, write=True, exclusive=True):
-            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (component TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (component TEXT PRIMARY KEY, version INTEGER NOT "
+                "NULL)"
+            )
             found = conn.execute("SELECT version FROM schema_version WHERE component = ?", (component,)).one()
             version = 0 if found is None else int(found[0])
             if version > len(migrations):
-                raise RuntimeError(f"{component} schema version {version} is newer than this code's {len(migrations)}")
+                raise RuntimeError(
+                    f"{component} schema version {version} is newer than this code's {len(migrations)}"
+                )
             for statements in migrations[version:]:
                 for statement in statements:
                     conn.execute(self.spell(statement))
@@ -175,7 +180,9 @@ class Database:
 
 
 @contextlib.contextmanager
-def transaction(conn: Connection, *, write: bool, exclusive: bool = False, lock_timeout: float | None = None) -> Iterator[None]:
+def transaction(
+    conn: Connection, *, write: bool, exclusive: bool = False, lock_timeout: float | None = None
+) -> Iterator[None]:
     """Commit on success, roll back on any exception (the exception propagates).
 
     ``write``: take the write lock first (SQLite ``BEGIN IMMEDIATE``: a busy database fails here, before
@@ -228,7 +235,11 @@ class _SQLiteConnection(Connection):
         return self.raw.in_transaction
 
     def begin(self, write: bool, lock_timeout: float | None) -> None:
-        wanted = self.timeout_ms if lock_timeout is None else int(min(lock_timeout, self.database.busy_timeout) * 1000)
+        wanted = (
+            self.timeout_ms
+            if lock_timeout is None
+            else int(min(lock_timeout, self.database.busy_timeout) * 1000)
+        )
         if wanted != self.timeout_ms:  # restored by the next transaction that does not ask for less
             self.execute(f"PRAGMA busy_timeout = {wanted}")
             self.timeout_ms = wanted
@@ -261,7 +272,9 @@ class SQLiteDatabase(Database):
         with self._lock:
             if self._closed:
                 raise DatabaseClosed(f"database {self.url!r} is closed")
-            raw = sqlite3.connect(self.url, isolation_level=None, timeout=self.busy_timeout, check_same_thread=False)
+            raw = sqlite3.connect(
+                self.url, isolation_level=None, timeout=self.busy_timeout, check_same_thread=False
+            )
             conn = _SQLiteConnection(self, raw)
             raw.execute("PRAGMA synchronous=NORMAL")
             self._all.append(conn)
@@ -300,4 +313,7 @@ class SQLiteDatabase(Database):
         return ddl.format(**_SQLITE_TYPES)
 
     def is_row_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.IntegrityError | sqlite3.InterfaceError | sqlite3.DataError | sqlite3.ProgrammingError)
+        return isinstance(
+            exc,
+            sqlite3.IntegrityError | sqlite3.InterfaceError | sqlite3.DataError | sqlite3.ProgrammingError,
+        )

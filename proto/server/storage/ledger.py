@@ -90,12 +90,14 @@ _MODES_SQL: Final = ", ".join(f"'{mode}'" for mode in MODES)
 INCOMPLETE: Final = "incomplete"  # the status reconcile() bills a response that never ended
 CRASHED: Final = "server_crashed"  # ... and its reason (the usage row's ``reason`` column)
 
+
 def _rebuild(table: str, columns: tuple[tuple[str, str], ...], indexes: tuple[str, ...]) -> tuple[str, ...]:
     names = ", ".join(name for name, _ in columns)
     body = ",\n    ".join(f"{name} {kind}" for name, kind in columns)
     return (
         f"CREATE TABLE {table}__rebuilt (\n    {body}{{seq}}\n)",
-        f"INSERT INTO {table}__rebuilt ({names}) SELECT {names} FROM {table} ORDER BY created_at, response_id",
+        f"INSERT INTO {table}__rebuilt ({names}) SELECT {names} FROM {table} ORDER BY created_at, "
+        f"response_id",
         f"DROP TABLE {table}",
         f"ALTER TABLE {table}__rebuilt RENAME TO {table}",
         *(f"CREATE INDEX IF NOT EXISTS {index}" for index in indexes),
@@ -104,19 +106,35 @@ def _rebuild(table: str, columns: tuple[tuple[str, str], ...], indexes: tuple[st
 
 _MODE_COLUMN: Final = f"TEXT NOT NULL CHECK (mode IN ({_MODES_SQL}))"
 _USAGE_COLUMNS: Final = (
-    ("response_id", "TEXT PRIMARY KEY"), ("api_key_id", "TEXT NOT NULL"), ("model", "TEXT NOT NULL"), ("mode", _MODE_COLUMN),
-    ("status", "TEXT NOT NULL"), ("input_tokens", "{int} NOT NULL"), ("cached_tokens", "{int} NOT NULL"),
-    ("output_tokens", "{int} NOT NULL"), ("turns", "{int} NOT NULL"), ("created_at", "{real} NOT NULL"),
-    ("completed_at", "{real} NOT NULL"), ("reason", "TEXT NOT NULL DEFAULT ''"),
+    ("response_id", "TEXT PRIMARY KEY"),
+    ("api_key_id", "TEXT NOT NULL"),
+    ("model", "TEXT NOT NULL"),
+    ("mode", _MODE_COLUMN),
+    ("status", "TEXT NOT NULL"),
+    ("input_tokens", "{int} NOT NULL"),
+    ("cached_tokens", "{int} NOT NULL"),
+    ("output_tokens", "{int} NOT NULL"),
+    ("turns", "{int} NOT NULL"),
+    ("created_at", "{real} NOT NULL"),
+    ("completed_at", "{real} NOT NULL"),
+    ("reason", "TEXT NOT NULL DEFAULT ''"),
 )
 _OPEN_COLUMNS_DDL: Final = (
-    ("response_id", "TEXT PRIMARY KEY"), ("api_key_id", "TEXT NOT NULL"), ("model", "TEXT NOT NULL"), ("mode", _MODE_COLUMN),
-    ("created_at", "{real} NOT NULL"), ("input_tokens", "{int} NOT NULL DEFAULT 0"), ("cached_tokens", "{int} NOT NULL DEFAULT 0"),
-    ("output_tokens", "{int} NOT NULL DEFAULT 0"), ("turns", "{int} NOT NULL DEFAULT 0"), ("progress_at", "{real}"),
+    ("response_id", "TEXT PRIMARY KEY"),
+    ("api_key_id", "TEXT NOT NULL"),
+    ("model", "TEXT NOT NULL"),
+    ("mode", _MODE_COLUMN),
+    ("created_at", "{real} NOT NULL"),
+    ("input_tokens", "{int} NOT NULL DEFAULT 0"),
+    ("cached_tokens", "{int} NOT NULL DEFAULT 0"),
+    ("output_tokens", "{int} NOT NULL DEFAULT 0"),
+    ("turns", "{int} NOT NULL DEFAULT 0"),
+    ("progress_at", "{real}"),
     ("owner", "TEXT NOT NULL"),
 )
 
-# The schema, in order; spelled per dialect by proto.server.storage.database (``{int}``, ``{real}``, ``{seq}``).
+# The schema, in order; spelled per dialect by proto.server.storage.database (``{int}``, ``{real}``,
+# ``{seq}``).
 MIGRATIONS: Migrations = (
     (
         f"""CREATE TABLE IF NOT EXISTS usage (
@@ -216,7 +234,13 @@ class LedgerRow:
     def __post_init__(self) -> None:
         # Refused at record() time, on the caller's stack, rather than later in the writer thread.
         _check_mode(self.mode)
-        _check_text(response_id=self.response_id, api_key_id=self.api_key_id, model=self.model, status=self.status, reason=self.reason)
+        _check_text(
+            response_id=self.response_id,
+            api_key_id=self.api_key_id,
+            model=self.model,
+            status=self.status,
+            reason=self.reason,
+        )
         _check_counts(
             input_tokens=self.input_tokens,
             cached_tokens=self.cached_tokens,
@@ -266,6 +290,7 @@ _Op = LedgerRow | _Start | _Progress
 
 def _kind(op: _Op) -> str:
     return "usage row" if isinstance(op, LedgerRow) else "open row" if isinstance(op, _Start) else "progress"
+
 
 _Entry = tuple[int, _Op]  # (sequence number, operation)
 
@@ -329,7 +354,9 @@ class UsageLedger:
             self._db.hold_owner(self._owner)  # alive, for every other server's reconcile(), until close()
         except Exception as exc:
             self._db.close()
-            raise LedgerError(f"usage ledger {redact(path)!r} cannot be opened: {self._db.describe(exc)}") from exc
+            raise LedgerError(
+                f"usage ledger {redact(path)!r} cannot be opened: {self._db.describe(exc)}"
+            ) from exc
         # The pending buffer. _lock guards it and is only ever held for in-memory work.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the writer waits for work
@@ -420,7 +447,9 @@ class UsageLedger:
         Coalesced with an update of the same id still pending (the latest figures win). A no-op in the
         database for an id without an open row (never started, or already recorded)."""
         _check_text(response_id=response_id)
-        _check_counts(input_tokens=input_tokens, cached_tokens=cached_tokens, output_tokens=output_tokens, turns=turns)
+        _check_counts(
+            input_tokens=input_tokens, cached_tokens=cached_tokens, output_tokens=output_tokens, turns=turns
+        )
         now = time.time()
         with self._lock:
             pending = self._progress.get(response_id) if not self._closed else None
@@ -471,7 +500,10 @@ class UsageLedger:
                 while self._buffer and len(self._inflight) < self._batch_size:
                     entry = self._buffer.popleft()
                     self._inflight.append(entry)
-                    if isinstance(entry[1], _Progress) and self._progress.get(entry[1].response_id) is entry[1]:
+                    if (
+                        isinstance(entry[1], _Progress)
+                        and self._progress.get(entry[1].response_id) is entry[1]
+                    ):
                         del self._progress[entry[1].response_id]  # sealed: a later update is a new entry
                 last_seq = self._inflight[-1][0]
             if not self._write_until_done():
@@ -498,7 +530,12 @@ class UsageLedger:
                 return False
             self.retries += 1
             if attempts == 1:
-                log.warning("ledger.write_retrying", error=self._db.describe(error), batch=len(self._inflight), pending=self.pending)
+                log.warning(
+                    "ledger.write_retrying",
+                    error=self._db.describe(error),
+                    batch=len(self._inflight),
+                    pending=self.pending,
+                )
             with self._lock:
                 wait = backoff if deadline is None else min(backoff, max(0.0, deadline - time.monotonic()))
                 end = time.monotonic() + wait
@@ -546,7 +583,14 @@ class UsageLedger:
                 else:
                     db.execute(
                         _UPDATE_PROGRESS,
-                        (op.input_tokens, op.cached_tokens, op.output_tokens, op.turns, op.at, op.response_id),
+                        (
+                            op.input_tokens,
+                            op.cached_tokens,
+                            op.output_tokens,
+                            op.turns,
+                            op.at,
+                            op.response_id,
+                        ),
                     )
         self.rows_written += len(inserted)
         self.duplicates += len(duplicates)
@@ -557,7 +601,9 @@ class UsageLedger:
     def _reject(self, op: _Op, exc: Exception) -> None:
         if isinstance(op, LedgerRow):
             self.failed += 1
-        log.error("ledger.row_rejected", kind=_kind(op), response_id=op.response_id, error=self._db.describe(exc))
+        log.error(
+            "ledger.row_rejected", kind=_kind(op), response_id=op.response_id, error=self._db.describe(exc)
+        )
 
     def _give_up(self, error: Exception) -> None:
         with self._lock:
@@ -581,7 +627,8 @@ class UsageLedger:
 
     def reconcile(self, timeout: float = 30.0) -> int:
         """Bill every open row left by a dead process: one usage row, status ``incomplete`` and reason
-        ``server_crashed``, with the open row's last progress figures (``completed_at``: the time of that progress, else ``created_at``).
+        ``server_crashed``, with the open row's last progress figures (``completed_at``: the time of that
+        progress, else ``created_at``).
         Open rows that already have a usage row are deleted. Returns how many rows it billed.
 
         Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``). Dead: on SQLite,
@@ -628,7 +675,8 @@ class UsageLedger:
             marks = ", ".join("?" * len(dead))
             found = db.execute(
                 f"SELECT {_OPEN_COLUMNS} FROM open_responses o WHERE owner IN ({marks}) AND NOT EXISTS"
-                f" (SELECT 1 FROM usage u WHERE u.response_id = o.response_id) ORDER BY created_at, {self._db.order_column}",
+                f" (SELECT 1 FROM usage u WHERE u.response_id = o.response_id) ORDER BY created_at, "
+                f"{self._db.order_column}",
                 dead,
             ).rows
             billed = [row for row in (_incomplete(OpenResponse(*r)) for r in found) if _insert(db, row)]
@@ -650,7 +698,9 @@ class UsageLedger:
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
-        sql = ("WHERE " + " AND ".join(where) if where else "") + f" ORDER BY created_at, {self._db.order_column}"
+        sql = (
+            "WHERE " + " AND ".join(where) if where else ""
+        ) + f" ORDER BY created_at, {self._db.order_column}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [LedgerRow(*r) for r in self._select(f"SELECT {_COLUMNS} FROM usage {sql}", tuple(args))]
@@ -659,7 +709,9 @@ class UsageLedger:
         """Durable open rows (started, not recorded yet), oldest first."""
         return [
             OpenResponse(*r)
-            for r in self._select(f"SELECT {_OPEN_COLUMNS} FROM open_responses ORDER BY created_at, {self._db.order_column}", ())
+            for r in self._select(
+                f"SELECT {_OPEN_COLUMNS} FROM open_responses ORDER BY created_at, {self._db.order_column}", ()
+            )
         ]
 
     def _select(self, sql: str, args: tuple[object, ...]) -> list[tuple[Any, ...]]:

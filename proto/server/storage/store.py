@@ -1,5 +1,6 @@
 """The response store: stored Responses and their input items, isolated per API key, in SQLite (the embedded
-default) or PostgreSQL (``postgresql://…``, shared by every server), through ``proto.server.storage.database``.
+default) or PostgreSQL (``postgresql://…``, shared by every server), through
+``proto.server.storage.database``.
 
 The event loop never waits on the database: every call runs on the store's own threads, and reads do not
 queue behind writes. ``put`` and ``delete`` run on ``writers`` threads (SQLite: one, with its
@@ -77,7 +78,8 @@ MIGRATIONS: Migrations = (
 )
 _PUT_ITEM = (
     "INSERT INTO items (api_key_id, item_id, response_id, item_json) VALUES (?, ?, ?, ?)"
-    " ON CONFLICT (api_key_id, item_id) DO UPDATE SET response_id = excluded.response_id, item_json = excluded.item_json"
+    " ON CONFLICT (api_key_id, item_id) DO UPDATE SET response_id = excluded.response_id, item_json = "
+    "excluded.item_json"
 )
 _FIELDS = "response_id, api_key_id, response_json, input_items_json, previous_response_id, created_at, model"
 _PUT = (
@@ -94,7 +96,8 @@ _CHAIN = (
     " SELECT response_id, previous_response_id FROM responses WHERE response_id = ? AND api_key_id = ?"
     " UNION SELECT r.response_id, r.previous_response_id FROM responses r"
     " JOIN links l ON r.response_id = l.previous_response_id WHERE r.api_key_id = ?)"
-    f" SELECT {_FIELDS} FROM responses WHERE api_key_id = ? AND response_id IN (SELECT response_id FROM links)"
+    f" SELECT {_FIELDS} FROM responses WHERE api_key_id = ? AND response_id IN (SELECT response_id FROM "
+    f"links)"
 )
 
 
@@ -147,7 +150,9 @@ class ResponseStore:
         self._closed = False
         self._closing = threading.Lock()
         try:  # a database that cannot be reached fails here, not on the first request
-            self._db: Database = open_database(path, "store", busy_timeout=busy_timeout, pool_size=readers + writers)
+            self._db: Database = open_database(
+                path, "store", busy_timeout=busy_timeout, pool_size=readers + writers
+            )
         except Exception as exc:
             raise StoreUnavailable("open", f"{redact(path)}: {exc}") from exc
         try:
@@ -157,9 +162,13 @@ class ResponseStore:
             raise StoreUnavailable("open", f"{redact(path)}: {self._db.describe(exc)}") from exc
         memory = getattr(self._db, "memory", False)
         single = self._db.kind == "sqlite"
-        self._writer = ThreadPoolExecutor(max_workers=1 if single else writers, thread_name_prefix="response-store-writer")
+        self._writer = ThreadPoolExecutor(
+            max_workers=1 if single else writers, thread_name_prefix="response-store-writer"
+        )
         self._readers = (
-            self._writer if memory else ThreadPoolExecutor(max_workers=readers, thread_name_prefix="response-store-reader")
+            self._writer
+            if memory
+            else ThreadPoolExecutor(max_workers=readers, thread_name_prefix="response-store-reader")
         )
 
     # -- threads and connections -----------------------------------------------------------------------
@@ -224,7 +233,10 @@ class ResponseStore:
             if items:  # the response and its items in one transaction
                 with transaction(db, write=True):
                     put_row(db)
-                    db.executemany(_PUT_ITEM, [(api_key_id, item_id, response_id, bytes(item)) for item_id, item in items])
+                    db.executemany(
+                        _PUT_ITEM,
+                        [(api_key_id, item_id, response_id, bytes(item)) for item_id, item in items],
+                    )
             else:
                 put_row(db)
             with self._counts:
@@ -235,7 +247,10 @@ class ResponseStore:
 
     async def get(self, response_id: str, api_key_id: str) -> StoredResponse | None:
         def read(db: Connection) -> StoredResponse | None:
-            found = db.execute(f"SELECT {_FIELDS} FROM responses WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id)).one()
+            found = db.execute(
+                f"SELECT {_FIELDS} FROM responses WHERE response_id = ? AND api_key_id = ?",
+                (response_id, api_key_id),
+            ).one()
             return None if found is None else self._counted([StoredResponse.from_row(found)])[0]
 
         return await self._read("get", read)
@@ -258,8 +273,13 @@ class ResponseStore:
     async def delete(self, response_id: str, api_key_id: str) -> bool:
         def remove(db: Connection) -> bool:
             with transaction(db, write=True):
-                rowcount = db.execute("DELETE FROM responses WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id)).rowcount
-                db.execute("DELETE FROM items WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id))
+                rowcount = db.execute(
+                    "DELETE FROM responses WHERE response_id = ? AND api_key_id = ?",
+                    (response_id, api_key_id),
+                ).rowcount
+                db.execute(
+                    "DELETE FROM items WHERE response_id = ? AND api_key_id = ?", (response_id, api_key_id)
+                )
             with self._counts:
                 self.deletes += rowcount
             return rowcount > 0
@@ -275,7 +295,10 @@ class ResponseStore:
 
         def walk(db: Connection) -> list[StoredResponse] | None:
             rows = db.execute(_CHAIN, (response_id, api_key_id, api_key_id, api_key_id)).rows
-            by_id = {stored.response_id: stored for stored in self._counted([StoredResponse.from_row(r) for r in rows])}
+            by_id = {
+                stored.response_id: stored
+                for stored in self._counted([StoredResponse.from_row(r) for r in rows])
+            }
             links: list[StoredResponse] = []
             next_id: str | None = response_id
             while next_id is not None:
@@ -295,7 +318,9 @@ class ResponseStore:
         def read(db: Connection) -> dict[str, bytes]:
             found: dict[str, bytes] = {}
             for item_id in dict.fromkeys(item_ids):
-                row = db.execute("SELECT item_json FROM items WHERE api_key_id = ? AND item_id = ?", (api_key_id, item_id)).one()
+                row = db.execute(
+                    "SELECT item_json FROM items WHERE api_key_id = ? AND item_id = ?", (api_key_id, item_id)
+                ).one()
                 if row is not None:
                     found[item_id] = bytes(row[0])
             with self._counts:

@@ -32,7 +32,9 @@ def codings(header: str | None) -> list[str]:
     found = [part.strip().lower() for part in header.split(",") if part.strip()]
     for coding in found:
         if coding not in SUPPORTED:
-            raise ClientError("unsupported_encoding", f"Content-Encoding {coding!r} is not supported (gzip, zstd, deflate)")
+            raise ClientError(
+                "unsupported_encoding", f"Content-Encoding {coding!r} is not supported (gzip, zstd, deflate)"
+            )
     return [coding for coding in found if coding != "identity"]
 
 
@@ -87,4 +89,6 @@ def _zstd(body: bytes, limit: int) -> bytes:
 
 def _check_size(out: bytes, limit: int) -> None:
     if len(out) > limit:
-        raise ClientError("message_too_large", f"the decoded request body exceeds {limit} bytes (--max-frame-bytes)")
+        raise ClientError(
+            "message_too_large", f"the decoded request body exceeds {limit} bytes (--max-frame-bytes)"
+        )

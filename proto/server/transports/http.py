@@ -132,7 +132,9 @@ class HttpResponses:
             Route("/v1/responses/compact", self.auth.guard(self.compact), methods=["POST"]),
             Route("/v1/responses/{response_id}", self.auth.guard(self.retrieve), methods=["GET"]),
             Route("/v1/responses/{response_id}", self.auth.guard(self.delete), methods=["DELETE"]),
-            Route("/v1/responses/{response_id}/input_items", self.auth.guard(self.input_items), methods=["GET"]),
+            Route(
+                "/v1/responses/{response_id}/input_items", self.auth.guard(self.input_items), methods=["GET"]
+            ),
         ]
 
     # ------------------------------------------------------------------------------------ create
@@ -140,7 +142,11 @@ class HttpResponses:
         created = time.time()
         try:
             raw = await self._read_body(request)
-            body = decode_body(await encoding.decode(raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes))
+            body = decode_body(
+                await encoding.decode(
+                    raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes
+                )
+            )
             with typed_faults():
                 cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
                 prepared = await self._prepare(body, key, cached)
@@ -185,7 +191,14 @@ class HttpResponses:
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)
         check_outputs(history, items)
         return await self.pipeline.prepare(
-            new_response_id(), body, history, items, work, mode, scan_history=mode != "http-prev", phases=phases,
+            new_response_id(),
+            body,
+            history,
+            items,
+            work,
+            mode,
+            scan_history=mode != "http-prev",
+            phases=phases,
             cache_scope=key if mode == "http-cached" else None,
         )
 
@@ -194,11 +207,14 @@ class HttpResponses:
 
         async def produce() -> None:
             try:
-                await self._run(ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver")
+                await self._run(
+                    ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver"
+                )
             except asyncio.CancelledError:
                 me = asyncio.current_task()
                 if not self.stopping or (me is not None and me.cancelling()):
-                    raise  # the client went away: nobody waits for the end marker (a full queue would hang here)
+                    # the client went away: nobody waits for the end marker (a full queue would hang here)
+                    raise
                 # Shutdown cut the response (its driver's task), the client still reads: it hears why.
                 await queue.put(b"event: error\ndata: " + error_reply(_shutting_down()).data + b"\n\n")
             except BaseException:
@@ -218,7 +234,9 @@ class HttpResponses:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-        return StreamingResponse(frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        return StreamingResponse(
+            frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
 
     # ------------------------------------------------------------------------------------ compact
     async def compact(self, request: Request, key: str) -> Response:
@@ -226,11 +244,19 @@ class HttpResponses:
         ``instructions`` (``proto/server/stages/compact.py``); refused as a create would be."""
         try:
             raw = await self._read_body(request)
-            body = decode_body(await encoding.decode(raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes))
+            body = decode_body(
+                await encoding.decode(
+                    raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes
+                )
+            )
             with typed_faults():
                 items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
                 items = await resolve_references(self.pipeline, items, key, work)
-                history = [] if body.previous_response_id is None else await load_history(self.pipeline, body.previous_response_id, key, work)
+                history = (
+                    []
+                    if body.previous_response_id is None
+                    else await load_history(self.pipeline, body.previous_response_id, key, work)
+                )
                 check_outputs(history, items)
                 resource = compact_window(self.pipeline.tokenizer, body.instructions, history + items, work)
         except ClientError as exc:
@@ -249,7 +275,9 @@ class HttpResponses:
         response_id = request.path_params["response_id"]
         if not await self.pipeline.store.delete(response_id, key):
             return error_response(_not_found(response_id))
-        return Response(_encoder.encode({"id": response_id, "object": "response", "deleted": True}), media_type=JSON)
+        return Response(
+            _encoder.encode({"id": response_id, "object": "response", "deleted": True}), media_type=JSON
+        )
 
     async def input_items(self, request: Request, key: str) -> Response:
         """OpenAI's list shape; ``order`` (default ``desc``, as OpenAI), ``limit`` (1–100, default 20),
@@ -303,7 +331,10 @@ async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]
 
 
 def _shutting_down() -> ClientError:
-    return ClientError("server_shutting_down", "the server is shutting down; the response was cut and billed for what it delivered")
+    return ClientError(
+        "server_shutting_down",
+        "the server is shutting down; the response was cut and billed for what it delivered",
+    )
 
 
 def _too_large(limit: int) -> ClientError:
@@ -312,4 +343,3 @@ def _too_large(limit: int) -> ClientError:
 
 def _not_found(response_id: str) -> ClientError:
     return ClientError("response_not_found", f"response with id {response_id!r} not found", "response_id")
-

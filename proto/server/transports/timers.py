@@ -40,6 +40,7 @@ async def _expire(clock: Clock, at: float, timeout: asyncio.Timeout) -> None:
     await clock.sleep_until(at)
     timeout.reschedule(asyncio.get_running_loop().time())
 
+
 # Past the age limit a streaming response is let finish its turn; the session checks back this often.
 AGED_POLL_S = 0.05
 CLOSE_IDLE = 1000  # a normal closure: the server ends an unused connection on purpose

@@ -78,9 +78,13 @@ class Outbox:
         extension = ws.scope.get("extensions", {}).get(FRAMES_EXTENSION)
         self._batched = extension is not None
         # Writes frames at once when a send would not wait; without the extension the writer does every write.
-        self._write_ext: Callable[[Sequence[bytes]], bool] = extension.get("write_now", _never) if extension is not None else _never
+        self._write_ext: Callable[[Sequence[bytes]], bool] = (
+            extension.get("write_now", _never) if extension is not None else _never
+        )
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.bound)
-        self._writing = asyncio.Lock()  # held by whoever writes: the writer task, or a producer writing at once
+        self._writing = (
+            asyncio.Lock()
+        )  # held by whoever writes: the writer task, or a producer writing at once
         self._task: asyncio.Task[None] | None = None
         self.peak = 0  # the most frames ever queued at once (≤ bound): what the slow-reader test asserts
         self.gone = False  # the client cannot be written to any more: frames are discarded
@@ -208,7 +212,8 @@ class StoppableReader:
             self._reader.cancel()
 
     async def _parked(self, receive: Awaitable[T]) -> T:
-        """Await ``receive`` (the reader's wait for the next message); raises ``Stopped`` once told to stop."""
+        """Await ``receive`` (the reader's wait for the next message); raises ``Stopped`` once told to
+        stop."""
         if self.stopping is not None:
             if isinstance(receive, Coroutine):
                 receive.close()

@@ -103,7 +103,9 @@ class GaConnection(WebSocketConnection):
             settings.connection_max_age_s,
         )
         self.tasks: dict[str, asyncio.Task[None]] = {}  # response id -> its task
-        self.builders: dict[str, ResponseBuilder] = {}  # responses streaming: steering events join their sequence
+        self.builders: dict[
+            str, ResponseBuilder
+        ] = {}  # responses streaming: steering events join their sequence
         self.cached: dict[str | None, Cached] = {}  # by lane
         self._close: tuple[int, str] | None = None
         opened = self.core.deadline - settings.connection_max_age_s
@@ -193,13 +195,20 @@ class GaConnection(WebSocketConnection):
                 return
             builder = prepared.rollout.builder
             self.builders[start.response_id] = builder
-            terminal = await ResponseDriver(self.pipeline, prepared, _LaneResponse(self, start), self.api_key_id).run(start.request.generate)
+            terminal = await ResponseDriver(
+                self.pipeline, prepared, _LaneResponse(self, start), self.api_key_id
+            ).run(start.request.generate)
             outcome = _outcome(terminal)
             # A steered response is continued by its successor: kept like a completed one.
             if isinstance(terminal, ResponseCompleted) or outcome.reason == "steered":
                 request = start.request
                 self.cached[start.stream_id] = Cached(
-                    start.response_id, prepared.rollout.conversation, prepared.gpu, request.model, request.instructions, list(request.tools)
+                    start.response_id,
+                    prepared.rollout.conversation,
+                    prepared.gpu,
+                    request.model,
+                    request.instructions,
+                    list(request.tools),
                 )
         finally:
             self.tasks.pop(start.response_id, None)
@@ -220,21 +229,37 @@ class GaConnection(WebSocketConnection):
             items = await resolve_references(self.pipeline, start.items, self.api_key_id, work)
         if previous is None:
             check_outputs([], items)
-            return await self.pipeline.prepare(start.response_id, request, [], items, work, "ws", scan_history=True, phases=phases)
+            return await self.pipeline.prepare(
+                start.response_id, request, [], items, work, "ws", scan_history=True, phases=phases
+            )
         if cached is not None:
             check_outputs(cached.conversation.items, items)
             if cached.instructions == request.instructions and cached.tools == request.tools:
                 gpu = cached.gpu if cached.model == request.model else None
                 return await self.pipeline.prepare(
-                    start.response_id, request, [], items, work, "ws", scan_history=False, phases=phases, conversation=cached.conversation, gpu=gpu
+                    start.response_id,
+                    request,
+                    [],
+                    items,
+                    work,
+                    "ws",
+                    scan_history=False,
+                    phases=phases,
+                    conversation=cached.conversation,
+                    gpu=gpu,
                 )
-            # New instructions or tools head the prompt: the items are in memory, their rendering is not reusable.
+            # New instructions or tools head the prompt: the items are in memory, their rendering is not
+            # reusable.
             history = list(cached.conversation.items)
-            return await self.pipeline.prepare(start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases)
+            return await self.pipeline.prepare(
+                start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases
+            )
         with timed(phases, "store_load"):
             history = await load_history(self.pipeline, previous, self.api_key_id, work)
         check_outputs(history, items)
-        return await self.pipeline.prepare(start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases)
+        return await self.pipeline.prepare(
+            start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases
+        )
 
     def _cached_for(self, lane: str | None, previous: str | None, work: WorkCounters) -> Cached | None:
         """This lane's entry is taken (a failure leaves it evicted); another lane's is forked."""
@@ -243,7 +268,14 @@ class GaConnection(WebSocketConnection):
             return own
         for other_lane, entry in self.cached.items():
             if entry.response_id == previous and other_lane != lane:
-                return Cached(entry.response_id, entry.conversation.fork(work), entry.gpu, entry.model, entry.instructions, entry.tools)
+                return Cached(
+                    entry.response_id,
+                    entry.conversation.fork(work),
+                    entry.gpu,
+                    entry.model,
+                    entry.instructions,
+                    entry.tools,
+                )
         return None
 
 
@@ -251,5 +283,7 @@ def _outcome(terminal: ServerEvent) -> Outcome:
     assert isinstance(terminal, TerminalEvent)
     response = terminal.response
     reason = response.incomplete_details.reason if response.incomplete_details else None
-    owed = tuple((item_type(item), item.call_id, item.name) for item in response.output if isinstance(item, CALL_ITEMS))
+    owed = tuple(
+        (item_type(item), item.call_id, item.name) for item in response.output if isinstance(item, CALL_ITEMS)
+    )
     return Outcome(response.status, reason, owed)

@@ -44,10 +44,17 @@ class LongLivedConnection(WebSocketConnection):
         settings = pipeline.settings
         self.core = LongLivedCore(
             pipeline.engines.names(),
-            EventLimits(settings.max_input_items, settings.max_tools, settings.max_pending_calls, settings.max_queued_items),
+            EventLimits(
+                settings.max_input_items,
+                settings.max_tools,
+                settings.max_pending_calls,
+                settings.max_queued_items,
+            ),
         )
         self.driver: ResponseDriver | None = None
-        self.timers = ConnectionTimers(self.clock.now(), settings.connection_max_age_s, settings.idle_timeout_s)
+        self.timers = ConnectionTimers(
+            self.clock.now(), settings.connection_max_age_s, settings.idle_timeout_s
+        )
 
     # --------------------------------------------------------------------------------- connection
     async def serve(self) -> None:
@@ -105,7 +112,9 @@ class LongLivedConnection(WebSocketConnection):
                 case Reply(data):
                     await self.out.put(data)
                 case Start():
-                    self.task = asyncio.create_task(self._respond(action), name=f"response-{action.response_id}")
+                    self.task = asyncio.create_task(
+                        self._respond(action), name=f"response-{action.response_id}"
+                    )
                 case Resume(items):
                     assert self.driver is not None
                     self.driver.resume(items)
@@ -149,9 +158,13 @@ class LongLivedConnection(WebSocketConnection):
         items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
         if start.request.previous_response_id is not None:
             # Continuing a stored response: its chain is context, loaded and rendered once.
-            history = await load_history(self.pipeline, start.request.previous_response_id, self.api_key_id, start.work)
+            history = await load_history(
+                self.pipeline, start.request.previous_response_id, self.api_key_id, start.work
+            )
         check_outputs(history, items, root="$.")
-        return await self.pipeline.prepare(start.response_id, start.request, history, items, start.work, "longlived", scan_history=False)
+        return await self.pipeline.prepare(
+            start.response_id, start.request, history, items, start.work, "longlived", scan_history=False
+        )
 
     # --------------------------------------------------------------------------------- EventSink
     def opened(self) -> bool:
