@@ -92,7 +92,7 @@ class LabWSProtocol(WSProtocol):
     True when a ``websocket.send`` would not have to wait; otherwise (uvicorn paused writing, the
     connection is closing) it writes nothing and returns False, and the app sends them the ASGI way,
     which waits or raises as ``send`` does. It saves a coroutine chain per write: a tenth of the CPU per
-    token again (NOTES.md, "Issue 10").
+    token again (docs/decisions/0004-websocket-frame-bypass.md).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -220,8 +220,9 @@ def freeze_startup_objects() -> None:
     """Everything built so far (modules, the app, the tokenizer's tables) lives as long as the process:
     ``gc.freeze`` moves it out of the collector's generations, so a full collection scans only what serving
     allocated. Without it every gen-2 collection walks the ~42 k start-up objects too (6 ms here, and
-    10–50 ms seen as a stall of every stream at 160 streams; NOTES.md, "Issue 10"). The ``gc`` docs recommend
-    it after start-up; servers that fork workers use it the same way (Instagram's Django, gunicorn apps)."""
+    10–50 ms seen as a stall of every stream at 160 streams; docs/decisions/0002-gc-freeze-at-startup.md).
+    The ``gc`` docs recommend it after start-up; servers that fork workers use it the same way (Instagram's
+    Django, gunicorn apps)."""
     gc.collect()  # garbage from start-up is freed, not frozen for ever
     gc.freeze()
 
