@@ -146,9 +146,8 @@ class GpuSequence:
         Raises ContextLengthExceeded (the prompt can never fit) and EngineOverloaded (queue full) before
         anything is yielded, EngineFailure (injected fault) at any point.
         """
-        return cast(
-            AsyncGenerator[int, None], self._turn(prompt_ids, output_ids, every_s, paced=False)
-        )  # it yields no Pacing
+        # it yields no Pacing
+        return cast(AsyncGenerator[int, None], self._turn(prompt_ids, output_ids, every_s, paced=False))
 
     def run_paced(
         self, prompt_ids: Sequence[int], output_ids: Sequence[int]
@@ -165,9 +164,8 @@ class GpuSequence:
             raise RuntimeError("sequence closed" if self._closed else "a turn is already running")
         gpu, clock, spec = self._gpu, self._gpu.clock, self._gpu.spec
         self.live = None
-        check_prompt(
-            spec.limits, len(prompt_ids)
-        )  # the loop checked already: this is the engine's own admission
+        # the loop checked already: this is the engine's own admission
+        check_prompt(spec.limits, len(prompt_ids))
         self._busy = True
         try:
             t_arrive = clock.now()

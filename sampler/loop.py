@@ -309,9 +309,8 @@ async def _sample(
                 continue
             burst = turn.sent + due
             while True:
-                yield Emit(
-                    turn.advance(min(EMIT_CHUNK, burst - turn.sent))
-                )  # counted before the owner sends them
+                # counted before the owner sends them
+                yield Emit(turn.advance(min(EMIT_CHUNK, burst - turn.sent)))
                 if turn.sent >= burst:
                     break
                 await asyncio.sleep(0)  # a burst (a late wake-up, a very fast model): other streams go first

@@ -77,9 +77,8 @@ def engine(srv: ThreadedServer, model: str = MODEL) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------- the context window
 
 
-@pytest.mark.parametrize(
-    "limit", ["max-model-len=200", "kv-cache-size=10"]
-)  # 200 tokens; 10 blocks x 16 = 160
+# 200 tokens; 10 blocks x 16 = 160
+@pytest.mark.parametrize("limit", ["max-model-len=200", "kv-cache-size=10"])
 async def test_a_prompt_past_the_window_or_the_kv_cache_is_refused_typed_before_any_prefill(
     limit: str,
 ) -> None:
@@ -104,20 +103,17 @@ async def test_a_prompt_past_the_window_or_the_kv_cache_is_refused_typed_before_
                 assert error["code"] == "context_length_exceeded" and (
                     "KV cache" in error["message"]
                 ) == limit.startswith("kv"), error
-                assert (
-                    events[-1]["response"]["usage"]["input_tokens"] == 0
-                )  # nothing was prefilled, nothing billed
-            reply = await http.post(
-                "/v1/responses", json=create(LONG_PROMPT)
-            )  # nothing sent yet: the 400 body
+                # nothing was prefilled, nothing billed
+                assert events[-1]["response"]["usage"]["input_tokens"] == 0
+            # nothing sent yet: the 400 body
+            reply = await http.post("/v1/responses", json=create(LONG_PROMPT))
             assert reply.status_code == 400, reply.text
             assert (reply.json()["error"]["code"], reply.json()["error"]["type"]) == (
                 "context_length_exceeded",
                 "invalid_request_error",
             )
-            assert (
-                engine(srv)["prefix_cache_queries"] == before["prefix_cache_queries"]
-            )  # no prefill ever started
+            # no prefill ever started
+            assert engine(srv)["prefix_cache_queries"] == before["prefix_cache_queries"]
             # Every connection serves on.
             for ws in (longlived, ga):
                 assert (await ws_events(ws, **create("!say short")))[-1]["type"] == "response.completed"

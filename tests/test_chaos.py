@@ -15,9 +15,8 @@ from proto.load.chaos import Outcome, Sizes, round_of_chaos, table, totals
 
 pytestmark = pytest.mark.process  # every test starts a server or a process
 
-SEED = int(
-    os.environ.get("CHAOS_SEED", "13")
-)  # a failure names its seed: rerun with CHAOS_SEED=… to replay it
+# a failure names its seed: rerun with CHAOS_SEED=… to replay it
+SEED = int(os.environ.get("CHAOS_SEED", "13"))
 
 
 async def test_a_seeded_round_of_chaos_breaks_no_invariant() -> None:

@@ -52,9 +52,8 @@ async def wake_ups(every_s: float, n: int = 50) -> list[tuple[float, int]]:
     task = asyncio.create_task(drive())
     await clock.run_until_idle()
     await task
-    assert seq.last_report is not None and seq.last_report.decode_ms == pytest.approx(
-        n - 1.0
-    )  # deadlines unmoved
+    # deadlines unmoved
+    assert seq.last_report is not None and seq.last_report.decode_ms == pytest.approx(n - 1.0)
     return got
 
 
@@ -65,9 +64,8 @@ async def test_the_gpu_wakes_at_most_every_window_and_releases_what_fell_due() -
     assert windowed[0] == plain[0]  # the first token is not held back
     times = [t for t, _ in windowed]
     assert all(b - a >= 0.005 - 1e-9 for a, b in itertools.pairwise(times))
-    assert (
-        sum(k for _, k in windowed) == 50 and len(windowed) == 11
-    )  # t_first, then every 5 ms: 5 tokens each
+    # t_first, then every 5 ms: 5 tokens each
+    assert sum(k for _, k in windowed) == 50 and len(windowed) == 11
     # Never early: each wake-up releases only tokens whose deadline has passed.
     due = [0.010 + i * 0.001 for i in range(50)]
     released = 0
@@ -147,9 +145,8 @@ def test_coalesced_events_are_snapshots_in_strict_sequence(both: dict[float, lis
             and e["item_id"] == done["item_id"]
             and e["sequence_number"] < done["sequence_number"]
         ]
-        assert (
-            "".join(e["delta"] for e in before) == done["text"]
-        )  # the deltas so far, in order, are the text
+        # the deltas so far, in order, are the text
+        assert "".join(e["delta"] for e in before) == done["text"]
     assert all(e["delta"] for e in events if e["type"].endswith(".delta"))  # no empty delta
     assert MODEL in both[5.0][-1]["response"]["model"]
 

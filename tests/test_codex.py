@@ -43,15 +43,13 @@ def _assert_rollout(
 ) -> None:
     assert returncode == 0, run_output
     assert last == ANSWER, run_output
-    assert (work / "notes.txt").read_text() == "two\n", (
-        run_output
-    )  # the shell made it, apply_patch changed it
+    # the shell made it, apply_patch changed it
+    assert (work / "notes.txt").read_text() == "two\n", run_output
     ended = [line for line in server.ended() if line["turns"] > 0]  # (a GA warm-up samples nothing)
     assert ended and {line["mode"] for line in ended} == {mode}, ended
     assert [line["status"] for line in ended] == ["completed"] * 4, ended  # shell, patch, image, answer
-    assert ended[0]["output_tokens"] >= 30, (
-        ended
-    )  # the reasoning item's tokens; Codex sent it back, and went on
+    # the reasoning item's tokens; Codex sent it back, and went on
+    assert ended[0]["output_tokens"] >= 30, ended
     # view_image's output carried the picture: the turn after it costs the image's tokens more
     grew = [b["input_tokens"] - a["input_tokens"] for a, b in itertools.pairwise(ended)]
     assert grew[2] >= IMAGE_TOKENS, grew

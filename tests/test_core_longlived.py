@@ -288,9 +288,8 @@ def test_cancel_asks_the_adapter_to_stop_then_the_terminal_event_ends(state: Sta
     else:
         assert actions == [Cancel(response_id)]
     assert pipe.client(type="response.cancel", response_id=response_id) == []  # once is enough
-    assert pipe.core.state is (
-        State.STREAMING if state is State.OPENING else state
-    )  # nothing ends until the terminal event
+    # nothing ends until the terminal event
+    assert pipe.core.state is (State.STREAMING if state is State.OPENING else state)
     builder = ResponseBuilder(response_id, ResponseCreate(model=CORE_MODEL), "longlived")
     ended = codec.decode_server_event(pipe.core.frame(builder.incomplete("cancelled")))
     assert ended.response.status == "cancelled"  # type: ignore[union-attr]

@@ -117,9 +117,8 @@ async def test_sigkill_then_restart_bills_or_marks_every_response_that_had_start
                 await asyncio.sleep(0.01)
             first.process.send_signal(signal.SIGKILL)
             assert await asyncio.wait_for(first.process.wait(), GUARD) == -signal.SIGKILL
-            proven = dict(
-                query(db, "SELECT response_id, output_tokens FROM open_responses")
-            )  # the last durable figures
+            # the last durable figures
+            proven = dict(query(db, "SELECT response_id, output_tokens FROM open_responses"))
             assert len(proven) == 5, proven
             for name, ws in (("second_turn", second_turn), ("suspended", suspended), ("ga", ga)):
                 await drain(ws, streams[name])
@@ -186,9 +185,8 @@ async def test_workers_reconcile_once_before_they_start_and_never_bill_a_live_si
             assert query(db, "SELECT response_id, status, reason, output_tokens FROM usage") == [
                 ("resp_dead", "incomplete", "server_crashed", 7)
             ]
-            assert set(ids) <= set(
-                dict(query(db, "SELECT response_id, owner FROM open_responses"))
-            )  # live ones left alone
+            # live ones left alone
+            assert set(ids) <= set(dict(query(db, "SELECT response_id, owner FROM open_responses")))
         finally:
             for ws in sockets:
                 ws.transport.abort()  # the clients just go: their responses are cut and billed

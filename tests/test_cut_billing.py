@@ -228,9 +228,8 @@ async def test_a_slow_reader_pays_for_what_it_was_sent_within_the_queue_bound(pr
         server = state(srv)
         target = "/v1/responses" + ("?protocol=longlived" if protocol == "longlived" else "")
         client = RawClient(srv.settings.host, srv.settings.port, target)
-        client.send_text(
-            json.dumps({"type": "response.create", **body("!tokens 200000 !say never", MODEL)})
-        )  # never read
+        # never read
+        client.send_text(json.dumps({"type": "response.create", **body("!tokens 200000 !say never", MODEL)}))
         await wait_for(lambda: bool(server.connections), "the session started")
         session = next(iter(server.connections))
         await wait_for(lambda: session.out.qsize() >= queue, "the send queue filled: the sampler waits")

@@ -108,9 +108,8 @@ async def test_the_same_events_whichever_way_they_went(room: int) -> None:
     done = next(event for _, event in events if isinstance(event, OutputTextDone))
     assert done.text == TEXT
     by_timer = [event for way, event in events if way == "timer"]
-    assert all(
-        tag(event) == "response.output_text.delta" for event in by_timer
-    )  # only deltas inside the item
+    # only deltas inside the item
+    assert all(tag(event) == "response.output_text.delta" for event in by_timer)
     if room:
         # Every delta but the item's first (it opens the item) and its last (it ends it) may go by the timer;
         # a wake-up that came late with several tokens still does. The task frames the rest, and whatever

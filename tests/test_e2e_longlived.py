@@ -253,9 +253,8 @@ async def test_parallel_outputs_split_over_two_appends(server: ThreadedServer) -
         assert terminal["type"] == "response.completed"
         assert _message_text(terminal["response"]) == "read both"
         work = terminal["response"]["lab"]["work"]
-        assert (
-            work["items_validated"] == 1 + 2
-        )  # the create's message and the two outputs; a refused append counts nothing
+        # the create's message and the two outputs; a refused append counts nothing
+        assert work["items_validated"] == 1 + 2
         assert len(terminal["response"]["lab"]["turns"]) == 2
 
 
@@ -485,9 +484,8 @@ async def test_k_local_calls_tokenize_each_input_token_once(server: ThreadedServ
     )
     work = response["lab"]["work"]
     assert work["tokens_tokenized"] == expected_tokens
-    assert (
-        work["tokenize_calls"] == 2 + k
-    )  # the tools and the first message once, each output once on arrival
+    # the tools and the first message once, each output once on arrival
+    assert work["tokenize_calls"] == 2 + k
     assert work["items_rendered"] == 1 + k
     assert work["items_validated"] == 1 + k
     assert work["requests_validated"] == 1

@@ -204,9 +204,8 @@ async def test_batch_slots_are_shared_queue_wait_appears_across_workers(topology
             done = (await recv_until(third, TERMINAL_TYPES))[-1]
             assert done["type"] == "response.completed", done
             [turn] = done["response"]["lab"]["turns"]
-            assert (
-                turn["queue_wait_ms"] > 0
-            )  # it waited in the engine's one queue, behind both workers' streams
+            # it waited in the engine's one queue, behind both workers' streams
+            assert turn["queue_wait_ms"] > 0
         await second.send(json.dumps({"type": "response.cancel"}))
         await recv_until(second, TERMINAL_TYPES)
     finally:
@@ -562,9 +561,8 @@ def test_a_vllm_final_chunk_gives_the_report_its_metrics_say() -> None:
         80.0,
     )
     assert report.phases_ms["engine_hop"] == pytest.approx(20.0 - 12.5 - 0.5)
-    bare = _report(
-        900, 40, StreamChunk(), sent_at=10.0, first_at=10.020
-    )  # an engine without timing: no hop to tell
+    # an engine without timing: no hop to tell
+    bare = _report(900, 40, StreamChunk(), sent_at=10.0, first_at=10.020)
     assert bare.prefill_ms == pytest.approx(20.0) and bare.phases_ms == {}
 
 

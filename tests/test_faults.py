@@ -275,9 +275,8 @@ async def test_a_slow_reader_is_held_back_then_disconnected(protocol: str) -> No
         await virtual_server.advance_until(
             1.0, lambda: session.stopping is not None, "the slow reader was given up on"
         )
-        code, frames = await asyncio.to_thread(
-            client.read_to_close
-        )  # the client reads again: the close comes through
+        # the client reads again: the close comes through
+        code, frames = await asyncio.to_thread(client.read_to_close)
         client.sock.close()
         assert code == 1008
         assert session.out.peak <= 32  # the bound held: the sampler waited instead of queueing

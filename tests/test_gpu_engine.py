@@ -187,9 +187,8 @@ async def test_other_sequences_share_prefix_blocks_by_chained_hash() -> None:
     changed_second_block = list(range(64))
     changed_second_block[20] = -1
     await run(clock, seq, [*changed_second_block, 1], 1)
-    assert (
-        seq.last_report is not None and seq.last_report.cached_tokens == 16
-    )  # blocks 2, 3 are equal but chain on block 1
+    # blocks 2, 3 are equal but chain on block 1
+    assert seq.last_report is not None and seq.last_report.cached_tokens == 16
 
 
 async def test_pinned_suspended_sequence_survives_pressure() -> None:
@@ -429,9 +428,8 @@ async def test_what_the_owner_leaves_is_yielded_when_it_was_due() -> None:
     assert sorted(times(yielded) + times(released)) == pytest.approx(
         [t_first + 0.001 * i for i in range(30)], abs=1e-9
     )
-    assert (
-        len(yielded) > 5 and sum(k for _, k in yielded) + sum(k for _, k in released) == 30
-    )  # each token once
+    # each token once
+    assert len(yielded) > 5 and sum(k for _, k in yielded) + sum(k for _, k in released) == 30
 
 
 async def test_a_release_takes_no_more_than_its_limit_and_the_rest_stays_due() -> None:
@@ -507,9 +505,8 @@ async def test_run_turn_and_a_clock_without_a_timer_yield_counts_only() -> None:
     gpu, clock = make()
     seq = gpu.open()
     emits = await run(clock, seq, list(range(40)), 20)
-    assert (
-        sum(k for _, k in emits) == 20
-    )  # run_turn: ints, slept in the task (``collect`` would fail otherwise)
+    # run_turn: ints, slept in the task (``collect`` would fail otherwise)
+    assert sum(k for _, k in emits) == 20
 
     gpu = MockGPU(
         make()[0].spec.override(

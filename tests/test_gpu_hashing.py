@@ -67,9 +67,8 @@ class Rollout:
 
     def grow(self, output: list[int], call: bool) -> None:
         self.log.extend([*(CALL_HEADER if call else HEADER), *output, 100265])
-        self.log.extend(
-            self.rng.randrange(100_000) for _ in range(self.rng.randrange(1, 70))
-        )  # the tool's output
+        # the tool's output
+        self.log.extend(self.rng.randrange(100_000) for _ in range(self.rng.randrange(1, 70)))
 
 
 class CountingCache:
@@ -181,9 +180,8 @@ async def test_a_rewritten_history_is_hashed_again() -> None:
     await turn(clock, seq, prompt, [8] * 5)
     flat = [*log.ids, *HEADER]
     assert list(seq._keys) == block_keys([*flat, *[8] * 5], BS)
-    assert (
-        seq.last_report is not None and seq.last_report.cached_tokens == 150 // BS * BS
-    )  # only the kept blocks hit
+    # only the kept blocks hit
+    assert seq.last_report is not None and seq.last_report.cached_tokens == 150 // BS * BS
 
 
 async def test_a_prompt_taken_before_a_rewrite_is_not_trusted() -> None:

@@ -70,9 +70,8 @@ def test_one_session_is_the_sum_of_its_parts() -> None:
     )
     decode = sum((s.output_tokens - 1) * spec.inter_token_latency_ms for s in plan.sends)
     want = 3 * (10.0 + 22.0) / 1e3 + prefill / 1e3 + decode / 1e3 + 2 * 0.5
-    assert p.e2e_s == pytest.approx(
-        [want], abs=2e-3
-    )  # the KV cache's block rounding: within a block's prefill
+    # the KV cache's block rounding: within a block's prefill
+    assert p.e2e_s == pytest.approx([want], abs=2e-3)
     assert p.parts_s["tools"] == pytest.approx(1.0) and p.parts_s["hops"] == pytest.approx(0.066)
     # TTFT: o + hops + prefill (no queue), per round.
     assert p.ttft_ms[0] == pytest.approx(
@@ -94,9 +93,8 @@ def test_lock_step_sessions_share_the_server_core_every_round() -> None:
     # Processor sharing: each round of each session is slowed by the other's 5 ms of server work, so both
     # stay in lock-step and both pay it every round (a FIFO would make the first never wait, the second
     # fall behind once and never meet the first again).
-    assert pair.parts_s["contention"] == pytest.approx(
-        2 * 4 * 0.005, abs=2e-3
-    )  # less the load factor's shifts
+    # less the load factor's shifts
+    assert pair.parts_s["contention"] == pytest.approx(2 * 4 * 0.005, abs=2e-3)
     assert pair.e2e_s == pytest.approx([alone.e2e_s[0] + 4 * 0.005] * 2, abs=2e-3)
 
 
@@ -156,9 +154,8 @@ def test_chain_lengths_follow_what_each_mode_loads() -> None:
     assert chains("http-prev", plan) == [0] * 11  # every round a rewrite: sent whole, nothing loaded
     claude = build_plan(load_replay("tracelab-claude-session").sessions[0], "m", "000000000000")
     assert chains("http-prev", claude) == list(range(10))
-    assert (
-        chains("longlived", claude) == [0] * 5 + [1] * 5
-    )  # the create after round 4's message loads one response
+    # the create after round 4's message loads one response
+    assert chains("longlived", claude) == [0] * 5 + [1] * 5
     assert chains("ws", claude) == [0] * 10
 
 

@@ -41,12 +41,10 @@ async def test_the_cache_skips_every_item_it_has_seen_and_counts_it() -> None:
         # misses only what is new since (a model's output and its tool outputs).
         assert work[0]["item_cache_hits"] == 0 and work[0]["item_cache_misses"] >= 1
         for before, after in itertools.pairwise(work):
-            assert (
-                after["item_cache_hits"] > before["item_cache_hits"]
-            )  # everything seen stays seen (nothing evicted)
-            assert (
-                after["item_cache_misses"] <= 6
-            )  # the last turn's output items and the outputs of its (up to two) calls
+            # everything seen stays seen (nothing evicted)
+            assert after["item_cache_hits"] > before["item_cache_hits"]
+            # the last turn's output items and the outputs of its (up to two) calls
+            assert after["item_cache_misses"] <= 6
         # http tokenizes the whole history every turn; http-cached only the new bodies.
         assert sum(w["tokens_tokenized"] for w in work) * 3 < sum(
             r["lab"]["work"]["tokens_tokenized"] for r in plain
@@ -133,9 +131,8 @@ async def test_the_api_cost_knob_is_paid_by_the_http_modes_only() -> None:
         for response, base_only in ((plain[0], False), (cached[0], True)):
             history = response["lab"]["turns"][0]["prompt_tokens"] - 3  # less the prompt's assistant header
             modelled = 2.0 + (0.0 if base_only else history / 1000.0)
-            assert (
-                response["lab"]["phases_ms"]["api_cost"] >= modelled
-            )  # a sleep on the precise clock: never short
+            # a sleep on the precise clock: never short
+            assert response["lab"]["phases_ms"]["api_cost"] >= modelled
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
             first = (await client.post("/v1/responses", json={"model": MODEL, "input": "!say hi"})).json()
             chained = await client.post(

@@ -88,9 +88,8 @@ async def test_a_ga_continuation_on_the_other_server_loads_the_stored_chain(pg: 
         elsewhere = terminal["response"]
         assert elsewhere["previous_response_id"] == first["id"]
         assert elsewhere["lab"]["work"]["store_reads"] == 1 and "store_load" in elsewhere["lab"]["phases_ms"]
-        assert (
-            elsewhere["output"][-1]["type"] == "message"
-        )  # the script's next turn: the conversation went on
+        # the script's next turn: the conversation went on
+        assert elsewhere["output"][-1]["type"] == "message"
         # The same turn, whichever path served it: the same words from the same prompt.
         assert [o["content"] for o in elsewhere["output"]] == [o["content"] for o in cached["output"]]
         assert elsewhere["usage"]["input_tokens"] == cached["usage"]["input_tokens"]

@@ -80,9 +80,8 @@ async def test_a_database_locked_past_the_busy_timeout_fails_each_response_typed
                     assert_failed_store_unavailable(await ws_response(ga, store=True)),
                     assert_failed_store_unavailable(await sse_response(http, store=True)),
                 ]
-                reply = await http.post(
-                    "/v1/responses", json=create(store=True)
-                )  # nothing sent yet: 503 body
+                # nothing sent yet: 503 body
+                reply = await http.post("/v1/responses", json=create(store=True))
                 assert reply.status_code == ERROR_CODES["store_unavailable"][0] == 503, reply.text
                 assert (
                     reply.json()["error"]["code"] == "store_unavailable"

@@ -218,9 +218,8 @@ class Timeline:
                 f"{out / decode * 1e3:,.0f}" if decode > 0 else "–",
             )
         self.console.print(table)
-        usage = (
-            (response.get("lab") or {}).get("usage_total") or response.get("usage") or {}
-        )  # the whole rollout's
+        # the whole rollout's
+        usage = (response.get("lab") or {}).get("usage_total") or response.get("usage") or {}
         cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
         decode_ms = sum(float(t.get("decode_ms", 0.0)) for t in turns)
         out_tokens = int(usage.get("output_tokens", 0))

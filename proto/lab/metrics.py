@@ -64,13 +64,11 @@ class Trace:
     )
     session: str = ""  # the plan's session (a trace's own, or the workload's)
     kinds: list[str] = field(default_factory=list)  # each send's round kind (plan.Send.kind), in order
-    tool_spans: list[tuple[float, float]] = field(
-        default_factory=list
-    )  # the client's tool waits, on the marks' clock
+    # the client's tool waits, on the marks' clock
+    tool_spans: list[tuple[float, float]] = field(default_factory=list)
     arrival_s: float = 0.0  # a trace session's arrival, after the cell's measured start
-    hops: list[tuple[int, int, int]] = field(
-        default_factory=list
-    )  # per response: (turns, safety hops, model resolutions)
+    # per response: (turns, safety hops, model resolutions)
+    hops: list[tuple[int, int, int]] = field(default_factory=list)
 
     def add_response(self, response: dict[str, Any]) -> None:
         """Fold one terminal response's usage, phases and turn reports into the trace. Its whole usage:

@@ -249,9 +249,8 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
             continue
         target = this.input_tokens - assistant  # the items' total this round
         previous_total = sends[-1].prompt_tokens + last.output_tokens
-        fixed = tools_tokens(
-            tools
-        )  # the tool definitions head every prompt: a trace's kept prefix includes them
+        # the tool definitions head every prompt: a trace's kept prefix includes them
+        fixed = tools_tokens(tools)
         keep = (this.keep if this.keep is not None else this.input_tokens) - fixed
         rewrite = keep + fixed < previous_total or target - before - framing < len(new)
         edits: list[tuple[int, str]] = []

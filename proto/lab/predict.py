@@ -59,9 +59,8 @@ CALIBRATION_OVERRIDE = (
     f"{CALIBRATION_MODEL}:prefill-overhead=0,prefill-time-per-token=0,time-to-first-token=0"
 )
 _FEATURES = ("1", "H", "A", "chain", "O")
-_SLEPT = frozenset(
-    {"safety_hop", "resolve_hop", "api_cost"}
-)  # latency knobs: the server sleeps, its core is free
+# latency knobs: the server sleeps, its core is free
+_SLEPT = frozenset({"safety_hop", "resolve_hop", "api_cost"})
 
 
 # ---- the calibration workload ------------------------------------------------------------------
@@ -87,9 +86,8 @@ def calibration_replay(rounds: int, h_max: int, seed: int = 11) -> Replay:
             if r > 0:
                 prev = session[-1]
                 base = keep if keep is not None else (prev.input_tokens or 0) + prev.output_tokens
-                low = (
-                    60 if keep is None else 1500
-                )  # a rewrite clears every later item to a token: room for them
+                # a rewrite clears every later item to a token: room for them
+                low = 60 if keep is None else 1500
                 total = base + int(math.exp(rng.uniform(math.log(low), math.log(8000))))
             session.append(
                 Round(
@@ -434,9 +432,8 @@ class Hops:
 class Prediction:
     e2e_s: list[float] = field(default_factory=list)  # per rollout
     ttft_ms: list[float] = field(default_factory=list)  # per round
-    parts_s: dict[str, float] = field(
-        default_factory=dict
-    )  # summed over rollouts: overhead, hops, queue, prefill, decode, tools
+    # summed over rollouts: overhead, hops, queue, prefill, decode, tools
+    parts_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def e2e_s_p50(self) -> float:
@@ -579,9 +576,8 @@ def predict_cell(
 
 @functools.lru_cache(maxsize=512)
 def _plan(session: Session, index: int, tool_time_scale: float) -> RolloutPlan:
-    return build_plan(
-        session, CALIBRATION_MODEL, f"{index:012d}", tool_time_scale
-    )  # the model name is not used
+    # the model name is not used
+    return build_plan(session, CALIBRATION_MODEL, f"{index:012d}", tool_time_scale)
 
 
 def _loop_running() -> bool:

@@ -283,9 +283,8 @@ class ResponseDriver:
                         self._progress()
                         if not self.transport.suspends:
                             return
-                        self._resume = (
-                            asyncio.get_running_loop().create_future()
-                        )  # before done can be answered
+                        # before done can be answered
+                        self._resume = asyncio.get_running_loop().create_future()
                         try:
                             await self.transport.send([rollout.builder.suspend(list(calls))])
                             reply = await self._ingest(await self._wait_resume())
@@ -324,9 +323,8 @@ class ResponseDriver:
                         self._progress()
                 # A full chunk may be a burst (a late wake-up, a very fast model): the task takes the rest,
                 # as it takes any burst, with other streams going first between its chunks.
-                nxt = (
-                    pacing.next_due() if 0 < k < EMIT_CHUNK and k < plain else None
-                )  # k < plain: still inside
+                # k < plain: still inside
+                nxt = pacing.next_due() if 0 < k < EMIT_CHUNK and k < plain else None
                 if nxt is not None:
                     call = timer.call_at(nxt, due)
                     return

@@ -196,9 +196,8 @@ class Pipeline:
         self.web_search = WebSearch()
         self.ledger = UsageLedger(settings.db, busy_timeout=settings.db_busy_timeout_s)
         self.store = ResponseStore(settings.db, busy_timeout=settings.db_busy_timeout_s)
-        select_policy(
-            "", settings.default_policy
-        )  # a bad --default-policy fails at start-up, not per request
+        # a bad --default-policy fails at start-up, not per request
+        select_policy("", settings.default_policy)
         self.item_cache = ItemCache(settings.item_cache_tokens)
         self.totals = WorkCounters()
         self.metrics = PipelineMetrics()

@@ -50,9 +50,8 @@ def uvicorn_config(
         log_level=settings.log_level,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=math.ceil(
-            settings.shutdown_grace_s
-        ),  # then uvicorn cancels what still runs (SSE)
+        # then uvicorn cancels what still runs (SSE)
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
         **extra,  # type: ignore[arg-type]
     )
 

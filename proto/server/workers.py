@@ -96,9 +96,8 @@ class Supervisor:
         self.engine = engine
         self.stopping = threading.Event()
         self.workers: list[BaseProcess] = []
-        self._context = multiprocessing.get_context(
-            "spawn"
-        )  # a fresh interpreter: no loop or thread inherited
+        # a fresh interpreter: no loop or thread inherited
+        self._context = multiprocessing.get_context("spawn")
 
     def run(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -82,9 +82,8 @@ class Outbox:
             extension.get("write_now", _never) if extension is not None else _never
         )
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.bound)
-        self._writing = (
-            asyncio.Lock()
-        )  # held by whoever writes: the writer task, or a producer writing at once
+        # held by whoever writes: the writer task, or a producer writing at once
+        self._writing = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self.peak = 0  # the most frames ever queued at once (≤ bound): what the slow-reader test asserts
         self.gone = False  # the client cannot be written to any more: frames are discarded
