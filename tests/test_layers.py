@@ -122,6 +122,15 @@ def test_the_server_imports_no_client_tool() -> None:
             assert {m for m in imported if m.startswith(tools)} == set(), name
 
 
+def test_the_client_tools_speak_to_the_server_only_over_the_wire() -> None:
+    # The client library, the lab, the load tools and the perf suite start servers as child processes
+    # (proto.processes) and import nothing of the server; the demo may run one in process (``serving``).
+    graph = _graph()
+    for name, imported in graph.items():
+        if name.startswith(("proto.client", "proto.lab", "proto.load", "proto.perf")):
+            assert {m for m in imported if m.startswith("proto.server")} == set(), name
+
+
 def test_the_import_graph_has_no_circle_but_the_backend_factory() -> None:
     assert _circles(_graph()) == [{"proto.server.storage.database", "proto.server.storage.postgres"}]
 

@@ -20,6 +20,10 @@ _any_decoder = msgspec.json.Decoder()
 _server_decoder = msgspec.json.Decoder(AnyServerEvent)
 _encoder = msgspec.json.Encoder()
 
+# The request header a client sets to "items" to ask for the item cache (the ``http-cached`` mode:
+# docs/protocol.md, "The item cache (`http-cached`)"), shared by the HTTP transport and the clients.
+CACHE_HEADER = "x-responses-lab-cache"
+
 
 def decode_client_event(data: str | bytes) -> ClientEvent:
     """One WebSocket text frame → one typed client event, or a ``ClientError`` naming what is wrong."""

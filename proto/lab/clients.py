@@ -56,11 +56,11 @@ from proto.client.http import HttpClient
 from proto.client.longlived import longlived_url
 from proto.client.messages import as_input, function_calls
 from proto.client.ws import WebSocketClient
+from proto.core.codec import CACHE_HEADER
 from proto.core.events import TERMINAL_TYPES
 from proto.core.response import MODES
 from proto.lab.metrics import RECONNECT, SEND, Mark, Trace
 from proto.lab.plan import RolloutPlan, Send
-from proto.server.transports.http import CACHE_HEADER
 
 __all__ = ["LabClientError", "RolloutClient", "answer", "make_client", "new_items", "rewrite"]
 

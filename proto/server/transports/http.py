@@ -40,7 +40,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from proto.core.actions import error_reply, new_response_id
-from proto.core.codec import decode_body
+from proto.core.codec import CACHE_HEADER, decode_body
 from proto.core.create import CreateLimits, check_outputs, validate_create
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody, ServerEvent
@@ -57,7 +57,6 @@ from proto.server.transports import encoding
 _encoder = msgspec.json.Encoder()
 _items_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 JSON = "application/json"
-CACHE_HEADER = "x-responses-lab-cache"  # "items": the http-cached mode
 
 
 def sse_frame(event: ServerEvent) -> bytes:
