@@ -37,7 +37,7 @@ import openai
 import typing_extensions as te
 from openai.types.responses import response_create_params
 
-OUT = Path(__file__).resolve().parent.parent / "proto" / "openai_types.py"
+OUT = Path(__file__).resolve().parent.parent / "proto" / "core" / "openai_types.py"
 
 # (struct name, field) -> why the field is optional here although the spec requires it.
 RELAXED: dict[tuple[str, str], str] = {
@@ -51,6 +51,24 @@ RELAXED: dict[tuple[str, str], str] = {
     # Required but nullable in the spec: a missing one reads as null (a function tool declared by name).
     ("FunctionTool", "parameters"): "nullable: absent means null",
     ("FunctionTool", "strict"): "nullable: absent means null",
+    # opencode (the AI SDK's Responses provider) with store: false and include: [reasoning.encrypted_content]
+    # sends its reasoning items back without an id; OpenAI accepts them (the id names a stored item, and
+    # none is stored). The SDK's own message and function_call input types already make id optional.
+    ("ResponseReasoningItem", "id"): "sent back without one under store: false; the API accepts it",
+    # An output item sent back as input: its status is the server's own report (the SDK's message and
+    # function_call input types make it optional; these call items are the same kind of echo).
+    **{
+        (name, "status"): "an output item's own report, optional when sent back as input"
+        for name in (
+            "ResponseFunctionWebSearch",
+            "ResponseFileSearchToolCall",
+            "ResponseComputerToolCall",
+            "ImageGenerationCall",
+            "ResponseCodeInterpreterToolCall",
+            "LocalShellCall",
+            "ApplyPatchCall",
+        )
+    },
 }
 # struct name -> extra fields (name, type source) the lab adds, documented in docs/protocol.md, "The create
 # body, items and tools".

@@ -1,8 +1,8 @@
 """Open Responses conformance: the public compliance suite itself, unmodified, as a client (its 17 cases:
 HTTP JSON, SSE, GA WebSocket mode, ``POST /responses/compact``), on Bun from the npm registry
 (tests/clients/openresponses, installed by ``make clients``); then every event of every transport and the
-compact endpoint through the vendored schemas (tests/spec.py); then a bounded Schemathesis run over the
-spec's own operations.
+compact endpoint through the vendored schemas (tests/spec.py). The bounded Schemathesis run over the
+spec's own operations is tests/test_schemathesis.py.
 
 The suite failing to install or start fails these tests with the reason; nothing is skipped.
 """

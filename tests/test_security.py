@@ -29,6 +29,7 @@ SECRET_TEXT = "the launch code is PLUTONIUM-42"
 HTTP_ENDPOINTS = [
     ("POST", "/v1/responses"),
     ("POST", "/v1/responses/compact"),
+    ("POST", "/v1/responses/input_tokens"),
     ("GET", "/v1/responses/resp_x"),
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),

@@ -448,7 +448,7 @@ class ResponseFileSearchToolCall(msgspec.Struct, tag='file_search_call', tag_fie
     """The results of a file search tool call. See the [file search guide](https://developers.openai.com/api/docs/guides/tools-file-search) for more information."""
     id: str
     queries: list[str]
-    status: Literal['in_progress', 'searching', 'completed', 'incomplete', 'failed']
+    status: Literal['in_progress', 'searching', 'completed', 'incomplete', 'failed'] | None = None
     results: list[Result] | None = None
 
 
@@ -465,7 +465,7 @@ class ResponseComputerToolCall(msgspec.Struct, tag='computer_call', tag_field="t
     id: str
     call_id: str
     pending_safety_checks: list[PendingSafetyCheck]
-    status: Literal['in_progress', 'completed', 'incomplete']
+    status: Literal['in_progress', 'completed', 'incomplete'] | None = None
     action: ActionClick | ActionDoubleClick | ActionDrag | ActionKeypress | ActionMove | ActionScreenshot | ActionScroll | ActionType | ActionWait | None = None
     actions: list[ActionClick | ActionDoubleClick | ActionDrag | ActionKeypress | ActionMove | ActionScreenshot | ActionScroll | ActionType | ActionWait] | None = None
 
@@ -559,7 +559,7 @@ class ResponseFunctionWebSearch(msgspec.Struct, tag='web_search_call', tag_field
     """The results of a web search tool call. See the [web search guide](https://developers.openai.com/api/docs/guides/tools-web-search) for more information."""
     id: str
     action: ActionSearch | ActionOpenPage | ActionFind
-    status: Literal['in_progress', 'searching', 'completed', 'incomplete', 'failed']
+    status: Literal['in_progress', 'searching', 'completed', 'incomplete', 'failed'] | None = None
 
 
 class ActionSearch(msgspec.Struct, tag='search', tag_field="type", kw_only=True, omit_defaults=True):
@@ -662,8 +662,8 @@ class ResponseFormatTextJSONSchemaConfig(msgspec.Struct, tag='json_schema', tag_
 
 class ResponseReasoningItem(msgspec.Struct, tag='reasoning', tag_field="type", kw_only=True, omit_defaults=True):
     """A description of the chain of thought used by a reasoning model while generating a response. Be sure to include these items in your `input` to the Responses API for subsequent turns of a conversation …"""
-    id: str
     summary: list[Summary]
+    id: str | None = None
     content: list[Content] | None = None
     encrypted_content: str | None = None
     status: Literal['in_progress', 'completed', 'incomplete'] | None = None
@@ -689,7 +689,7 @@ class ImageGenerationCall(msgspec.Struct, tag='image_generation_call', tag_field
     """An image generation request made by the model."""
     id: str
     result: str | None
-    status: Literal['in_progress', 'completed', 'generating', 'failed']
+    status: Literal['in_progress', 'completed', 'generating', 'failed'] | None = None
     action: Literal['generate', 'edit', 'auto'] | None = None
     background: Literal['transparent', 'opaque', 'auto'] | None = None
     error: ImageGenerationCallError | None = None
@@ -729,7 +729,7 @@ class ResponseCodeInterpreterToolCall(msgspec.Struct, tag='code_interpreter_call
     code: str | None
     container_id: str
     outputs: list[OutputLogs | OutputImage] | None
-    status: Literal['in_progress', 'completed', 'incomplete', 'interpreting', 'failed']
+    status: Literal['in_progress', 'completed', 'incomplete', 'interpreting', 'failed'] | None = None
 
 
 class OutputLogs(msgspec.Struct, tag='logs', tag_field="type", kw_only=True, omit_defaults=True):
@@ -747,7 +747,7 @@ class LocalShellCall(msgspec.Struct, tag='local_shell_call', tag_field="type", k
     id: str
     action: LocalShellCallAction
     call_id: str
-    status: Literal['in_progress', 'completed', 'incomplete']
+    status: Literal['in_progress', 'completed', 'incomplete'] | None = None
 
 
 class LocalShellCallAction(msgspec.Struct, tag='exec', tag_field="type", kw_only=True, omit_defaults=True):
@@ -814,7 +814,7 @@ class ApplyPatchCall(msgspec.Struct, tag='apply_patch_call', tag_field="type", k
     """A tool call representing a request to create, delete, or update files using diff patches."""
     call_id: str
     operation: ApplyPatchCallOperationCreateFile | ApplyPatchCallOperationDeleteFile | ApplyPatchCallOperationUpdateFile
-    status: Literal['in_progress', 'completed']
+    status: Literal['in_progress', 'completed'] | None = None
     id: str | None = None
     caller: CallerDirect | CallerProgram | None = None
 

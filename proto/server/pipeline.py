@@ -290,11 +290,7 @@ class Pipeline:
 
         def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
-                conversation = Conversation(tokenizer, work)
-                if request.instructions:
-                    conversation.add_instructions(request.instructions)
-                conversation.add_tools(request.tools)
-                conversation.add_input(history)
+                conversation = render_context(tokenizer, work, request, history)
             conversation.work = work
             conversation.add_input(new_items)
             return conversation
@@ -469,6 +465,36 @@ def offered_tools(tools: Sequence[Tool]) -> list[OfferedTool]:
         if isinstance(tool, WebSearchTools):
             offered.extend(OfferedTool(name, "hosted") for name in sorted(HOSTED_TOOL_NAMES))
     return offered
+
+
+def render_context(
+    tokenizer: Tokenizer, work: WorkCounters, request: CreateBody, items: list[Item]
+) -> Conversation:
+    """The model's context for a create: instructions, tool definitions, then the items (what
+    ``Pipeline.prepare`` renders, and what ``POST /v1/responses/input_tokens`` counts)."""
+    conversation = Conversation(tokenizer, work)
+    if request.instructions:
+        conversation.add_instructions(request.instructions)
+    conversation.add_tools(request.tools)
+    conversation.add_input(items)
+    return conversation
+
+
+async def count_input_tokens(
+    tokenizer: Tokenizer, work: WorkCounters, request: CreateBody, items: list[Item]
+) -> int:
+    """The input tokens a create of ``request`` over ``items`` (its stored chain, then its input) reports
+    for its first turn: the rendered context and the tokens that open the assistant's turn."""
+    texts = [request.instructions] if request.instructions else []
+    for item in items:
+        texts.extend(text_segments(item))
+    conversation = await tokenized(
+        tokenizer,
+        sum(map(len, texts)),
+        lambda: texts,
+        functools.partial(render_context, tokenizer, work, request, items),
+    )
+    return len(conversation.prompt())
 
 
 def count_segments(items: list[Item]) -> int:

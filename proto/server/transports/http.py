@@ -47,9 +47,10 @@ from proto.core.events import CreateBody, ServerEvent
 from proto.core.items import Item
 from proto.core.longlived import Cancel
 from proto.core.response import Mode
+from proto.core.work import WorkCounters
 from proto.server.auth import Auth, error_response
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
+from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
 from proto.server.stages.compact import compact_window
 from proto.server.transports import encoding
@@ -129,6 +130,7 @@ class HttpResponses:
         return [
             Route("/v1/responses", self.auth.guard(self.create), methods=["POST"]),
             Route("/v1/responses/compact", self.auth.guard(self.compact), methods=["POST"]),
+            Route("/v1/responses/input_tokens", self.auth.guard(self.input_tokens), methods=["POST"]),
             Route("/v1/responses/{response_id}", self.auth.guard(self.retrieve), methods=["GET"]),
             Route("/v1/responses/{response_id}", self.auth.guard(self.delete), methods=["DELETE"]),
             Route(
@@ -242,25 +244,49 @@ class HttpResponses:
         """``POST /v1/responses/compact``: the create body's ``model``, ``input``, ``previous_response_id``,
         ``instructions`` (``proto/server/stages/compact.py``); refused as a create would be."""
         try:
-            raw = await self._read_body(request)
-            body = decode_body(
-                await encoding.decode(
-                    raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes
-                )
-            )
+            body = await self._body(request)
             with typed_faults():
-                items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
-                items = await resolve_references(self.pipeline, items, key, work)
-                history = (
-                    []
-                    if body.previous_response_id is None
-                    else await load_history(self.pipeline, body.previous_response_id, key, work)
-                )
-                check_outputs(history, items)
-                resource = compact_window(self.pipeline.tokenizer, body.instructions, history + items, work)
+                items, work = await self._window(body, key)
+                resource = compact_window(self.pipeline.tokenizer, body.instructions, items, work)
         except ClientError as exc:
             return error_response(exc)
         return Response(_encoder.encode(resource), media_type=JSON)
+
+    async def input_tokens(self, request: Request, key: str) -> Response:
+        """``POST /v1/responses/input_tokens``: the input tokens a create of this body would report
+        (``usage.input_tokens`` of its first turn), rendered and tokenized as the model's context is;
+        refused as a create would be. Nothing is sampled, stored or billed."""
+        try:
+            body = await self._body(request)
+            with typed_faults():
+                items, work = await self._window(body, key)
+                count = await count_input_tokens(self.pipeline.tokenizer, work, body, items)
+        except ClientError as exc:
+            return error_response(exc)
+        return Response(
+            _encoder.encode({"object": "response.input_tokens", "input_tokens": count}), media_type=JSON
+        )
+
+    async def _body(self, request: Request) -> CreateBody:
+        raw = await self._read_body(request)
+        return decode_body(
+            await encoding.decode(
+                raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes
+            )
+        )
+
+    async def _window(self, body: CreateBody, key: str) -> tuple[list[Item], WorkCounters]:
+        """A create body's whole context, validated as a create's: its stored chain
+        (``previous_response_id``), then its input with references resolved."""
+        items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
+        items = await resolve_references(self.pipeline, items, key, work)
+        history = (
+            []
+            if body.previous_response_id is None
+            else await load_history(self.pipeline, body.previous_response_id, key, work)
+        )
+        check_outputs(history, items)
+        return history + items, work
 
     # ------------------------------------------------------------------------------------ stored
     async def retrieve(self, request: Request, key: str) -> Response:
