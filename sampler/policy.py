@@ -3,6 +3,22 @@
 A policy is asked once per turn (the k-th sampling segment of the conversation, counted the same way
 in every transport) and must answer the same for the same inputs: a rollout replays identically
 over HTTP, GA WebSocket and the long-lived protocol.
+
+Whatever a policy says, the request's promises hold (docs/protocol.md, "Guarantees"): ``decide`` applies
+its ``Rules`` to every turn's plan, last, in this one place —
+
+* ``tool_choice: "none"``: no call; a scripted one is the final message ``(not calling NAME: tool_choice
+  is "none")``, and the tool rule does not fire.
+* ``required`` / a forced tool (function, custom, MCP, hosted): a call — the script's when it names an
+  allowed tool, else one generated call (``forced_call``: a function's arguments from its schema via
+  ``sampler.schema_args``, seeded by sha256; a custom tool's input and a search's query the message).
+* ``allowed_tools``: only those tools are called; the rest are dropped (``(not calling NAME: tool_choice
+  does not allow it)`` when none is left).
+* ``max_tool_calls``: calls past the cap are dropped (``(not calling NAME: max_tool_calls reached)``);
+  ``Guaranteed`` counts them over the life of its response (a long-lived response's whole life); the cap
+  wins over ``required``. ``parallel_tool_calls: false``: one call per turn (``serial``).
+* ``text.format`` ``json_schema``: the final message is a `!json` reply valid against the schema, else a
+  value generated from it (``json_text``); ``json_object``: a `!json` object, else ``{"answer": TEXT}``.
 """
 
 from __future__ import annotations
