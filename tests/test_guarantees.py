@@ -223,3 +223,34 @@ def test_json_schema_message_validates(schema: dict[str, Any], message: str) -> 
     out = decide(rules, OFFERED, say(message), 3, message)
     jsonschema.validate(json.loads(out.text), schema)
     assert out == decide(rules, OFFERED, say(message), 3, message)  # deterministic
+
+
+def _rules(**fields: Any) -> Rules:
+    import msgspec
+
+    from proto.core.events import CreateBody
+    from proto.server.pipeline import guarantees
+
+    return guarantees(msgspec.json.decode(msgspec.json.encode({"model": "m", **fields}), type=CreateBody))
+
+
+def test_rules_from_the_request() -> None:
+    assert _rules() == Rules()
+    assert _rules(tool_choice="none").tool_choice == "none"
+    assert _rules(tool_choice={"type": "function", "name": "f"}) == Rules(tool_choice="required", forced="f")
+    assert _rules(tool_choice={"type": "custom", "name": "ap"}).forced == "ap"
+    assert _rules(tool_choice={"type": "web_search_preview"}).forced == "web_search"
+    allowed = _rules(
+        tool_choice={
+            "type": "allowed_tools",
+            "mode": "auto",
+            "tools": [{"type": "web_search"}, {"type": "function", "name": "f"}],
+        }
+    )
+    assert allowed == Rules(allowed=frozenset({"f", "web_search", "web_search_preview"}))
+    schema = {"type": "object", "properties": {}}
+    fmt = {"type": "json_schema", "name": "x", "schema": schema, "strict": True}
+    assert _rules(text={"format": fmt}, max_tool_calls=2) == Rules(
+        text_format="json_schema", schema=schema, max_tool_calls=2
+    )
+    assert _rules(text={"format": {"type": "json_object"}}).text_format == "json_object"

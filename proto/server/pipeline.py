@@ -487,6 +487,8 @@ def guarantees(request: CreateBody) -> Rules:
     elif isinstance(choice, oa.ToolChoiceAllowed):
         tool_choice = choice.mode
         allowed = frozenset(name for tool in choice.tools if (name := _choice_name(tool)) is not None)
+        if "web_search" in allowed:  # the hosted search answers to either of its names
+            allowed |= HOSTED_TOOL_NAMES
     elif choice is not None:
         tool_choice, forced = "required", _choice_name(msgspec.to_builtins(choice))
     text_format: Literal["text", "json_schema", "json_object"] = "text"
