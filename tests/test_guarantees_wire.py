@@ -184,3 +184,26 @@ async def test_json_schema_takes_a_valid_json_directive(srv: ThreadedServer, tra
 async def test_json_object(srv: ThreadedServer, transport: str) -> None:
     responses = await rollout(srv, transport, "hello there", text={"format": {"type": "json_object"}})
     assert json.loads(last_text(responses)) == {"answer": "hello there"}
+
+
+async def test_generated_output_is_the_same_on_every_transport(srv: ThreadedServer) -> None:
+    fmt = {"type": "json_schema", "name": "answer", "schema": ANSWER, "strict": True}
+    texts = {last_text(await rollout(srv, t, "Is it fixed?", text={"format": fmt})) for t in TRANSPORTS}
+    assert len(texts) == 1
+    args = set()
+    for transport in TRANSPORTS:
+        responses = await rollout(
+            srv, transport, "hello", follow={"tool_choice": "auto"}, tool_choice="required", max_tool_calls=1
+        )
+        args.add(calls_of(responses[0])[0]["arguments"])
+    assert len(args) == 1
+
+
+async def test_max_tool_calls_counts_hosted_calls(srv: ThreadedServer) -> None:
+    tools = [*TOOLS, {"type": "web_search"}]
+    script = '!call web_search {"query": "x"}\n!call grep {}\n!say done'
+    body = messages.body(MODEL, [messages.user_message(script)], tools=tools, max_tool_calls=1)
+    async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
+        response = (await http.post("/v1/responses", json=body)).json()
+    assert [item["type"] for item in response["output"]] == ["web_search_call", "message"]
+    assert last_text([response]) == "(not calling grep: max_tool_calls reached)"
