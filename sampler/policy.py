@@ -12,6 +12,7 @@ its ``Rules`` to every turn's plan, last, in this one place —
 * ``required`` / a forced tool (function, custom, MCP, hosted): a call — the script's when it names an
   allowed tool, else one generated call (``forced_call``: a function's arguments from its schema via
   ``sampler.schema_args``, seeded by sha256; a custom tool's input and a search's query the message).
+  A turn that only follows the model's own hosted calls is not held to it (no endless forced search).
 * ``allowed_tools``: only those tools are called; the rest are dropped (``(not calling NAME: tool_choice
   does not allow it)`` when none is left).
 * ``max_tool_calls``: calls past the cap are dropped (``(not calling NAME: max_tool_calls reached)``);
@@ -587,20 +588,20 @@ def forced_call(tool: OfferedTool, message: str) -> PlannedCall:
     return PlannedCall(tool.name, json.dumps({"query": " ".join(head.split()) or tool.name}))
 
 
-def json_text(rules: Rules, plan: TurnPlan, turn: int, message: str) -> tuple[str, bool]:
-    """The final message's text under a JSON ``text.format``, and whether the script's `!json` was used:
-    `!json` when it is valid (against the schema; an object for ``json_object``), else generated."""
+def json_text(rules: Rules, plan: TurnPlan, turn: int, message: str) -> str:
+    """The final message's text under a JSON ``text.format``: the script's `!json` when it is valid
+    (against the schema; an object for ``json_object``), else generated."""
     value: Any = json.loads(plan.text) if plan.json else None
     if rules.text_format == "json_object":
         if isinstance(value, dict):
-            return plan.text, True
+            return plan.text
         generated: Any = {"answer": plan.text if not plan.json else message[:_RULE_CHARS]}
     else:
         if plan.json and _validates(value, rules.schema):
-            return plan.text, True
+            return plan.text
         seed = json.dumps(rules.schema, sort_keys=True, default=str)
         generated = value_for(rules.schema, _rng("json-schema", seed, str(turn), message[:_RULE_CHARS]))
-    return json.dumps(generated, separators=(",", ":"), ensure_ascii=False), False
+    return json.dumps(generated, separators=(",", ":"), ensure_ascii=False)
 
 
 def _validates(value: Any, schema: Any) -> bool:
@@ -616,12 +617,15 @@ def _validates(value: Any, schema: Any) -> bool:
 class Guaranteed:
     """``inner`` under the request's ``Rules``. Keeps the count of calls made for ``max_tool_calls``: one
     instance lives as long as its response (a long-lived response's whole life), asked once per turn (a
-    turn asked again answers what it answered)."""
+    turn asked again answers what it answered). A turn that follows the model's own hosted calls (their
+    results, inside the response) is not held to ``required``: a forced search would search forever."""
 
     def __init__(self, inner: Policy, rules: Rules, offered: Sequence[OfferedTool]) -> None:
         self.inner, self.rules, self.offered = inner, rules, tuple(offered)
         self.calls_made = 0
         self.answered: dict[int, TurnPlan] = {}
+        self.local = {tool.name for tool in offered if tool.kind != "hosted"}
+        self.after_hosted = False
 
     def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
         if turn not in self.answered:
@@ -632,17 +636,26 @@ class Guaranteed:
                 turn,
                 last_user_text,
                 self.calls_made,
+                after_hosted=self.after_hosted,
             )
             self.calls_made += len(plan.calls)
+            self.after_hosted = bool(plan.calls) and all(call.name not in self.local for call in plan.calls)
             self.answered[turn] = plan
         return self.answered[turn]
 
 
 def decide(
-    rules: Rules, offered: Sequence[OfferedTool], plan: TurnPlan, turn: int, message: str, calls_made: int = 0
+    rules: Rules,
+    offered: Sequence[OfferedTool],
+    plan: TurnPlan,
+    turn: int,
+    message: str,
+    calls_made: int = 0,
+    after_hosted: bool = False,
 ) -> TurnPlan:
     """The turn the model takes under ``rules``: ``plan`` (what the script or the default policy says)
-    with the guarantees applied — tool_choice, then max_tool_calls, then text.format."""
+    with the guarantees applied — tool_choice, then max_tool_calls, then text.format. ``calls_made``: the
+    response's calls so far; ``after_hosted``: the turn follows hosted calls only (``required`` is off)."""
     left = None if rules.max_tool_calls is None else max(0, rules.max_tool_calls - calls_made)
     if plan.calls:
         kept = tuple(call for call in plan.calls if rules.may_call(call.name))
@@ -652,7 +665,7 @@ def decide(
             plan = say(f"(not calling {names}: {why})", plan.output_tokens, plan.reasoning_tokens)
         elif len(kept) < len(plan.calls):
             plan = replace(plan, calls=kept)
-    if rules.tool_choice == "required" and not plan.calls and left != 0:
+    if rules.tool_choice == "required" and not after_hosted and not plan.calls and left != 0:
         tool = next((t for t in offered if rules.may_call(t.name)), None)
         if rules.forced is None:
             functions = [t for t in offered if t.kind == "function" and rules.may_call(t.name)]
@@ -668,6 +681,5 @@ def decide(
             names = ", ".join(dict.fromkeys(call.name for call in plan.calls))
             plan = say(f"(not calling {names}: max_tool_calls reached)", None, plan.reasoning_tokens)
     if not plan.calls and rules.text_format != "text":
-        text, _ = json_text(rules, plan, turn, message)
-        plan = replace(plan, text=text, output_tokens=None, json=True)
+        plan = replace(plan, text=json_text(rules, plan, turn, message), output_tokens=None, json=True)
     return plan

@@ -254,3 +254,14 @@ def test_rules_from_the_request() -> None:
         text_format="json_schema", schema=schema, max_tool_calls=2
     )
     assert _rules(text={"format": {"type": "json_object"}}).text_format == "json_object"
+
+
+def test_required_does_not_hold_after_hosted_calls() -> None:
+    """A forced search inside one response: the search, then the answer (not a search forever)."""
+    rules = Rules(tool_choice="required", forced="web_search")
+    policy = select_policy("hello", "echo", offered=OFFERED, answers_user_turn=0, rules=rules)
+    first, second = policy.plan(0, "hello", "hello"), policy.plan(1, "hello", "hello")
+    assert names(first) == ["web_search"] and second == say("hello")
+    # after local calls (the client's outputs), `required` holds again: a long-lived response's next segment
+    policy = select_policy("hi", "echo", offered=OFFERED, rules=Rules(tool_choice="required"))
+    assert all(policy.plan(turn, "hi", "hi").calls for turn in range(3))

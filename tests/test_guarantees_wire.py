@@ -207,3 +207,27 @@ async def test_max_tool_calls_counts_hosted_calls(srv: ThreadedServer) -> None:
         response = (await http.post("/v1/responses", json=body)).json()
     assert [item["type"] for item in response["output"]] == ["web_search_call", "message"]
     assert last_text([response]) == "(not calling grep: max_tool_calls reached)"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_forced_hosted_search_then_the_answer(srv: ThreadedServer, transport: str) -> None:
+    body = messages.body(
+        MODEL,
+        [messages.user_message("cats")],
+        tools=[{"type": "web_search"}],
+        tool_choice={"type": "web_search_preview"},
+    )
+    if transport == "http":
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
+            response = (await http.post("/v1/responses", json=body)).json()
+    elif transport == "ga":
+        async with connect(srv.url) as ws:
+            response = (await ga_events(ws, body))[-1]["response"]
+    else:
+        async with LongLivedClient(srv.url) as client:
+            await client.send(messages.create(body))
+            while (event := await client.recv(GUARD)).type not in TERMINAL_OR_ERROR:
+                pass
+            response = event.data["response"]
+    assert [item["type"] for item in response["output"]] == ["web_search_call", "message"], response
+    assert response["status"] == "completed"
