@@ -3,6 +3,23 @@
 A policy is asked once per turn (the k-th sampling segment of the conversation, counted the same way
 in every transport) and must answer the same for the same inputs: a rollout replays identically
 over HTTP, GA WebSocket and the long-lived protocol.
+
+Whatever a policy says, the request's promises hold (docs/protocol.md, "Guarantees"): ``decide`` applies
+its ``Rules`` to every turn's plan, last, in this one place —
+
+* ``tool_choice: "none"``: no call; a scripted one is the final message ``(not calling NAME: tool_choice
+  is "none")``, and the tool rule does not fire.
+* ``required`` / a forced tool (function, custom, MCP, hosted): a call — the script's when it names an
+  allowed tool, else one generated call (``forced_call``: a function's arguments from its schema via
+  ``sampler.schema_args``, seeded by sha256; a custom tool's input and a search's query the message).
+  A turn that only follows the model's own hosted calls is not held to it (no endless forced search).
+* ``allowed_tools``: only those tools are called; the rest are dropped (``(not calling NAME: tool_choice
+  does not allow it)`` when none is left).
+* ``max_tool_calls``: calls past the cap are dropped (``(not calling NAME: max_tool_calls reached)``);
+  ``Guaranteed`` counts them over the life of its response (a long-lived response's whole life); the cap
+  wins over ``required``. ``parallel_tool_calls: false``: one call per turn (``serial``).
+* ``text.format`` ``json_schema``: the final message is a `!json` reply valid against the schema, else a
+  value generated from it (``json_text``); ``json_object``: a `!json` object, else ``{"answer": TEXT}``.
 """
 
 from __future__ import annotations
@@ -41,6 +58,7 @@ class TurnPlan:
     client_tool_time_s: float | None = (
         None  # trace only: how long each call's tool runs (parallel calls overlap)
     )
+    json: bool = False  # `!json {…}`: ``text`` is the JSON value the script gave
 
 
 def say(text: str, output_tokens: int | None = None, reasoning_tokens: int | None = None) -> TurnPlan:
@@ -53,13 +71,13 @@ class Policy(Protocol):
 
 # ---- the directive script (docs/protocol.md) -------------------------------------------------------------
 #
-# A line is a directive when its first word is exactly `!call`, `!say`, `!tokens` or `!reason`. Any
+# A line is a directive when its first word is exactly `!call`, `!say`, `!json`, `!tokens` or `!reason`. Any
 # other line — `!important`, prose, code — is ordinary text and is not a turn. A directive line that
 # does not parse still takes its turn, as a final message naming the line and the fault: a typo
 # must neither shift the following turns nor replay something the author did not write.
 # `!tokens N` and `!reason N` are prefixes, in either order, before the line's `!call` or `!say`.
 
-_DIRECTIVES = frozenset({"!call", "!say", "!tokens", "!reason"})
+_DIRECTIVES = frozenset({"!call", "!say", "!json", "!tokens", "!reason"})
 _TOKENS = re.compile(r"!tokens\s+(\d+)(?:\s+|$)")
 _REASON = re.compile(r"!reason\s+(\d+)(?:\s+|$)")
 _CALL = re.compile(r"\s*!call\s+([A-Za-z_][A-Za-z0-9_.\-]*)\s*")
@@ -113,11 +131,20 @@ def parse_directive(line: str) -> TurnPlan:
     output_tokens, reasoning = prefixes.get("!tokens"), prefixes.get("!reason")
     if line == "!say" or line.startswith(("!say ", "!say\t")):
         return say(line[4:].strip(), output_tokens, reasoning)
+    if line == "!json" or line.startswith(("!json ", "!json\t")):
+        try:
+            value = json.loads(line[5:])
+        except json.JSONDecodeError as e:
+            raise ScriptError(f"bad JSON after !json: {e.msg} at column {e.pos + 6}") from None
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        return TurnPlan(
+            text=text, output_tokens=output_tokens, reasoning_tokens=reasoning, final=True, json=True
+        )
     if line.startswith("!call"):
         return TurnPlan(
             calls=_parse_calls(line), output_tokens=output_tokens, reasoning_tokens=reasoning, final=False
         )
-    raise ScriptError(f"expected !call or !say, got {line.split()[0]!r}")
+    raise ScriptError(f"expected !call, !say or !json, got {line.split()[0]!r}")
 
 
 def _parse_calls(line: str) -> tuple[PlannedCall, ...]:
@@ -479,14 +506,19 @@ def select_policy(
     parallel: bool = True,
     offered: Sequence[OfferedTool] | None = None,
     answers_user_turn: int | None = None,
+    rules: Rules | None = None,
 ) -> Policy:
     """Directives in the first user message win; else ``default``: ``echo``, ``random[:SEED]`` or
     ``trace:NAME|PATH``. ValueError/KeyError for a bad default (call once at start-up to check it).
     ``parallel=False`` (the request's ``parallel_tool_calls``): at most one call per turn. ``offered`` (the
     request's tools; None: not checked): calls of anything else become text, and without a script the
-    tool rule answers the turn ``answers_user_turn``."""
-    policy = _select(first_user_text, default, parallel, offered or (), answers_user_turn)
-    return policy if offered is None else _OfferedOnly(policy, offered)
+    tool rule answers the turn ``answers_user_turn``. ``rules`` (the request's ``tool_choice``,
+    ``max_tool_calls`` and ``text.format``): the guarantees, applied last, whatever the script says."""
+    rules = rules or Rules()
+    rule_tools = () if rules.tool_choice == "none" else [t for t in offered or () if rules.may_call(t.name)]
+    policy = _select(first_user_text, default, parallel, rule_tools, answers_user_turn)
+    policy = policy if offered is None else _OfferedOnly(policy, offered)
+    return policy if rules == Rules() else Guaranteed(policy, rules, offered or ())
 
 
 def _select(
@@ -512,3 +544,142 @@ def _select(
     if any(tool.kind == "function" for tool in offered):
         policy = ToolRulePolicy(policy, offered, answers_user_turn)
     return policy if parallel else _OneCallPerTurn(policy)
+
+
+# ---- the guarantees (docs/protocol.md, "Guarantees") ---------------------------------------------------
+#
+# What the API promises holds whatever the script (or the default policy) says: ``tool_choice``,
+# ``max_tool_calls`` and ``text.format`` are applied last, to every turn's plan, in this one place.
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The request's promises about the model's output; the defaults promise nothing."""
+
+    tool_choice: Literal["auto", "none", "required"] = "auto"  # a forced tool is "required" + ``forced``
+    forced: str | None = None  # the one tool a forced ``tool_choice`` names
+    allowed: frozenset[str] | None = None  # ``allowed_tools``: the only tools the model may call
+    max_tool_calls: int | None = None  # calls in the whole response (hosted and local), at most
+    text_format: Literal["text", "json_schema", "json_object"] = "text"
+    schema: Any = None  # ``json_schema``'s schema
+
+    def may_call(self, name: str) -> bool:
+        if self.tool_choice == "none":
+            return False
+        if self.forced is not None:
+            return name == self.forced
+        return self.allowed is None or name in self.allowed
+
+
+def _rng(*parts: str) -> random.Random:
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def forced_call(tool: OfferedTool, message: str) -> PlannedCall:
+    """The call a ``required`` or forced ``tool_choice`` makes when the script names no allowed tool:
+    a function's arguments generated from its schema (the tool rule's seed), a custom tool's input the
+    message, a hosted search's query the message."""
+    head = message[:_RULE_CHARS]
+    if tool.kind == "function":
+        return rule_call(tool, message)
+    if tool.kind == "custom":
+        return PlannedCall(tool.name, head or tool.name, custom=True)
+    return PlannedCall(tool.name, json.dumps({"query": " ".join(head.split()) or tool.name}))
+
+
+def json_text(rules: Rules, plan: TurnPlan, turn: int, message: str) -> str:
+    """The final message's text under a JSON ``text.format``: the script's `!json` when it is valid
+    (against the schema; an object for ``json_object``), else generated."""
+    value: Any = json.loads(plan.text) if plan.json else None
+    if rules.text_format == "json_object":
+        if isinstance(value, dict):
+            return plan.text
+        generated: Any = {"answer": plan.text if not plan.json else message[:_RULE_CHARS]}
+    else:
+        if plan.json and _validates(value, rules.schema):
+            return plan.text
+        seed = json.dumps(rules.schema, sort_keys=True, default=str)
+        generated = value_for(rules.schema, _rng("json-schema", seed, str(turn), message[:_RULE_CHARS]))
+    return json.dumps(generated, separators=(",", ":"), ensure_ascii=False)
+
+
+def _validates(value: Any, schema: Any) -> bool:
+    import jsonschema  # only a `!json` under a strict schema needs it
+
+    try:
+        jsonschema.validate(value, schema if isinstance(schema, dict) else {})
+    except (jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True
+
+
+class Guaranteed:
+    """``inner`` under the request's ``Rules``. Keeps the count of calls made for ``max_tool_calls``: one
+    instance lives as long as its response (a long-lived response's whole life), asked once per turn (a
+    turn asked again answers what it answered). A turn that follows the model's own hosted calls (their
+    results, inside the response) is not held to ``required``: a forced search would search forever."""
+
+    def __init__(self, inner: Policy, rules: Rules, offered: Sequence[OfferedTool]) -> None:
+        self.inner, self.rules, self.offered = inner, rules, tuple(offered)
+        self.calls_made = 0
+        self.answered: dict[int, TurnPlan] = {}
+        self.local = {tool.name for tool in offered if tool.kind != "hosted"}
+        self.after_hosted = False
+
+    def plan(self, turn: int, first_user_text: str, last_user_text: str) -> TurnPlan:
+        if turn not in self.answered:
+            plan = decide(
+                self.rules,
+                self.offered,
+                self.inner.plan(turn, first_user_text, last_user_text),
+                turn,
+                last_user_text,
+                self.calls_made,
+                after_hosted=self.after_hosted,
+            )
+            self.calls_made += len(plan.calls)
+            self.after_hosted = bool(plan.calls) and all(call.name not in self.local for call in plan.calls)
+            self.answered[turn] = plan
+        return self.answered[turn]
+
+
+def decide(
+    rules: Rules,
+    offered: Sequence[OfferedTool],
+    plan: TurnPlan,
+    turn: int,
+    message: str,
+    calls_made: int = 0,
+    after_hosted: bool = False,
+) -> TurnPlan:
+    """The turn the model takes under ``rules``: ``plan`` (what the script or the default policy says)
+    with the guarantees applied — tool_choice, then max_tool_calls, then text.format. ``calls_made``: the
+    response's calls so far; ``after_hosted``: the turn follows hosted calls only (``required`` is off)."""
+    left = None if rules.max_tool_calls is None else max(0, rules.max_tool_calls - calls_made)
+    if plan.calls:
+        kept = tuple(call for call in plan.calls if rules.may_call(call.name))
+        if not kept:
+            names = ", ".join(dict.fromkeys(call.name for call in plan.calls))
+            why = 'tool_choice is "none"' if rules.tool_choice == "none" else "tool_choice does not allow it"
+            plan = say(f"(not calling {names}: {why})", plan.output_tokens, plan.reasoning_tokens)
+        elif len(kept) < len(plan.calls):
+            plan = replace(plan, calls=kept)
+    if rules.tool_choice == "required" and not after_hosted and not plan.calls and left != 0:
+        tool = next((t for t in offered if rules.may_call(t.name)), None)
+        if rules.forced is None:
+            functions = [t for t in offered if t.kind == "function" and rules.may_call(t.name)]
+            tool = matching_tool(message, functions) or tool
+        if tool is not None:
+            plan = TurnPlan(
+                calls=(forced_call(tool, message),), reasoning_tokens=plan.reasoning_tokens, final=False
+            )
+    if left is not None and len(plan.calls) > left:
+        if left:
+            plan = replace(plan, calls=plan.calls[:left])
+        else:
+            names = ", ".join(dict.fromkeys(call.name for call in plan.calls))
+            plan = say(f"(not calling {names}: max_tool_calls reached)", None, plan.reasoning_tokens)
+    if not plan.calls and rules.text_format != "text":
+        plan = replace(plan, text=json_text(rules, plan, turn, message), output_tokens=None, json=True)
+    return plan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from helpers import MODEL, running
@@ -134,3 +135,70 @@ async def test_agents_sdk_runs_two_function_tools(srv: ThreadedServer, websocket
         await client.close()
     assert calls == ["grep", "read_file"]
     assert result.final_output == "All good."
+
+
+def _agents_provider(srv: ThreadedServer, websocket: bool) -> tuple[Any, AsyncOpenAI]:
+    import agents
+    from agents.models.openai_provider import OpenAIProvider
+
+    agents.set_tracing_disabled(True)  # no trace export: nothing leaves loopback
+    client = sdk(srv)
+    return OpenAIProvider(openai_client=client, use_responses=True, use_responses_websocket=websocket), client
+
+
+@pytest.mark.parametrize("websocket", [False, True], ids=["http", "websocket"])
+@pytest.mark.parametrize("script", ["How is the weather in Oslo?", '!json {"city": "Oslo", "celsius": -3}'])
+async def test_agents_sdk_output_type_gets_a_schema_valid_object(
+    srv: ThreadedServer, websocket: bool, script: str
+) -> None:
+    import agents
+    import pydantic
+
+    class Forecast(pydantic.BaseModel):
+        city: str
+        celsius: int
+        tags: list[str]
+
+    class Weather(pydantic.BaseModel):
+        city: str
+        celsius: int
+
+    output_type: type[pydantic.BaseModel] = Weather if script.startswith("!json") else Forecast
+    provider, client = _agents_provider(srv, websocket)
+    agent = agents.Agent(name="forecaster", instructions="Be brief.", output_type=output_type, model=MODEL)
+    try:
+        result = await agents.Runner.run(agent, script, run_config=agents.RunConfig(model_provider=provider))
+    finally:
+        await provider.aclose()
+        await client.close()
+    assert isinstance(result.final_output, output_type)
+    if output_type is Weather:  # a `!json` reply that validates is what the model says
+        assert result.final_output == Weather(city="Oslo", celsius=-3)
+
+
+@pytest.mark.parametrize("websocket", [False, True], ids=["http", "websocket"])
+async def test_agents_sdk_tool_choice_required_calls_its_tool(srv: ThreadedServer, websocket: bool) -> None:
+    import agents
+
+    calls: list[str] = []
+
+    @agents.function_tool
+    def lookup(city: str, days: int) -> str:
+        calls.append(city)
+        return f"{city}: sunny for {days} days"
+
+    provider, client = _agents_provider(srv, websocket)
+    agent = agents.Agent(
+        name="forecaster",
+        instructions="Be brief.",
+        tools=[lookup],
+        model=MODEL,
+        model_settings=agents.ModelSettings(tool_choice="required"),
+    )
+    try:  # "hello" shares no word with the tool: only `required` makes the model call it
+        result = await agents.Runner.run(agent, "hello", run_config=agents.RunConfig(model_provider=provider))
+    finally:
+        await provider.aclose()
+        await client.close()
+    assert len(calls) == 1  # the SDK resets tool_choice after the call (reset_tool_choice), then the answer
+    assert result.final_output == "hello"

@@ -19,10 +19,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
+import msgspec
 import structlog
 
+from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
@@ -56,7 +58,7 @@ from sampler.gpu import MockGPU
 from sampler.loop import Rollout
 from sampler.models import ModelSpec
 from sampler.overrides import model_specs
-from sampler.policy import OfferedTool, has_directives, select_policy
+from sampler.policy import OfferedTool, Rules, has_directives, select_policy
 from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
 
@@ -326,6 +328,7 @@ class Pipeline:
                 parallel=request.parallel,
                 offered=offered_tools(request.tools),
                 answers_user_turn=turn if answers_user else None,
+                rules=guarantees(request),
             ),
             web_search=self.web_search,
             script=script,
@@ -495,6 +498,52 @@ async def count_input_tokens(
         functools.partial(render_context, tokenizer, work, request, items),
     )
     return len(conversation.prompt())
+
+
+def guarantees(request: CreateBody) -> Rules:
+    """What the request promises about the model's output (docs/protocol.md, "Guarantees"): its
+    ``tool_choice``, ``max_tool_calls`` and ``text.format``, the same on every transport."""
+    choice = request.tool_choice
+    tool_choice: Literal["auto", "none", "required"] = "auto"
+    forced: str | None = None
+    allowed: frozenset[str] | None = None
+    if choice in ("none", "auto", "required"):
+        tool_choice = choice
+    elif isinstance(choice, oa.ToolChoiceAllowed):
+        tool_choice = choice.mode
+        allowed = frozenset(name for tool in choice.tools if (name := _choice_name(tool)) is not None)
+        if "web_search" in allowed:  # the hosted search answers to either of its names
+            allowed |= HOSTED_TOOL_NAMES
+    elif choice is not None:
+        tool_choice, forced = "required", _choice_name(msgspec.to_builtins(choice))
+    text_format: Literal["text", "json_schema", "json_object"] = "text"
+    schema = None
+    fmt = request.text.format if request.text is not None else None
+    if isinstance(fmt, oa.ResponseFormatTextJSONSchemaConfig):
+        text_format, schema = "json_schema", fmt.schema
+    elif isinstance(fmt, oa.ResponseFormatJSONObject):
+        text_format = "json_object"
+    return Rules(
+        tool_choice=tool_choice,
+        forced=forced,
+        allowed=allowed,
+        max_tool_calls=request.max_tool_calls,
+        text_format=text_format,
+        schema=schema,
+    )
+
+
+def _choice_name(tool: Any) -> str | None:
+    """The tool a ``tool_choice`` (or an ``allowed_tools`` entry) names: a function's or custom tool's
+    name, ``web_search`` for the hosted search types, an MCP entry's tool name."""
+    if not isinstance(tool, dict):
+        return None
+    kind = tool.get("type")
+    if kind in ("function", "custom", "mcp") and isinstance(tool.get("name"), str):
+        return str(tool["name"])
+    if isinstance(kind, str) and kind.startswith(("web_search", "web_search_preview")):
+        return "web_search"
+    return kind if isinstance(kind, str) else None
 
 
 def count_segments(items: list[Item]) -> int:
