@@ -3,14 +3,13 @@ same body reports, exactly, and a create's typed errors for a body a create woul
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import plain_server
 import pytest
-from helpers import MODEL, running
+from helpers import MODEL
 
-from proto.server.serve import ThreadedServer
 from sampler.tokens import reasoning_content
 
 pytestmark = pytest.mark.process  # every test starts a server
@@ -40,16 +39,7 @@ HISTORY: list[dict[str, Any]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def srv() -> Iterator[ThreadedServer]:
-    with running() as server:
-        yield server
-
-
-@pytest.fixture
-async def http(srv: ThreadedServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
-        yield client
+srv, http = plain_server.srv, plain_server.http  # the module's server and its httpx client (fixtures)
 
 
 async def counted(http: httpx.AsyncClient, body: dict[str, Any]) -> int:

@@ -10,13 +10,13 @@ like the same item with its ids; the server's own output sent back without ids r
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import msgspec
+import plain_server
 import pytest
-from helpers import MODEL, TERMINAL_OR_ERROR, running, until
+from helpers import MODEL, TERMINAL_OR_ERROR, until
 from websockets.asyncio.client import connect
 
 from proto.core import openai_types as oa
@@ -56,16 +56,7 @@ def without_ids(item: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in item.items() if key not in ("id", "status")}
 
 
-@pytest.fixture(scope="module")
-def srv() -> Iterator[ThreadedServer]:
-    with running() as server:
-        yield server
-
-
-@pytest.fixture
-async def http(srv: ThreadedServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as client:
-        yield client
+srv, http = plain_server.srv, plain_server.http  # the module's server and its httpx client (fixtures)
 
 
 def test_reasoning_without_id_decodes() -> None:
