@@ -111,11 +111,16 @@ def decode_body(data: str | bytes) -> CreateBody:
     try:
         return _body_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise ClientError("invalid_request", _message(exc), body_param(_param(exc))) from None
+        raise request_error(exc) from None
     except msgspec.DecodeError as exc:
         raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ClientError("invalid_json", "body is nested too deeply") from None
+
+
+def request_error(exc: msgspec.ValidationError) -> ClientError:
+    """A request body that does not fit its type: ``invalid_request`` naming the field as OpenAI does."""
+    return ClientError("invalid_request", _message(exc), body_param(_param(exc)))
 
 
 def body_param(param: str | None) -> str | None:
