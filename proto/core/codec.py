@@ -40,11 +40,12 @@ def decode_client_event(data: str | bytes) -> ClientEvent:
         raise ClientError("invalid_json", "frame is not valid UTF-8 (lone surrogate)") from None
 
 
-_MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
+_MISSING_FIELD = re.compile(r"(?:missing required|contains unknown) field `([^`]+)`")
 
 
 def _param(exc: msgspec.ValidationError, prefix: str = "") -> str | None:
-    # msgspec names the object that lacks a field, not the field: point ``param`` at the field itself.
+    # msgspec names the object that lacks (or has an unknown) field, not the field: point ``param`` at the
+    # field itself.
     param = param_from_validation(exc, prefix)
     missing = _MISSING_FIELD.search(str(exc))
     return f"{param or '$'}.{missing.group(1)}" if missing else param

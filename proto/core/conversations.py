@@ -44,13 +44,13 @@ class CreateConversation(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     """``POST /v1/conversations``."""
 
     items: list[msgspec.Raw] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, Any] | None = None  # values checked by ``check_metadata`` (it names the key)
 
 
 class UpdateConversation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/conversations/{id}``: ``metadata`` is required (``null`` clears it)."""
 
-    metadata: dict[str, str] | None
+    metadata: dict[str, Any] | None
 
 
 class AddItems(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -104,8 +104,8 @@ def decode(data: bytes, kind: type[Any]) -> Any:
         raise ClientError("invalid_json", "body is nested too deeply") from None
 
 
-def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
-    """OpenAI's metadata rules: at most 16 pairs, keys ≤ 64 characters, values ≤ 512."""
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
+    """OpenAI's metadata rules: at most 16 pairs, keys ≤ 64 characters, values strings of ≤ 512."""
     metadata = dict(metadata or {})
     if len(metadata) > MAX_METADATA_PAIRS:
         raise ClientError(
@@ -114,6 +114,8 @@ def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
             "metadata",
         )
     for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise ClientError("invalid_request", "metadata values are strings", f"metadata.{key}")
         if len(key) > MAX_METADATA_KEY:
             raise ClientError(
                 "invalid_request", f"metadata keys are at most {MAX_METADATA_KEY} characters", "metadata"
