@@ -51,10 +51,9 @@ def validate_create(
     docs/protocol.md, "Client events" has it (``refuse_background=False``).
 
     Without ``previous_response_id`` or ``conversation`` (which cannot both be given) every
-    ``function_call_output`` must answer a call in the same input (OpenAI checks this too); a continuation's
-    outputs, and an input with ``item_reference`` items, are
-    checked once the history is loaded and the references resolved (``check_outputs``), because only then
-    are their calls known.
+    ``function_call_output`` must answer a call in the same input (OpenAI checks this too); a
+    continuation's outputs, and an input with ``item_reference`` items, are checked once the history is
+    loaded and the references resolved (``check_outputs``), because only then are their calls known.
     """
     if refuse_background and body.background:
         raise ClientError("invalid_request", "background responses are not supported", f"{root}background")

@@ -145,7 +145,12 @@ class HttpResponses:
     async def create(self, request: Request, key: str) -> Response:
         created = time.time()
         try:
-            body = decode_body(await self.body_bytes(request))
+            raw = await self._read_body(request)
+            body = decode_body(
+                await encoding.decode(
+                    raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes
+                )
+            )
             with typed_faults():
                 cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
                 prepared = await self._prepare(body, key, cached)
