@@ -489,3 +489,19 @@ async def test_agents_sdk_remembers_across_runs(http: httpx.AsyncClient, srv: Se
         "What did you find?",
         "as I said, found it",
     ]
+
+
+async def test_concurrent_adds_never_interleave(http: httpx.AsyncClient) -> None:
+    """Each add takes the conversation's row first: ten adds at once land as ten whole pairs."""
+    import asyncio
+
+    cid = (await new_conversation(http))["id"]
+
+    async def add(n: int) -> None:
+        pair = {"items": [message(f"{n}a"), message(f"{n}b")]}
+        await ok(await http.post(f"/v1/conversations/{cid}/items", json=pair))
+
+    await asyncio.gather(*(add(n) for n in range(10)))
+    shown = texts(await all_items(http, cid))
+    assert sorted(shown) == sorted(f"{n}{half}" for n in range(10) for half in "ab")
+    assert all(shown[i][:-1] == shown[i + 1][:-1] for i in range(0, 20, 2)), shown
