@@ -178,3 +178,51 @@ def _minimal_response(response: dict[str, Any]) -> dict[str, Any]:
         "output": [i for i in response.get("output", []) if i.get("type") in _discriminated("ItemField")],
         "tools": [t for t in response.get("tools", []) if t.get("type") in _discriminated("Tool")],
     }
+
+
+# The Conversations API: the spec has no schema for it, so its objects are checked against OpenAI's own
+# types (the ``openai`` SDK's ``types/conversations``, pydantic models that enforce required fields), and
+# each item also against the spec's ``ItemField`` where the spec defines its type.
+@functools.cache
+def _conversation_types() -> dict[str, Any]:
+    import pydantic
+    from openai.types import conversations as t
+
+    return {
+        "conversation": t.Conversation,
+        "conversation.deleted": t.ConversationDeletedResource,
+        "list": t.ConversationItemList,
+        "item": pydantic.TypeAdapter(t.ConversationItem),
+    }
+
+
+def check_conversation_item(item: Any, where: str = "item") -> None:
+    assert isinstance(item, dict) and isinstance(item.get("id"), str), f"{where}: no id: {item!r}"
+    if item.get("type") in _discriminated("ItemField"):
+        check_schema(item, "ItemField")
+    try:
+        _conversation_types()["item"].validate_python(item)
+    except ValueError as e:
+        raise AssertionError(f"{where}: not a valid OpenAI ConversationItem: {str(e)[:600]}") from None
+
+
+def check_conversation_object(value: Any) -> None:
+    """A ``conversation``, ``conversation.deleted`` or a (non-empty) conversation items ``list``, exactly
+    OpenAI's fields, every item checked."""
+    assert isinstance(value, dict), value
+    kind = value.get("object")
+    fields = {
+        "conversation": {"id", "object", "created_at", "metadata"},
+        "conversation.deleted": {"id", "object", "deleted"},
+        "list": {"object", "data", "first_id", "last_id", "has_more"},
+    }
+    assert kind in fields and set(value) == fields[str(kind)], value
+    if kind == "list" and not value["data"]:  # no ids to name: OpenAI's type has them as strings
+        assert value["first_id"] is None and value["last_id"] is None and value["has_more"] is False
+        return
+    try:
+        _conversation_types()[str(kind)].model_validate(value)
+    except ValueError as e:
+        raise AssertionError(f"not a valid OpenAI {kind}: {str(e)[:600]}") from None
+    for index, item in enumerate(value.get("data", [])):
+        check_conversation_item(item, f"data[{index}]")

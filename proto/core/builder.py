@@ -19,6 +19,7 @@ import time
 
 import msgspec
 
+from proto.core import openai_types as oa
 from proto.core.events import (
     ContentPartAdded,
     ContentPartDone,
@@ -53,6 +54,7 @@ from proto.core.items import (
     CustomToolCall,
     FunctionCall,
     Item,
+    ItemReference,
     Message,
     OutputText,
     Reasoning,
@@ -60,6 +62,8 @@ from proto.core.items import (
     WebSearchAction,
     WebSearchCall,
     WebSearchSource,
+    item_id_of,
+    item_type,
 )
 from proto.core.response import (
     IncompleteDetails,
@@ -78,6 +82,25 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+# An item's id prefix by its type, as the builder names the items it makes.
+_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
+
+
+def with_item_id(item: Item) -> Item:
+    """The item with an id when its type has one and it lacks it (stored input items carry ids, as
+    OpenAI's ``input_items`` and conversation items do; the rendering ignores them)."""
+    if "id" not in item.__struct_fields__ or item_id_of(item) is not None or isinstance(item, ItemReference):
+        return item
+    return msgspec.structs.replace(item, id=new_item_id(_PREFIX.get(item_type(item), "item")))
+
+
 class ResponseBuilder:
     def __init__(
         self, response_id: str, request: CreateBody, mode: Mode, work: WorkCounters | None = None
@@ -92,6 +115,11 @@ class ResponseBuilder:
             parallel_tool_calls=request.parallel,
             instructions=request.instructions,
             previous_response_id=request.previous_response_id,
+            conversation=(
+                oa.ResponseConversation(id=request.conversation)
+                if isinstance(request.conversation, str)
+                else request.conversation
+            ),
             max_output_tokens=request.max_output_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,

@@ -40,11 +40,12 @@ def decode_client_event(data: str | bytes) -> ClientEvent:
         raise ClientError("invalid_json", "frame is not valid UTF-8 (lone surrogate)") from None
 
 
-_MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
+_MISSING_FIELD = re.compile(r"(?:missing required|contains unknown) field `([^`]+)`")
 
 
 def _param(exc: msgspec.ValidationError, prefix: str = "") -> str | None:
-    # msgspec names the object that lacks a field, not the field: point ``param`` at the field itself.
+    # msgspec names the object that lacks (or has an unknown) field, not the field: point ``param`` at the
+    # field itself.
     param = param_from_validation(exc, prefix)
     missing = _MISSING_FIELD.search(str(exc))
     return f"{param or '$'}.{missing.group(1)}" if missing else param
@@ -111,11 +112,16 @@ def decode_body(data: str | bytes) -> CreateBody:
     try:
         return _body_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise ClientError("invalid_request", _message(exc), body_param(_param(exc))) from None
+        raise request_error(exc) from None
     except msgspec.DecodeError as exc:
         raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ClientError("invalid_json", "body is nested too deeply") from None
+
+
+def request_error(exc: msgspec.ValidationError) -> ClientError:
+    """A request body that does not fit its type: ``invalid_request`` naming the field as OpenAI does."""
+    return ClientError("invalid_request", _message(exc), body_param(_param(exc)))
 
 
 def body_param(param: str | None) -> str | None:

@@ -50,10 +50,10 @@ def validate_create(
     asked for one must not believe it got one); the long-lived ``response.create`` ignores the field, as
     docs/protocol.md, "Client events" has it (``refuse_background=False``).
 
-    Without ``previous_response_id`` every ``function_call_output`` must answer a call in the same input
-    (OpenAI checks this too); a continuation's outputs, and an input with ``item_reference`` items, are
-    checked once the history is loaded and the references resolved (``check_outputs``), because only then
-    are their calls known.
+    Without ``previous_response_id`` or ``conversation`` (which cannot both be given) every
+    ``function_call_output`` must answer a call in the same input (OpenAI checks this too); a
+    continuation's outputs, and an input with ``item_reference`` items, are checked once the history is
+    loaded and the references resolved (``check_outputs``), because only then are their calls known.
     """
     if refuse_background and body.background:
         raise ClientError("invalid_request", "background responses are not supported", f"{root}background")
@@ -63,11 +63,18 @@ def validate_create(
         raise ClientError("too_many_tools", f"at most {limits.max_tools} tools", f"{root}tools")
     if not isinstance(body.input, str) and len(body.input) > limits.max_input_items:
         raise ClientError("too_many_items", f"at most {limits.max_input_items} input items", f"{root}input")
+    if body.conversation is not None and body.previous_response_id is not None:  # OpenAI's rule
+        raise ClientError(
+            "invalid_request",
+            "conversation and previous_response_id cannot both be given",
+            f"{root}conversation",
+        )
     work = WorkCounters(requests_validated=1)
     items = codec.decode_items(body.input, f"{root}input", item_code)
     work.items_validated += len(items)
     check_compactions(items, f"{root}input")
-    if body.previous_response_id is None and not any(isinstance(item, ItemReference) for item in items):
+    continues = body.previous_response_id is not None or body.conversation is not None
+    if not continues and not any(isinstance(item, ItemReference) for item in items):
         check_outputs([], items, root)
     return items, work
 

@@ -24,6 +24,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "model_not_found": (404, "invalid_request_error"),
     "previous_response_not_found": (404, "invalid_request_error"),
     "item_not_found": (404, "invalid_request_error"),
+    "conversation_not_found": (404, "invalid_request_error"),
     "message_too_large": (413, "invalid_request_error"),
     "invalid_encoding": (400, "invalid_request_error"),
     "invalid_encrypted_content": (

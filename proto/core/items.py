@@ -126,3 +126,9 @@ def namespace_of(tools: Sequence[Tool], name: str) -> str | None:
 
 def item_type(item: Item) -> str:
     return str(type(item).__struct_config__.tag)
+
+
+def item_id_of(item: Item) -> str | None:
+    """The item's ``id``, when its type has one and it is set."""
+    value = getattr(item, "id", None)
+    return value if isinstance(value, str) else None

@@ -163,6 +163,9 @@ class Response(msgspec.Struct, kw_only=True):
     parallel_tool_calls: bool = True
     instructions: str | None = None
     previous_response_id: str | None = None
+    # The conversation whose items the response's input followed, and that its items joined
+    # (docs/protocol.md, "Conversations").
+    conversation: oa.ResponseConversation | None = None
     max_output_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0

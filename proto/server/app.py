@@ -22,6 +22,7 @@ from starlette.websockets import WebSocket
 from proto.core.errors import ClientError
 from proto.server.auth import Auth, error_response, unauthorized
 from proto.server.config import Settings
+from proto.server.conversations import ConversationRoutes
 from proto.server.logs import configure as configure_logs
 from proto.server.model_list import models_list
 from proto.server.pipeline import Pipeline
@@ -44,6 +45,7 @@ class Server:
         self.pipeline = Pipeline(settings, clock)
         self.connections: set[LongLivedConnection | GaConnection] = set()
         self.http = HttpResponses(self.auth, self.pipeline)
+        self.conversations = ConversationRoutes(self.auth, self.pipeline, self.http.body_bytes)
 
     async def drain(self, grace_s: float) -> int:
         """Shutdown, before uvicorn's own (which would drop every WebSocket with 1012): tell each session
@@ -239,6 +241,7 @@ def create_app(
         routes=[
             WebSocketRoute("/v1/responses", responses_ws),
             *server.http.routes(),
+            *server.conversations.routes(),
             Route("/v1/models", server.auth.guard(models)),
             Route("/healthz", server.auth.guard(healthz)),
             Route("/metrics", server.auth.guard(metrics)),

@@ -46,6 +46,7 @@ from typing import Protocol
 
 import structlog
 
+from proto.core.builder import with_item_id
 from proto.core.errors import ClientError
 from proto.core.events import ServerEvent
 from proto.core.items import Item
@@ -53,6 +54,7 @@ from proto.core.longlived import Cancel
 from proto.core.turn import TurnEncoder
 from proto.server.pipeline import Pipeline, Prepared
 from proto.server.stages.chain import persist_response
+from proto.server.stages.conversation import append_response
 from proto.server.storage.ledger import LedgerError, LedgerFullError
 from proto.server.transports.timers import deadline
 from sampler.clock import TimerCall
@@ -358,12 +360,17 @@ class ResponseDriver:
 
     async def _persist(self, terminal: ServerEvent) -> ServerEvent:
         builder = self.prepared.rollout.builder
-        if not builder.response.store:
+        response = builder.response
+        # Its conversation gets the items of a response that ran (docs/protocol.md, "Conversations").
+        joins = response.conversation is not None and response.status != "failed"
+        if not response.store and not joins:
             return terminal
+        inputs = [with_item_id(item) for item in self.prepared.rollout.input_items]  # one id, both copies
         try:
-            await persist_response(
-                self.pipeline, builder.response, self.api_key_id, self.prepared.rollout.input_items
-            )
+            if joins:
+                await append_response(self.pipeline, response, self.api_key_id, inputs)
+            if response.store:
+                await persist_response(self.pipeline, response, self.api_key_id, inputs)
         except Exception as exc:  # a store fault ends this response typed; the connection serves on
             log.warning("store.write_failed", response_id=builder.response.id, error=type(exc).__name__)
             return builder.failed("store_unavailable", f"the response could not be stored: {exc}")

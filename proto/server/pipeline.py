@@ -50,6 +50,7 @@ from proto.server.config import Settings
 from proto.server.metrics import PipelineMetrics
 from proto.server.stages.item_cache import ItemCache
 from proto.server.stages.safety import SafetyScanner
+from proto.server.storage.conversations import ConversationStore
 from proto.server.storage.ledger import LedgerRow, UsageLedger
 from proto.server.storage.store import ResponseStore, StoreUnavailable
 from sampler.clock import Clock, RealClock
@@ -198,6 +199,7 @@ class Pipeline:
         self.web_search = WebSearch()
         self.ledger = UsageLedger(settings.db, busy_timeout=settings.db_busy_timeout_s)
         self.store = ResponseStore(settings.db, busy_timeout=settings.db_busy_timeout_s)
+        self.conversations = ConversationStore(self.store)
         # a bad --default-policy fails at start-up, not per request
         select_policy("", settings.default_policy)
         self.item_cache = ItemCache(settings.item_cache_tokens)

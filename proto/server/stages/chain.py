@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
-from proto.core.builder import new_item_id
+from proto.core.builder import with_item_id
 from proto.core.errors import ClientError
-from proto.core.items import Item, ItemReference, item_type
+from proto.core.items import Item, ItemReference, item_id_of
 from proto.core.response import Response
 from proto.core.work import WorkCounters
 from proto.server.pipeline import Pipeline
@@ -29,9 +29,11 @@ async def persist_response(
     instead of copying the chain)."""
     assert response.lab is not None
     response.lab.work.store_writes += 1
-    inputs = [_with_id(item) for item in input_items]
+    inputs = [with_item_id(item) for item in input_items]
     by_id = [
-        (item_id, _encoder.encode(item)) for item in (*inputs, *response.output) if (item_id := _id_of(item))
+        (item_id, _encoder.encode(item))
+        for item in (*inputs, *response.output)
+        if (item_id := item_id_of(item))
     ]
     await pipeline.store.put(
         response.id,
@@ -45,30 +47,13 @@ async def persist_response(
     )
 
 
-_PREFIX = {
-    "message": "msg",
-    "function_call": "fc",
-    "function_call_output": "fco",
-    "custom_tool_call": "ctc",
-    "custom_tool_call_output": "ctco",
-    "reasoning": "rs",
-}
-
-
-def _id_of(item: Item) -> str | None:
-    value = getattr(item, "id", None)
-    return value if isinstance(value, str) else None
-
-
-def _with_id(item: Item) -> Item:
-    """Stored input items carry ids, as OpenAI's ``input_items`` list does (the rendering ignores them)."""
-    if "id" not in item.__struct_fields__ or _id_of(item) is not None or isinstance(item, ItemReference):
-        return item
-    return msgspec.structs.replace(item, id=new_item_id(_PREFIX.get(item_type(item), "item")))
-
-
 async def resolve_references(
-    pipeline: Pipeline, items: list[Item], api_key_id: str, work: WorkCounters, root: str = ""
+    pipeline: Pipeline,
+    items: list[Item],
+    api_key_id: str,
+    work: WorkCounters,
+    root: str = "",
+    field: str = "input",
 ) -> list[Item]:
     """Each ``item_reference`` replaced by the stored item it names (OpenAI resolves them the same way:
     the AI SDK sends its earlier output items as references when ``store`` is on). ``item_not_found``
@@ -86,7 +71,7 @@ async def resolve_references(
             work.references_resolved += 1
         else:
             raise ClientError(
-                "item_not_found", f"item with id {item.id!r} not found", f"{root}input[{index}].id"
+                "item_not_found", f"item with id {item.id!r} not found", f"{root}{field}[{index}].id"
             )
     return resolved
 

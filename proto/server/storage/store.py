@@ -191,6 +191,18 @@ class ResponseStore:
             raise StoreError("response store is closed") from exc
         return await future
 
+    async def run(self, operation: str, fn: Callable[[Connection], T], *, write: bool) -> T:
+        """``fn`` with a connection on the store's threads (a writer when ``write``), faults typed as the
+        store's own calls: for tables another module keeps in this database (the conversations')."""
+        return await self._call(operation, fn, write=write)
+
+    def migrate(self, component: str, migrations: Migrations) -> None:
+        """Another module's tables in this database, as the store's own: ``StoreUnavailable`` if not."""
+        try:
+            self._db.migrate(component, migrations)
+        except Exception as exc:
+            raise StoreUnavailable("open", f"{redact(self.path)}: {self._db.describe(exc)}") from exc
+
     async def _write(self, operation: str, fn: Callable[[Connection], T]) -> T:
         return await self._call(operation, fn, write=True)
 

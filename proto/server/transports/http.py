@@ -10,7 +10,9 @@ Three modes, told apart by the body and one header:
   ``previous_response_id`` (that is ``http-prev``).
 * ``http-prev`` — ``previous_response_id`` plus only the new items: the chain is loaded from the store
   (one row per earlier response), re-rendered and re-tokenized in full (as vLLM does); only the new items
-  are validated and scanned.
+  are validated and scanned. A create with ``conversation`` runs in this mode too: the conversation's
+  items are loaded and re-rendered in full, and scanned with the new ones (docs/protocol.md,
+  "Conversations").
 
 The response ends at the first local function call (``completed`` with the calls in its output), as in
 OpenAI's API; the client answers with a new request.
@@ -53,6 +55,7 @@ from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
 from proto.server.stages.compact import compact_window
+from proto.server.stages.conversation import load_conversation
 from proto.server.transports import encoding
 
 _encoder = msgspec.json.Encoder()
@@ -190,6 +193,9 @@ class HttpResponses:
             if body.previous_response_id is not None:
                 mode = "http-prev"
                 history = await load_history(self.pipeline, body.previous_response_id, key, work)
+            elif body.conversation is not None:  # server-held history, as http-prev's, scanned in full
+                mode = "http-prev"
+                history = await load_conversation(self.pipeline, body, items, key, work)
         check_outputs(history, items)
         return await self.pipeline.prepare(
             new_response_id(),
@@ -198,7 +204,7 @@ class HttpResponses:
             items,
             work,
             mode,
-            scan_history=mode != "http-prev",
+            scan_history=body.previous_response_id is None,
             phases=phases,
             cache_scope=key if mode == "http-cached" else None,
         )
@@ -268,11 +274,13 @@ class HttpResponses:
         )
 
     async def _body(self, request: Request) -> CreateBody:
+        return decode_body(await self.body_bytes(request))
+
+    async def body_bytes(self, request: Request) -> bytes:
+        """A request's body, decoded (``Content-Encoding``), refused past ``--max-frame-bytes``."""
         raw = await self._read_body(request)
-        return decode_body(
-            await encoding.decode(
-                raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes
-            )
+        return await encoding.decode(
+            raw, request.headers.get("content-encoding"), self.pipeline.settings.max_frame_bytes
         )
 
     async def _window(self, body: CreateBody, key: str) -> tuple[list[Item], WorkCounters]:
@@ -281,7 +289,7 @@ class HttpResponses:
         items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
         items = await resolve_references(self.pipeline, items, key, work)
         history = (
-            []
+            await load_conversation(self.pipeline, body, items, key, work)
             if body.previous_response_id is None
             else await load_history(self.pipeline, body.previous_response_id, key, work)
         )

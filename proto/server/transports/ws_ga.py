@@ -38,6 +38,7 @@ from proto.core.work import WorkCounters
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
+from proto.server.stages.conversation import load_conversation
 from proto.server.transports.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from proto.server.transports.websocket import Stop, Stopped, WebSocketConnection
 from sampler.engine import Engine
@@ -228,9 +229,11 @@ class GaConnection(WebSocketConnection):
         with timed(phases, "store_load"):
             items = await resolve_references(self.pipeline, start.items, self.api_key_id, work)
         if previous is None:
-            check_outputs([], items)
+            with timed(phases, "store_load"):  # a conversation is read from the store, never the cache
+                history = await load_conversation(self.pipeline, request, items, self.api_key_id, work)
+            check_outputs(history, items)
             return await self.pipeline.prepare(
-                start.response_id, request, [], items, work, "ws", scan_history=True, phases=phases
+                start.response_id, request, history, items, work, "ws", scan_history=True, phases=phases
             )
         if cached is not None:
             check_outputs(cached.conversation.items, items)

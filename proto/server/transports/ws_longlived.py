@@ -30,6 +30,7 @@ from proto.core.longlived import Action, Cancel, Close, EventLimits, LongLivedCo
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
+from proto.server.stages.conversation import load_conversation
 from proto.server.transports.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from proto.server.transports.websocket import Stopped, WebSocketConnection
 
@@ -161,9 +162,19 @@ class LongLivedConnection(WebSocketConnection):
             history = await load_history(
                 self.pipeline, start.request.previous_response_id, self.api_key_id, start.work
             )
+        else:  # a conversation's items likewise, scanned with the input (docs/protocol.md, "Conversations")
+            history = await load_conversation(
+                self.pipeline, start.request, items, self.api_key_id, start.work, root="$."
+            )
         check_outputs(history, items, root="$.")
         return await self.pipeline.prepare(
-            start.response_id, start.request, history, items, start.work, "longlived", scan_history=False
+            start.response_id,
+            start.request,
+            history,
+            items,
+            start.work,
+            "longlived",
+            scan_history=start.request.conversation is not None,
         )
 
     # --------------------------------------------------------------------------------- EventSink
