@@ -1,0 +1,425 @@
+"""Background mode over HTTP (docs/protocol.md, "Background mode"), on a real server on loopback.
+
+``background: true`` answers at once with the Response ``queued``; the response moves to ``in_progress``
+and to its end in the store (``GET`` polls it), survives its client, is billed once, and can be cancelled
+(idempotent) — from the process that runs it or from another one on the same database. Created with
+``stream: true`` its events are logged, so ``GET …?stream=true&starting_after=N`` resumes after event N,
+live while it runs and after it ended. Bad input is refused typed and leaves nothing in the store; a
+response whose server died or shut down is ended, not left ``in_progress``. Every Response object and
+event is checked against the Open Responses spec (tests/spec.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from databases import Backend, PostgresServer
+from helpers import GUARD, MODEL, SLOW_MODEL, auth, query, running, serve_process, state
+from openai import AsyncOpenAI, BadRequestError, NotFoundError
+from spec import check_event, check_response
+
+from proto.server.serve import ThreadedServer
+from proto.server.storage.ledger import LedgerRow
+
+pytestmark = pytest.mark.process  # every test starts a server
+
+KEY, OTHER = "sk-background-0001", "sk-background-0002"
+STREAMING_MODEL = "mock-1000tps"  # 1000 tokens/s: `!tokens 1500` streams for about a second and a half
+LONG = "!tokens 1500 !say x"  # on STREAMING_MODEL
+ENDLESS = "!tokens 5000 !say never"  # on SLOW_MODEL: over a minute, unless cancelled
+RUNNING = ("queued", "in_progress")
+
+
+def body(script: str, model: str = MODEL, **fields: Any) -> dict[str, Any]:
+    return {"model": model, "input": script, "background": True, **fields}
+
+
+def client(server: ThreadedServer, key: str = KEY) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=server.http_url, headers=auth(key), timeout=GUARD)
+
+
+async def poll(
+    http: httpx.AsyncClient, response_id: str, until: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """GET it until its status is in ``until`` (default: any terminal one); each Response checked."""
+    for _ in range(1000):
+        reply = await http.get(f"/v1/responses/{response_id}")
+        assert reply.status_code == 200, reply.text
+        response: dict[str, Any] = reply.json()
+        check_response(response)
+        if (response["status"] in until) if until else (response["status"] not in RUNNING):
+            return response
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{response_id} never reached {until or 'a terminal status'}")
+
+
+async def events_of(lines: AsyncIterator[str], events: list[dict[str, Any]], stop_after: int = 0) -> None:
+    """The SSE body's events into ``events`` (each checked): to the end, or until ``stop_after`` were read."""
+    async for line in lines:
+        if line.startswith("data: "):
+            event = json.loads(line[len("data: ") :])
+            check_event(event)
+            events.append(event)
+            if stop_after and len(events) >= stop_after:
+                return
+
+
+async def resume(http: httpx.AsyncClient, response_id: str, after: int | None) -> list[dict[str, Any]]:
+    params: dict[str, Any] = {"stream": "true"}
+    if after is not None:
+        params["starting_after"] = after
+    events: list[dict[str, Any]] = []
+    async with http.stream("GET", f"/v1/responses/{response_id}", params=params) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        await events_of(reply.aiter_lines(), events)
+    return events
+
+
+def billed(server: ThreadedServer, response_id: str) -> LedgerRow:
+    """Its one usage row (and no second one was ever refused)."""
+    ledger = state(server).pipeline.ledger
+    ledger.flush()
+    rows = [row for row in ledger.rows() if row.response_id == response_id]
+    assert len(rows) == 1 and ledger.duplicates == 0, rows
+    return rows[0]
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+# ------------------------------------------------------------------------------------ create → poll → end
+async def test_create_returns_queued_then_poll_sees_it_complete_and_it_is_billed_once(
+    backend: Backend,
+) -> None:
+    with running(db=backend.url, api_key=[KEY, OTHER]) as srv:
+        async with client(srv) as http, client(srv, OTHER) as other:
+            reply = await http.post("/v1/responses", json=body("!say polled at last"))
+            assert reply.status_code == 200, reply.text
+            queued = reply.json()
+            check_response(queued)
+            assert (queued["status"], queued["background"], queued["output"]) == ("queued", True, [])
+            done = await poll(http, queued["id"])
+            assert (done["status"], done["background"]) == ("completed", True)
+            assert done["output"][-1]["content"][0]["text"] == "polled at last"
+            assert done["created_at"] == queued["created_at"]
+            # The store's key isolation: another key's poll, cancel and resume find nothing.
+            for reply in (
+                await other.get(f"/v1/responses/{queued['id']}"),
+                await other.post(f"/v1/responses/{queued['id']}/cancel"),
+                await other.get(f"/v1/responses/{queued['id']}", params={"stream": "true"}),
+            ):
+                assert reply.status_code == 404 and reply.json()["error"]["code"] == "response_not_found"
+            # Its input items were stored once, with the same ids across its three writes.
+            items = (await http.get(f"/v1/responses/{queued['id']}/input_items")).json()["data"]
+            assert len(items) == 1 and items[0]["id"].startswith("msg_")
+        row = billed(srv, queued["id"])
+        assert (row.status, row.output_tokens) == ("completed", done["usage"]["output_tokens"])
+
+
+async def test_poll_sees_in_progress_and_a_continuation_waits_for_the_end() -> None:
+    with running(api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            queued = (await http.post("/v1/responses", json=body(ENDLESS, SLOW_MODEL))).json()
+            running_now = await poll(http, queued["id"], ("in_progress",))
+            assert running_now["background"] is True
+            follow = {"model": MODEL, "input": "!say next", "previous_response_id": queued["id"]}
+            reply = await http.post("/v1/responses", json=follow)
+            assert reply.status_code == 409, reply.text
+            assert (reply.json()["error"]["code"], reply.json()["error"]["param"]) == (
+                "response_in_progress",
+                "previous_response_id",
+            )
+            await http.post(f"/v1/responses/{queued['id']}/cancel")
+            assert (await http.post("/v1/responses", json=follow)).status_code == 200  # once it ended
+
+
+# ------------------------------------------------------------------------------------ cancel
+async def test_cancel_is_idempotent_and_an_ended_response_stays_as_it_was(backend: Backend) -> None:
+    with running(db=backend.url, api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            queued = (await http.post("/v1/responses", json=body(ENDLESS, SLOW_MODEL))).json()
+            await poll(http, queued["id"], ("in_progress",))
+            first = await http.post(f"/v1/responses/{queued['id']}/cancel")
+            assert first.status_code == 200, first.text
+            cancelled = first.json()
+            check_response(cancelled)
+            assert (cancelled["status"], cancelled["background"]) == ("cancelled", True)
+            again = await http.post(f"/v1/responses/{queued['id']}/cancel")
+            assert again.status_code == 200 and again.json() == cancelled
+            assert (await http.get(f"/v1/responses/{queued['id']}")).json() == cancelled
+            # One that completed stays completed.
+            done = await poll(http, (await http.post("/v1/responses", json=body("!say done"))).json()["id"])
+            after = await http.post(f"/v1/responses/{done['id']}/cancel")
+            assert after.status_code == 200 and after.json() == done
+        row = billed(srv, queued["id"])
+        assert (row.status, row.reason) == ("cancelled", "cancelled")
+        assert row.output_tokens == cancelled["usage"]["output_tokens"]
+        assert billed(srv, done["id"]).status == "completed"
+
+
+async def test_a_queued_response_cancelled_before_it_starts_never_samples() -> None:
+    with running(api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            queued = (await http.post("/v1/responses", json=body(ENDLESS, SLOW_MODEL))).json()
+            # Asked on the server's loop before its task first runs: the driver ends it at once.
+            assert srv.loop is not None
+            background = state(srv).http.background
+
+            async def cancel_now() -> None:
+                background.running[queued["id"]].cut_by_owner("cancelled")
+
+            asyncio.run_coroutine_threadsafe(cancel_now(), srv.loop).result(GUARD)
+            ended = await poll(http, queued["id"])
+        assert (ended["status"], ended["output"]) == ("cancelled", [])
+        assert billed(srv, queued["id"]).output_tokens == 0
+
+
+# ------------------------------------------------------------------------------------ stream and resume
+async def test_stream_disconnect_then_resume_from_the_middle_and_from_the_end(backend: Backend) -> None:
+    with running(db=backend.url, api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            first: list[dict[str, Any]] = []
+            created = body(LONG, STREAMING_MODEL, stream=True)
+            async with http.stream("POST", "/v1/responses", json=created) as reply:
+                assert reply.status_code == 200
+                await events_of(reply.aiter_lines(), first, stop_after=12)
+            # The client went away; the response did not.
+            assert [e["type"] for e in first[:3]] == [
+                "response.created",
+                "response.queued",
+                "response.in_progress",
+            ]
+            assert (
+                first[0]["response"]["status"] == "queued" and first[2]["response"]["status"] == "in_progress"
+            )
+            response_id = first[0]["response"]["id"]
+            last = first[-1]["sequence_number"]
+            live = await resume(http, response_id, last)  # while it still streams: followed to its end
+            numbers = [e["sequence_number"] for e in first + live]
+            assert numbers == list(range(len(numbers)))  # nothing lost, nothing twice
+            assert live[-1]["type"] == "response.completed"
+            stored = await poll(http, response_id)
+            assert stored["status"] == "completed"
+            assert text_of(first + live) == stored["output"][-1]["content"][0]["text"]
+            # After its end: from the middle, from the start, from the end.
+            middle = await resume(http, response_id, 5)
+            assert middle == (first + live)[6:]
+            assert await resume(http, response_id, None) == first + live
+            assert await resume(http, response_id, live[-1]["sequence_number"]) == []
+        row = billed(srv, response_id)
+        assert (row.status, row.output_tokens) == ("completed", stored["usage"]["output_tokens"])
+
+
+async def test_a_response_created_without_stream_is_polled_not_streamed() -> None:
+    with running(api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            done = await poll(http, (await http.post("/v1/responses", json=body("!say hi"))).json()["id"])
+            plain = (await http.post("/v1/responses", json={"model": MODEL, "input": "!say hi"})).json()
+            for response_id in (done["id"], plain["id"]):
+                reply = await http.get(f"/v1/responses/{response_id}", params={"stream": "true"})
+                assert reply.status_code == 400, reply.text
+                assert (reply.json()["error"]["code"], reply.json()["error"]["param"]) == (
+                    "invalid_request",
+                    "stream",
+                )
+
+
+# ------------------------------------------------------------------------------------ bad input
+async def test_bad_input_is_refused_typed_and_leaves_nothing_stored(tmp_path: Path) -> None:
+    db = tmp_path / "lab.sqlite3"
+    with running(db=str(db), api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            done = await poll(
+                http, (await http.post("/v1/responses", json=body("!say hi", stream=False))).json()["id"]
+            )
+            streamed = (await http.post("/v1/responses", json=body("!say hi", stream=True))).text
+            streamed_id = json.loads(streamed.split("data: ", 1)[1].split("\n", 1)[0])["response"]["id"]
+            await poll(http, streamed_id)
+            plain = (await http.post("/v1/responses", json={"model": MODEL, "input": "!say hi"})).json()
+            before = (
+                query(db, "SELECT COUNT(*) FROM responses")[0][0],
+                query(db, "SELECT COUNT(*) FROM background_responses")[0][0],
+            )
+            cases = [
+                (
+                    http.post("/v1/responses", json=body("!say hi", store=False)),
+                    400,
+                    "invalid_request",
+                    "store",
+                ),
+                (
+                    http.post("/v1/responses", json=body("!say hi", model="nope")),
+                    404,
+                    "model_not_found",
+                    "model",
+                ),
+                (http.post("/v1/responses/resp_nope/cancel"), 404, "response_not_found", "response_id"),
+                (http.post(f"/v1/responses/{plain['id']}/cancel"), 400, "invalid_request", "response_id"),
+                (
+                    http.get("/v1/responses/resp_nope", params={"stream": "true"}),
+                    404,
+                    "response_not_found",
+                    None,
+                ),
+            ]
+            for bad in ("abc", "-1", "1.5"):
+                cases.append(
+                    (
+                        http.get(
+                            f"/v1/responses/{streamed_id}", params={"stream": "true", "starting_after": bad}
+                        ),
+                        400,
+                        "invalid_request",
+                        "starting_after",
+                    )
+                )
+            for request, status, code, param in cases:
+                reply = await request
+                assert reply.status_code == status, reply.text
+                error = reply.json()["error"]
+                assert error["code"] == code and error["message"], error
+                if param is not None:
+                    assert error["param"] == param, error
+            after = (
+                query(db, "SELECT COUNT(*) FROM responses")[0][0],
+                query(db, "SELECT COUNT(*) FROM background_responses")[0][0],
+            )
+            assert after == before
+            assert (await http.get(f"/v1/responses/{done['id']}")).json() == done  # unchanged, still served
+
+
+# ------------------------------------------------------------------------------------ two processes, one db
+async def test_poll_cancel_and_resume_from_another_server_on_the_same_postgresql(pg: PostgresServer) -> None:
+    """Two servers (as ``serve --workers 2`` runs two workers) on one PostgreSQL: the one that did not
+    create the response polls it, follows its stream and cancels it."""
+    url = pg.fresh()
+    with running(db=url, api_key=[KEY]) as one, running(db=url, api_key=[KEY]) as two:
+        async with client(one) as here, client(two) as there:
+            first: list[dict[str, Any]] = []
+            async with here.stream(
+                "POST", "/v1/responses", json=body(LONG, STREAMING_MODEL, stream=True)
+            ) as r:
+                await events_of(r.aiter_lines(), first, stop_after=8)
+            response_id = first[0]["response"]["id"]
+            assert (await poll(there, response_id, RUNNING))["background"] is True  # polled elsewhere
+            live = await resume(there, response_id, first[-1]["sequence_number"])  # followed elsewhere
+            numbers = [e["sequence_number"] for e in first + live]
+            assert numbers == list(range(len(numbers))) and live[-1]["type"] == "response.completed"
+            # Cancelled elsewhere: the owner sees the row and ends it.
+            queued = (await here.post("/v1/responses", json=body(ENDLESS, SLOW_MODEL))).json()
+            await poll(there, queued["id"], ("in_progress",))
+            cancelled = await there.post(f"/v1/responses/{queued['id']}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+            assert (await here.get(f"/v1/responses/{queued['id']}")).json() == cancelled.json()
+            assert (await there.post(f"/v1/responses/{queued['id']}/cancel")).json() == cancelled.json()
+        assert billed(one, response_id).status == "completed"
+        assert billed(one, queued["id"]).status == "cancelled"
+        assert not state(two).http.background.running
+
+
+# ------------------------------------------------------------------------------------ the openai SDK
+async def test_the_openai_sdk_creates_polls_cancels_and_resumes_a_stream() -> None:
+    with running(api_key=[KEY]) as srv:
+        async with AsyncOpenAI(base_url=srv.http_url + "/v1", api_key=KEY, max_retries=0) as sdk:
+            queued = await sdk.responses.create(model=MODEL, input="!say from the sdk", background=True)
+            assert (queued.status, queued.background) == ("queued", True)
+            polled = queued
+            while polled.status in RUNNING:
+                await asyncio.sleep(0.01)
+                polled = await sdk.responses.retrieve(queued.id)
+            assert polled.status == "completed" and polled.output_text == "from the sdk"
+
+            endless = await sdk.responses.create(model=SLOW_MODEL, input=ENDLESS, background=True)
+            cancelled = await sdk.responses.cancel(endless.id)
+            assert cancelled.status == "cancelled"
+            assert (await sdk.responses.cancel(endless.id)).status == "cancelled"
+            with pytest.raises(BadRequestError):
+                plain = await sdk.responses.create(model=MODEL, input="!say hi")
+                await sdk.responses.cancel(plain.id)
+            with pytest.raises(NotFoundError):
+                await sdk.responses.cancel("resp_nope")
+
+            stream = await sdk.responses.create(
+                model=STREAMING_MODEL, input=LONG, background=True, stream=True
+            )
+            seen = []
+            async for event in stream:
+                seen.append(event)
+                if len(seen) == 10:
+                    break
+            await stream.close()
+            rest = [
+                event
+                async for event in await sdk.responses.retrieve(
+                    seen[0].response.id,  # type: ignore[union-attr]
+                    stream=True,
+                    starting_after=seen[-1].sequence_number,
+                )
+            ]
+    assert [e.type for e in seen[:3]] == ["response.created", "response.queued", "response.in_progress"]
+    numbers = [e.sequence_number for e in seen + rest]
+    assert numbers == list(range(len(numbers))) and rest[-1].type == "response.completed"
+
+
+# ------------------------------------------------------------------------------------ shutdown and crash
+async def test_shutdown_ends_a_background_response_stored_and_billed(tmp_path: Path) -> None:
+    db = tmp_path / "lab.sqlite3"
+    with running(db=str(db), api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            seen: list[dict[str, Any]] = []
+            async with http.stream("POST", "/v1/responses", json=body(ENDLESS, SLOW_MODEL, stream=True)) as r:
+                await events_of(r.aiter_lines(), seen, stop_after=5)
+            response_id = seen[0]["response"]["id"]
+            await poll(http, response_id, ("in_progress",))
+    [(raw,)] = query(db, f"SELECT response_json FROM responses WHERE response_id = '{response_id}'")
+    stored = json.loads(raw)
+    check_response(stored)
+    assert (stored["status"], stored["incomplete_details"]) == (
+        "incomplete",
+        {"reason": "server_shutting_down"},
+    )
+    [(kind, ended)] = query(
+        db,
+        "SELECT e.type, b.ended FROM background_events e JOIN background_responses b USING (response_id)"
+        f" WHERE response_id = '{response_id}' ORDER BY sequence_number DESC LIMIT 1",
+    )
+    assert (kind, ended) == ("response.incomplete", 1)
+    [(status, reason)] = query(db, f"SELECT status, reason FROM usage WHERE response_id = '{response_id}'")
+    assert (status, reason) == ("incomplete", "server_shutting_down")
+
+
+async def test_a_crashed_servers_background_response_is_ended_at_the_next_start(tmp_path: Path) -> None:
+    db = tmp_path / "lab.sqlite3"
+    flags = ("--api-key", KEY, "--progress-interval-s", "0.02")
+    async with serve_process(db, *flags) as first:
+        async with httpx.AsyncClient(base_url=first.http_url, headers=auth(KEY), timeout=GUARD) as http:
+            seen: list[dict[str, Any]] = []
+            async with http.stream("POST", "/v1/responses", json=body(ENDLESS, SLOW_MODEL, stream=True)) as r:
+                await events_of(r.aiter_lines(), seen, stop_after=8)
+            polled = await poll(http, seen[0]["response"]["id"], ("in_progress",))
+        first.process.send_signal(signal.SIGKILL)
+        await first.process.wait()
+    async with (
+        serve_process(db, *flags) as second,
+        httpx.AsyncClient(base_url=second.http_url, headers=auth(KEY), timeout=GUARD) as http,
+    ):
+        ended = await poll(http, polled["id"])
+        assert (ended["status"], ended["incomplete_details"]) == (
+            "incomplete",
+            {"reason": "server_crashed"},
+        )
+        rest = await resume(http, polled["id"], seen[-1]["sequence_number"])
+        assert rest[-1]["type"] == "response.incomplete"
+        assert rest[-1]["response"]["incomplete_details"] == {"reason": "server_crashed"}
+        cancel = await http.post(f"/v1/responses/{polled['id']}/cancel")
+        assert cancel.status_code == 200 and cancel.json() == ended  # ended: stays as it was
+    [(status, reason)] = query(db, f"SELECT status, reason FROM usage WHERE response_id = '{polled['id']}'")
+    assert (status, reason) == ("incomplete", "server_crashed")
