@@ -182,6 +182,29 @@ async def test_a_queued_response_cancelled_before_it_starts_never_samples() -> N
         assert billed(srv, queued["id"]).output_tokens == 0
 
 
+async def test_delete_cancels_a_running_background_response_then_removes_it_and_its_log(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "lab.sqlite3"
+    with running(db=str(db), api_key=[KEY]) as srv:
+        async with client(srv) as http:
+            seen: list[dict[str, Any]] = []
+            async with http.stream("POST", "/v1/responses", json=body(ENDLESS, SLOW_MODEL, stream=True)) as r:
+                await events_of(r.aiter_lines(), seen, stop_after=6)
+            response_id = seen[0]["response"]["id"]
+            deleted = await http.delete(f"/v1/responses/{response_id}")
+            assert deleted.json() == {"id": response_id, "object": "response", "deleted": True}
+            for reply in (
+                await http.get(f"/v1/responses/{response_id}"),
+                await http.get(f"/v1/responses/{response_id}", params={"stream": "true"}),
+                await http.post(f"/v1/responses/{response_id}/cancel"),
+            ):
+                assert reply.status_code == 404 and reply.json()["error"]["code"] == "response_not_found"
+        assert billed(srv, response_id).status == "cancelled"  # it ran, it was cut, it was billed once
+    for table in ("responses", "background_responses", "background_events"):
+        assert query(db, f"SELECT COUNT(*) FROM {table} WHERE response_id = '{response_id}'") == [(0,)]
+
+
 # ------------------------------------------------------------------------------------ stream and resume
 async def test_stream_disconnect_then_resume_from_the_middle_and_from_the_end(backend: Backend) -> None:
     with running(db=backend.url, api_key=[KEY]) as srv:

@@ -33,6 +33,7 @@ HTTP_ENDPOINTS = [
     ("GET", "/v1/responses/resp_x"),
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),
+    ("POST", "/v1/responses/resp_x/cancel"),
     ("GET", "/v1/models"),
     (
         "GET",

@@ -336,6 +336,17 @@ class BackgroundResponses:
             raise not_found(response_id)
         return stored.response_json
 
+    async def forget(self, response_id: str, api_key_id: str) -> None:
+        """Before ``DELETE /v1/responses/{id}``: a background response still running is cancelled first
+        (its owner would store it again at its end), then its row and its log go."""
+        store = self.pipeline.store
+        control = await store.call("background_row", table.control(response_id, api_key_id), write=False)
+        if control is None:
+            return
+        if not control.ended:
+            await self.cancel(response_id, api_key_id)
+        await store.call("background_delete", table.delete(response_id, api_key_id), write=True)
+
     # -- follow ---------------------------------------------------------------------------------------
     async def check_streamable(self, response_id: str, api_key_id: str) -> None:
         """``GET …?stream=true`` is for a background response created with ``stream: true`` (OpenAI's
@@ -354,7 +365,8 @@ class BackgroundResponses:
 
     async def follow(self, response_id: str, api_key_id: str, after: int) -> AsyncIterator[tuple[str, bytes]]:
         """Its logged events after sequence number ``after``, ``(type, event JSON)``, then the ones still
-        to come, to its terminal event (or to the end of the log of a response that ended without one)."""
+        to come, to its terminal event (or to the end of the log of a response that ended without one).
+        ``server_shutting_down`` when this process stops while the response runs elsewhere."""
         store = self.pipeline.store
         while True:
             here = response_id in self.running
@@ -374,6 +386,8 @@ class BackgroundResponses:
                 return
             if events:
                 continue
+            if self.stopping and woken is None:  # it runs elsewhere: this server will not see it end
+                raise ClientError("server_shutting_down", "the server is shutting down; resume elsewhere")
             if woken is None:
                 await asyncio.sleep(POLL_S)
             else:

@@ -139,6 +139,21 @@ def append(
     return write
 
 
+def delete(response_id: str, api_key_id: str) -> Callable[[Connection], None]:
+    """Its row and its log (the Response itself is the store's to delete)."""
+
+    def write(db: Connection) -> None:
+        with transaction(db, write=True):
+            found = db.execute(
+                "DELETE FROM background_responses WHERE response_id = ? AND api_key_id = ?",
+                (response_id, api_key_id),
+            ).rowcount
+            if found:
+                db.execute("DELETE FROM background_events WHERE response_id = ?", (response_id,))
+
+    return write
+
+
 def events_after(
     response_id: str, api_key_id: str, after: int
 ) -> Callable[[Connection], tuple[bool, list[tuple[int, str, bytes]]] | None]:

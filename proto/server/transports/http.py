@@ -295,6 +295,8 @@ class HttpResponses:
                     yield _sse(kind, data)
             except (StoreUnavailable, StoreError) as exc:  # the log cannot be read: the client hears why
                 yield _sse("error", error_reply(ClientError("store_unavailable", str(exc))).data)
+            except ClientError as exc:  # this server stops; the response runs on elsewhere
+                yield _sse("error", error_reply(exc).data)
 
         return StreamingResponse(
             frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
@@ -361,6 +363,11 @@ class HttpResponses:
 
     async def delete(self, request: Request, key: str) -> Response:
         response_id = request.path_params["response_id"]
+        try:
+            with typed_faults():
+                await self.background.forget(response_id, key)
+        except ClientError as exc:
+            return error_response(exc)
         if not await self.pipeline.store.delete(response_id, key):
             return error_response(_not_found(response_id))
         return Response(
