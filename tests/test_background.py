@@ -71,6 +71,15 @@ async def events_of(lines: AsyncIterator[str], events: list[dict[str, Any]], sto
                 return
 
 
+async def stream_some(http: httpx.AsyncClient, created: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """The first ``count`` events of a create's SSE stream (each checked); then the client goes away."""
+    events: list[dict[str, Any]] = []
+    async with http.stream("POST", "/v1/responses", json=created) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        await events_of(reply.aiter_lines(), events, stop_after=count)
+    return events
+
+
 async def resume(http: httpx.AsyncClient, response_id: str, after: int | None) -> list[dict[str, Any]]:
     params: dict[str, Any] = {"stream": "true"}
     if after is not None:
@@ -188,9 +197,7 @@ async def test_delete_cancels_a_running_background_response_then_removes_it_and_
     db = tmp_path / "lab.sqlite3"
     with running(db=str(db), api_key=[KEY]) as srv:
         async with client(srv) as http:
-            seen: list[dict[str, Any]] = []
-            async with http.stream("POST", "/v1/responses", json=body(ENDLESS, SLOW_MODEL, stream=True)) as r:
-                await events_of(r.aiter_lines(), seen, stop_after=6)
+            seen = await stream_some(http, body(ENDLESS, SLOW_MODEL, stream=True), 6)
             response_id = seen[0]["response"]["id"]
             deleted = await http.delete(f"/v1/responses/{response_id}")
             assert deleted.json() == {"id": response_id, "object": "response", "deleted": True}
@@ -209,11 +216,7 @@ async def test_delete_cancels_a_running_background_response_then_removes_it_and_
 async def test_stream_disconnect_then_resume_from_the_middle_and_from_the_end(backend: Backend) -> None:
     with running(db=backend.url, api_key=[KEY]) as srv:
         async with client(srv) as http:
-            first: list[dict[str, Any]] = []
-            created = body(LONG, STREAMING_MODEL, stream=True)
-            async with http.stream("POST", "/v1/responses", json=created) as reply:
-                assert reply.status_code == 200
-                await events_of(reply.aiter_lines(), first, stop_after=12)
+            first = await stream_some(http, body(LONG, STREAMING_MODEL, stream=True), 12)
             # The client went away; the response did not.
             assert [e["type"] for e in first[:3]] == [
                 "response.created",
@@ -326,11 +329,7 @@ async def test_poll_cancel_and_resume_from_another_server_on_the_same_postgresql
     url = pg.fresh()
     with running(db=url, api_key=[KEY]) as one, running(db=url, api_key=[KEY]) as two:
         async with client(one) as here, client(two) as there:
-            first: list[dict[str, Any]] = []
-            async with here.stream(
-                "POST", "/v1/responses", json=body(LONG, STREAMING_MODEL, stream=True)
-            ) as r:
-                await events_of(r.aiter_lines(), first, stop_after=8)
+            first = await stream_some(here, body(LONG, STREAMING_MODEL, stream=True), 8)
             response_id = first[0]["response"]["id"]
             assert (await poll(there, response_id, RUNNING))["background"] is True  # polled elsewhere
             live = await resume(there, response_id, first[-1]["sequence_number"])  # followed elsewhere
@@ -397,9 +396,7 @@ async def test_shutdown_ends_a_background_response_stored_and_billed(tmp_path: P
     db = tmp_path / "lab.sqlite3"
     with running(db=str(db), api_key=[KEY]) as srv:
         async with client(srv) as http:
-            seen: list[dict[str, Any]] = []
-            async with http.stream("POST", "/v1/responses", json=body(ENDLESS, SLOW_MODEL, stream=True)) as r:
-                await events_of(r.aiter_lines(), seen, stop_after=5)
+            seen = await stream_some(http, body(ENDLESS, SLOW_MODEL, stream=True), 5)
             response_id = seen[0]["response"]["id"]
             await poll(http, response_id, ("in_progress",))
     [(raw,)] = query(db, f"SELECT response_json FROM responses WHERE response_id = '{response_id}'")
@@ -424,9 +421,7 @@ async def test_a_crashed_servers_background_response_is_ended_at_the_next_start(
     flags = ("--api-key", KEY, "--progress-interval-s", "0.02")
     async with serve_process(db, *flags) as first:
         async with httpx.AsyncClient(base_url=first.http_url, headers=auth(KEY), timeout=GUARD) as http:
-            seen: list[dict[str, Any]] = []
-            async with http.stream("POST", "/v1/responses", json=body(ENDLESS, SLOW_MODEL, stream=True)) as r:
-                await events_of(r.aiter_lines(), seen, stop_after=8)
+            seen = await stream_some(http, body(ENDLESS, SLOW_MODEL, stream=True), 8)
             polled = await poll(http, seen[0]["response"]["id"], ("in_progress",))
         first.process.send_signal(signal.SIGKILL)
         await first.process.wait()
