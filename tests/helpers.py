@@ -122,9 +122,9 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve_process(db: Path, *flags: str) -> AsyncIterator[Served]:
-    """``responses-lab serve`` on ``db`` and a free port, answering ``/healthz`` when entered; killed on the
-    way out if the test has not stopped it (or crashed it) itself."""
+async def serve_process(db: Path | str, *flags: str) -> AsyncIterator[Served]:
+    """``responses-lab serve`` on ``db`` (a SQLite file or a PostgreSQL URL) and a free port, answering
+    ``/healthz`` when entered; killed on the way out if the test has not stopped it (or crashed it) itself."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         *cli_command(), "serve", "--port", str(port), "--db", str(db), *flags,
