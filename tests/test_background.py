@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from databases import Backend, PostgresServer
 from helpers import GUARD, MODEL, SLOW_MODEL, auth, query, running, serve_process, state
 from openai import AsyncOpenAI, BadRequestError, NotFoundError
 from spec import check_event, check_response
+from virtual import virtual
 
+from proto.server.background import CANCEL_WAIT_S
 from proto.server.serve import ThreadedServer
 from proto.server.storage.ledger import LedgerRow
 
@@ -345,6 +348,42 @@ async def test_poll_cancel_and_resume_from_another_server_on_the_same_postgresql
         assert billed(one, response_id).status == "completed"
         assert billed(one, queued["id"]).status == "cancelled"
         assert not state(two).http.background.running
+
+
+async def test_a_cancel_waits_for_an_owner_that_never_answers_only_until_its_limit(tmp_path: Path) -> None:
+    """A response whose owner is gone and not yet reconciled (its row says it runs on a process that no
+    longer exists): the cancel asks, waits ``CANCEL_WAIT_S`` of the server's limit clock, and answers the
+    Response as it is. Virtual time: nothing here waits ten seconds."""
+    db = tmp_path / "lab.sqlite3"
+    async with (
+        virtual(db=str(db), api_key=[KEY]) as srv,
+        httpx.AsyncClient(base_url=srv.http_url, headers=auth(KEY), timeout=GUARD) as http,
+    ):
+        done = await poll(http, (await http.post("/v1/responses", json=body("!say hi"))).json()["id"])
+        orphan = dict(done, id="resp_" + "0" * 32, status="in_progress", output=[], completed_at=None)
+        with sqlite3.connect(db) as conn:
+            conn.execute(
+                "INSERT INTO responses SELECT ?, api_key_id, previous_response_id, model, created_at, ?,"
+                " input_items_json FROM responses WHERE response_id = ?",
+                (orphan["id"], json.dumps(orphan).encode(), done["id"]),
+            )
+            conn.execute(
+                "INSERT INTO background_responses (response_id, api_key_id, owner, stream)"
+                " SELECT ?, api_key_id, 'a-process-that-died', 0 FROM background_responses"
+                " WHERE response_id = ?",
+                (orphan["id"], done["id"]),
+            )
+        conn.close()
+        cancel = asyncio.create_task(http.post(f"/v1/responses/{orphan['id']}/cancel"))
+        await asyncio.sleep(0.5)  # five of the owner's polls: nobody answers, the clock has not moved
+        assert not cancel.done()
+        await srv.advance_until(CANCEL_WAIT_S, cancel.done, "the cancel's wait ended")
+        reply = await cancel
+        assert reply.status_code == 200 and reply.json() == orphan
+        asked = query(
+            db, f"SELECT cancel_requested FROM background_responses WHERE response_id = '{orphan['id']}'"
+        )
+        assert asked == [(1,)]
 
 
 # ------------------------------------------------------------------------------------ the openai SDK

@@ -42,10 +42,12 @@ from proto.server.pipeline import Pipeline, Prepared
 from proto.server.stages.chain import persist_response, with_ids
 from proto.server.storage import background as table
 from proto.server.storage.store import ResponseStore, StoreError, StoreUnavailable
+from proto.server.transports.timers import deadline
 
 log = structlog.get_logger("proto.server.background")
 
-# Real time, not the limits' clock: a poll interval is the latency of a cross-process signal, not a limit.
+# Real time, not the limits' clock: a poll interval is the latency of a cross-process signal, not a limit
+# (CANCEL_WAIT_S is one: it runs on Pipeline.clock).
 POLL_S: Final = 0.1  # a cancel asked on another process is seen within this; a remote follower's lag
 LOG_PENDING: Final = 512  # events of one response not yet in its log before the driver waits for the store
 LOG_RETRIES: Final = 5  # a log write the store refuses is retried this often (backoff from 50 ms), then lost
@@ -321,13 +323,17 @@ class BackgroundResponses:
         return await self._stored(response_id, api_key_id)
 
     async def _until_ended(self, response_id: str, api_key_id: str) -> bytes:
-        """The owner on another process sees the cancel within ``POLL_S``; after ``CANCEL_WAIT_S`` the
-        Response as it is (a dead owner's is ended by the next start's reconcile)."""
-        for _ in range(round(CANCEL_WAIT_S / POLL_S)):
-            raw = await self._stored(response_id, api_key_id)
-            if _response.decode(raw).status not in RUNNING:
-                return raw
-            await asyncio.sleep(POLL_S)
+        """The owner on another process sees the cancel within ``POLL_S``; after ``CANCEL_WAIT_S`` (a limit:
+        on ``Pipeline.clock``) the Response as it is (a dead owner's is ended by the next start's
+        reconcile)."""
+        clock = self.pipeline.clock
+        with contextlib.suppress(TimeoutError):
+            async with deadline(clock, clock.now() + CANCEL_WAIT_S):
+                while True:
+                    raw = await self._stored(response_id, api_key_id)
+                    if _response.decode(raw).status not in RUNNING:
+                        return raw
+                    await asyncio.sleep(POLL_S)
         return await self._stored(response_id, api_key_id)
 
     async def _stored(self, response_id: str, api_key_id: str) -> bytes:
