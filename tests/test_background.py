@@ -350,6 +350,37 @@ async def test_poll_cancel_and_resume_from_another_server_on_the_same_postgresql
         assert not state(two).http.background.running
 
 
+async def test_serve_workers_2_any_worker_polls_resumes_and_cancels(backend: Backend) -> None:
+    """``serve --workers 2``: every request on a fresh connection, so the kernel hands each to either
+    worker; whichever gets it polls, follows and cancels a response the other may run."""
+    async with (
+        serve_process(backend.url, "--workers", "2", "--api-key", KEY) as served,
+        httpx.AsyncClient(
+            base_url=served.http_url,
+            headers=auth(KEY),
+            timeout=GUARD,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        ) as http,
+    ):
+        first = await stream_some(http, body(LONG, STREAMING_MODEL, stream=True), 6)
+        response_id = first[0]["response"]["id"]
+        for _ in range(4):
+            rest = await resume(http, response_id, first[-1]["sequence_number"])
+            numbers = [e["sequence_number"] for e in first + rest]
+            assert numbers == list(range(len(numbers))) and rest[-1]["type"] == "response.completed"
+        queued = (await http.post("/v1/responses", json=body(ENDLESS, SLOW_MODEL))).json()
+        await poll(http, queued["id"], ("in_progress",))
+        cancelled = (await http.post(f"/v1/responses/{queued['id']}/cancel")).json()
+        assert cancelled["status"] == "cancelled"
+        for _ in range(4):
+            assert (await http.get(f"/v1/responses/{queued['id']}")).json() == cancelled
+            assert (await http.post(f"/v1/responses/{queued['id']}/cancel")).json() == cancelled
+    usage = backend.query(
+        "SELECT status FROM usage WHERE response_id IN (?, ?) ORDER BY status", (response_id, queued["id"])
+    )
+    assert usage == [("cancelled",), ("completed",)]
+
+
 async def test_a_cancel_waits_for_an_owner_that_never_answers_only_until_its_limit(tmp_path: Path) -> None:
     """A response whose owner is gone and not yet reconciled (its row says it runs on a process that no
     longer exists): the cancel asks, waits ``CANCEL_WAIT_S`` of the server's limit clock, and answers the
