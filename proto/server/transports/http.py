@@ -341,7 +341,9 @@ class HttpResponses:
     async def _window(self, body: CreateBody, key: str) -> tuple[list[Item], WorkCounters]:
         """A create body's whole context, validated as a create's: its stored chain
         (``previous_response_id``), then its input with references resolved."""
-        items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
+        items, work = validate_create(
+            body, self.pipeline.engines.names(), self.limits, refuse_background=False
+        )
         items = await resolve_references(self.pipeline, items, key, work)
         history = (
             []
