@@ -15,7 +15,7 @@ import asyncio
 import json
 import signal
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +323,23 @@ async def test_bad_input_is_refused_typed_and_leaves_nothing_stored(tmp_path: Pa
             )
             assert after == before
             assert (await http.get(f"/v1/responses/{done['id']}")).json() == done  # unchanged, still served
+
+
+async def test_a_store_that_refuses_the_queued_write_answers_503_and_keeps_nothing(
+    backend: Backend, lock: Callable[[], Any]
+) -> None:
+    with running(db=backend.url, api_key=[KEY], db_busy_timeout_s=0.2) as srv:
+        async with client(srv) as http:
+            holder = lock()  # another session's write lock on every table, past the busy timeout
+            try:
+                reply = await http.post("/v1/responses", json=body("!say hi", stream=True))
+            finally:
+                holder.execute("ROLLBACK")
+            assert reply.status_code == 503 and reply.json()["error"]["code"] == "store_unavailable"
+            for table in ("responses", "items", "background_responses", "background_events"):
+                assert backend.query(f"SELECT COUNT(*) FROM {table}") == [(0,)], table
+            done = await poll(http, (await http.post("/v1/responses", json=body("!say hi"))).json()["id"])
+            assert done["status"] == "completed"  # it serves on
 
 
 # ------------------------------------------------------------------------------------ two processes, one db
