@@ -3,9 +3,10 @@ mode"): who runs each background response and whether a cancel was asked for (``
 and the events of those created with ``stream: true`` (``background_events``), which
 ``GET /v1/responses/{id}?stream=true&starting_after=N`` replays and follows.
 
-Their schema is a component of its own (``background``, in ``schema_version``), applied by
-``ResponseStore.migrate`` at start-up, so it versions apart from the store's tables. The functions here run
-on a store connection, on the store's threads (``ResponseStore.call``), never on the event loop.
+Their schema is a component of its own (``background``, in ``schema_version``), applied on the store's
+database (``ResponseStore.database``) at start-up, so it versions apart from the store's tables. The
+functions here run on a store connection, on the store's threads (``ResponseStore.call``), never on the
+event loop.
 
 The Response object itself stays in ``responses``: a background response's row is written when it is
 queued, again when it starts, and once more when it ends, so ``GET /v1/responses/{id}`` polls it unchanged.
