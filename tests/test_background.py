@@ -132,6 +132,11 @@ async def test_create_returns_queued_then_poll_sees_it_complete_and_it_is_billed
             # Its input items were stored once, with the same ids across its three writes.
             items = (await http.get(f"/v1/responses/{queued['id']}/input_items")).json()["data"]
             assert len(items) == 1 and items[0]["id"].startswith("msg_")
+            # It chains as any stored response, in the background too.
+            follow = body("!say and then", previous_response_id=queued["id"])
+            chained = await poll(http, (await http.post("/v1/responses", json=follow)).json()["id"])
+            assert chained["status"] == "completed" and chained["previous_response_id"] == queued["id"]
+            assert chained["usage"]["input_tokens"] > done["usage"]["input_tokens"]  # the chain was loaded
         row = billed(srv, queued["id"])
         assert (row.status, row.output_tokens) == ("completed", done["usage"]["output_tokens"])
 
@@ -450,8 +455,8 @@ async def test_the_openai_sdk_creates_polls_cancels_and_resumes_a_stream() -> No
             cancelled = await sdk.responses.cancel(endless.id)
             assert cancelled.status == "cancelled"
             assert (await sdk.responses.cancel(endless.id)).status == "cancelled"
+            plain = await sdk.responses.create(model=MODEL, input="!say hi")
             with pytest.raises(BadRequestError):
-                plain = await sdk.responses.create(model=MODEL, input="!say hi")
                 await sdk.responses.cancel(plain.id)
             with pytest.raises(NotFoundError):
                 await sdk.responses.cancel("resp_nope")
