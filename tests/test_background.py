@@ -132,6 +132,8 @@ async def test_create_returns_queued_then_poll_sees_it_complete_and_it_is_billed
             # Its input items were stored once, with the same ids across its three writes.
             items = (await http.get(f"/v1/responses/{queued['id']}/input_items")).json()["data"]
             assert len(items) == 1 and items[0]["id"].startswith("msg_")
+            stored = backend.query("SELECT COUNT(*) FROM items WHERE response_id = ?", (queued["id"],))
+            assert stored == [(2,)]  # that input and the output message: no input stored under a 2nd id
             # It chains as any stored response, in the background too.
             follow = body("!say and then", previous_response_id=queued["id"])
             chained = await poll(http, (await http.post("/v1/responses", json=follow)).json()["id"])
