@@ -19,6 +19,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -102,14 +103,18 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_LAB_")}
 
 
-async def wait_healthy(http: httpx.AsyncClient) -> None:
-    """Until a server process just started answers ``/healthz`` (bounded: about ten seconds)."""
-    for _ in range(500):
+async def wait_healthy(http: httpx.AsyncClient, limit_s: float = 60.0) -> None:
+    """Until a server process just started answers ``/healthz``; a process that does not within ``limit_s``
+    fails the test here (a loaded 2-core machine starts several workers on PostgreSQL in seconds)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
         try:
             if (await http.get("/healthz")).status_code == 200:
-                break
+                return
         except httpx.TransportError:
-            await asyncio.sleep(0.02)
+            pass
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the server did not answer /healthz within {limit_s:.0f} s")
 
 
 @dataclass(frozen=True)
@@ -122,9 +127,9 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve_process(db: Path, *flags: str) -> AsyncIterator[Served]:
-    """``responses-lab serve`` on ``db`` and a free port, answering ``/healthz`` when entered; killed on the
-    way out if the test has not stopped it (or crashed it) itself."""
+async def serve_process(db: Path | str, *flags: str) -> AsyncIterator[Served]:
+    """``responses-lab serve`` on ``db`` (a SQLite file or a PostgreSQL URL) and a free port, answering
+    ``/healthz`` when entered; killed on the way out if the test has not stopped it (or crashed it) itself."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         *cli_command(), "serve", "--port", str(port), "--db", str(db), *flags,

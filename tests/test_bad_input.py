@@ -580,7 +580,7 @@ HTTP_CASES = [
     ),
     HTTPCase("temperature_out_of_range", body(temperature=2.5), "invalid_request", "temperature"),
     HTTPCase("stream_ill_typed", body(stream="yes"), "invalid_request", "stream"),
-    HTTPCase("background_unsupported", body(background=True), "invalid_request", "background"),
+    HTTPCase("background_without_store", body(background=True, store=False), "invalid_request", "store"),
     HTTPCase(
         "deeply_nested",
         NESTED_EVENT.replace('"type": "response.create", ', "").encode(),

@@ -33,6 +33,15 @@ HTTP_ENDPOINTS = [
     ("GET", "/v1/responses/resp_x"),
     ("DELETE", "/v1/responses/resp_x"),
     ("GET", "/v1/responses/resp_x/input_items"),
+    ("POST", "/v1/responses/resp_x/cancel"),
+    ("POST", "/v1/conversations"),
+    ("GET", "/v1/conversations/conv_x"),
+    ("POST", "/v1/conversations/conv_x"),
+    ("DELETE", "/v1/conversations/conv_x"),
+    ("POST", "/v1/conversations/conv_x/items"),
+    ("GET", "/v1/conversations/conv_x/items"),
+    ("GET", "/v1/conversations/conv_x/items/msg_x"),
+    ("DELETE", "/v1/conversations/conv_x/items/msg_x"),
     ("GET", "/v1/models"),
     (
         "GET",
@@ -54,7 +63,11 @@ def test_every_route_is_listed(make_server: Any) -> None:
             for method in route.methods or ()
         }
         ws = {route.path for route in srv.app.routes if isinstance(route, WebSocketRoute)}
-    listed = {(method, path.replace("resp_x", "{response_id}")) for method, path in HTTP_ENDPOINTS}
+    listed = {
+        (method, path.replace("resp_x", "{response_id}").replace("conv_x", "{conversation_id}"))
+        for method, path in HTTP_ENDPOINTS
+    }
+    listed = {(method, path.replace("msg_x", "{item_id}")) for method, path in listed}
     assert {(m, p) for m, p in http if m != "HEAD"} == listed
     assert ws == {"/v1/responses"}
 

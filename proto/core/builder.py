@@ -43,6 +43,7 @@ from proto.core.events import (
     ResponseFailed,
     ResponseIncomplete,
     ResponseInProgress,
+    ResponseQueued,
     ServerEvent,
     SummaryPart,
     WebSearchCompleted,
@@ -163,6 +164,14 @@ class ResponseBuilder:
     # ------------------------------------------------------------------------------ lifecycle
     def start(self) -> list[ServerEvent]:
         snapshot = self._snapshot(output=[], lab=self._lab_since_last())
+        if self.response.status == "queued":  # a background response: created and queued, then it runs
+            self.response.status = "in_progress"
+            running = msgspec.structs.replace(snapshot, status="in_progress")
+            return [
+                ResponseCreated(response=snapshot, sequence_number=self.next_sequence()),
+                ResponseQueued(response=snapshot, sequence_number=self.next_sequence()),
+                ResponseInProgress(response=running, sequence_number=self.next_sequence()),
+            ]
         return [
             ResponseCreated(response=snapshot, sequence_number=self.next_sequence()),
             ResponseInProgress(response=snapshot, sequence_number=self.next_sequence()),

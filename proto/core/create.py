@@ -46,9 +46,9 @@ def validate_create(
     """The body's input items, decoded one by one, and the work counted doing it; ``ClientError`` with
     the failing path as ``param`` otherwise (``root`` prefixes it: ``"$."`` for an event's JSONPath).
 
-    ``background: true`` is refused (HTTP, GA WebSocket: no background responses here, and a client that
-    asked for one must not believe it got one); the long-lived ``response.create`` ignores the field, as
-    docs/protocol.md, "Client events" has it (``refuse_background=False``).
+    ``background: true`` is refused where it has no meaning (GA WebSocket: the Open Responses spec says it
+    MUST NOT be sent there); HTTP runs it (``refuse_background=False``: docs/protocol.md, "Background
+    mode") and the long-lived ``response.create`` ignores it ("Client events").
 
     Without ``previous_response_id`` or ``conversation`` (which cannot both be given) every
     ``function_call_output`` must answer a call in the same input (OpenAI checks this too); a

@@ -109,6 +109,12 @@ class ResponseInProgress(ServerEvent, tag="response.in_progress", frozen=True):
     response: Response
 
 
+class ResponseQueued(ServerEvent, tag="response.queued", frozen=True):
+    """A background response's second event (docs/protocol.md, "Background mode")."""
+
+    response: Response
+
+
 class OutputItemAdded(ServerEvent, tag="response.output_item.added", frozen=True):
     output_index: int
     item: Item
@@ -326,6 +332,7 @@ TerminalEvent = ResponseCompleted | ResponseIncomplete | ResponseFailed
 AnyServerEvent = (
     ResponseCreated
     | ResponseInProgress
+    | ResponseQueued
     | OutputItemAdded
     | OutputItemDone
     | ContentPartAdded

@@ -62,6 +62,7 @@ class Server:
         # connection.
         while self.connections and time.monotonic() < end:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        await self.http.background.drain(end - time.monotonic())  # each stores its end before the store does
         return len(self.connections)
 
 
@@ -196,6 +197,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if reconcile:
             await server.pipeline.ledger.areconcile()  # before the writer starts and before any response
+            await server.http.background.reconcile()  # background responses a dead process left running
         await server.pipeline.start()
         try:
             yield

@@ -80,12 +80,17 @@ def serve_workers(settings: Settings) -> None:
 
 def reconcile_ledger(db: str) -> int:
     """Bill the responses a dead server left open in ``db``'s ledger (``UsageLedger.reconcile``)."""
+    from proto.server.background import reconcile_stored
     from proto.server.storage.ledger import UsageLedger
+    from proto.server.storage.store import ResponseStore
 
     ledger = UsageLedger(db)
+    store = ResponseStore(db)
     try:
+        reconcile_stored(store, ledger.owner)  # and the background responses they left running
         return ledger.reconcile()
     finally:
+        store.close()
         ledger.close()
 
 

@@ -7,6 +7,8 @@ store fallback, a long-lived ``response.create`` that continues a stored respons
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from proto.core.builder import with_item_id
@@ -15,6 +17,7 @@ from proto.core.items import Item, ItemReference, item_id_of
 from proto.core.response import Response
 from proto.core.work import WorkCounters
 from proto.server.pipeline import Pipeline
+from proto.server.storage.database import Connection
 
 _items_decoder = msgspec.json.Decoder(list[Item])
 _item_decoder = msgspec.json.Decoder(Item)
@@ -23,13 +26,17 @@ _encoder = msgspec.json.Encoder()
 
 
 async def persist_response(
-    pipeline: Pipeline, response: Response, api_key_id: str, input_items: list[Item]
+    pipeline: Pipeline,
+    response: Response,
+    api_key_id: str,
+    input_items: list[Item],
+    also: Callable[[Connection], None] | None = None,
 ) -> None:
     """``input_items`` are this response's own inputs (a continuation links to its previous response
-    instead of copying the chain)."""
+    instead of copying the chain). ``also``: written in the same transaction (``ResponseStore.put``)."""
     assert response.lab is not None
     response.lab.work.store_writes += 1
-    inputs = [with_item_id(item) for item in input_items]
+    inputs = with_ids(input_items)
     by_id = [
         (item_id, _encoder.encode(item))
         for item in (*inputs, *response.output)
@@ -44,7 +51,13 @@ async def persist_response(
         response.model,
         created_at=float(response.created_at),
         items=by_id,
+        also=also,
     )
+
+
+def with_ids(items: list[Item]) -> list[Item]:
+    """``items``, each with an id (a response stored more than once keeps the same ids: give them first)."""
+    return [with_item_id(item) for item in items]
 
 
 async def resolve_references(
@@ -92,6 +105,12 @@ async def load_history(
     history: list[Item] = []
     for stored in chain:
         response = _response_decoder.decode(stored.response_json)
+        if response.status in ("queued", "in_progress"):  # docs/protocol.md, "Background mode"
+            raise ClientError(
+                "response_in_progress",
+                f"response {stored.response_id!r} is still running in the background",
+                "previous_response_id",
+            )
         history.extend(interleave(_items_decoder.decode(stored.input_items_json), response))
     return history
 

@@ -379,6 +379,11 @@ class UsageLedger:
         self.reconciled = 0
         self.duplicate_ids: deque[str] = deque(maxlen=100)
 
+    @property
+    def owner(self) -> str:
+        """This process's owner id: what its open rows carry, alive while this ledger is open."""
+        return self._owner
+
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -203,6 +203,12 @@ class ResponseStore:
         except Exception as exc:
             raise StoreUnavailable("open", f"{redact(self.path)}: {self._db.describe(exc)}") from exc
 
+    @property
+    def database(self) -> Database:
+        """For a component that keeps its own tables here (proto/server/storage/background.py): its
+        ``dead_owners`` and its reconciling connection at start-up; every statement through ``run``."""
+        return self._db
+
     async def _write(self, operation: str, fn: Callable[[Connection], T]) -> T:
         return await self._call(operation, fn, write=True)
 
@@ -222,9 +228,11 @@ class ResponseStore:
         *,
         created_at: float | None = None,
         items: list[tuple[str, bytes]] | None = None,
+        also: Callable[[Connection], None] | None = None,
     ) -> None:
         """``items``: (item id, item JSON) of every item the response holds, for ``find_items``; written
-        in the same transaction as the response."""
+        in the same transaction as the response, as is whatever ``also`` writes (a background response's
+        row)."""
         if not input_items_json.lstrip().startswith(b"["):
             raise ValueError("input_items_json must be a JSON array")
         row = (
@@ -242,13 +250,16 @@ class ResponseStore:
                 raise StoreError(f"response id {response_id!r} belongs to another API key")
 
         def write(db: Connection) -> None:
-            if items:  # the response and its items in one transaction
+            if items or also:  # the response and its items in one transaction
                 with transaction(db, write=True):
                     put_row(db)
-                    db.executemany(
-                        _PUT_ITEM,
-                        [(api_key_id, item_id, response_id, bytes(item)) for item_id, item in items],
-                    )
+                    if items:
+                        db.executemany(
+                            _PUT_ITEM,
+                            [(api_key_id, item_id, response_id, bytes(item)) for item_id, item in items],
+                        )
+                    if also is not None:
+                        also(db)
             else:
                 put_row(db)
             with self._counts:

@@ -26,6 +26,10 @@ response (billed for what it produced), as an SSE client does.
 Shutdown (``stop``, from ``Server.drain``): every response in flight is cut at once, as the WebSocket
 sessions' are, billed for what it delivered, and answered typed — a JSON reply is the 503
 ``server_shutting_down`` error body, an SSE stream ends with one ``error`` event of that code.
+
+``background: true`` hands the response to its owner (``proto/server/background.py``) and answers at once;
+its cancel and the replay of its events (``GET …?stream=true``) are here too (docs/protocol.md,
+"Background mode").
 """
 
 from __future__ import annotations
@@ -51,11 +55,13 @@ from proto.core.longlived import Cancel
 from proto.core.response import Mode
 from proto.core.work import WorkCounters
 from proto.server.auth import Auth, error_response
+from proto.server.background import BackgroundResponses, check_background, starting_after
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
 from proto.server.stages.compact import compact_window
 from proto.server.stages.conversation import load_conversation
+from proto.server.storage.store import StoreError, StoreUnavailable
 from proto.server.transports import encoding
 
 _encoder = msgspec.json.Encoder()
@@ -64,8 +70,11 @@ JSON = "application/json"
 
 
 def sse_frame(event: ServerEvent) -> bytes:
-    kind = type(event).__struct_config__.tag
-    return b"event: " + str(kind).encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
+    return _sse(str(type(event).__struct_config__.tag), _encoder.encode(event))
+
+
+def _sse(kind: str, data: bytes) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
 class _OneRequest:
@@ -114,12 +123,14 @@ class HttpResponses:
         self.limits = CreateLimits(settings.max_input_items, settings.max_tools)
         self.running: set[asyncio.Task[ServerEvent]] = set()  # every response in flight (its driver's task)
         self.stopping = False
+        self.background = BackgroundResponses(pipeline)  # they outlive their requests: docs/protocol.md
 
     def stop(self) -> None:
         """The server shuts down: cut every response in flight (each is billed and answered typed)."""
         self.stopping = True
         for task in list(self.running):
             task.cancel()
+        self.background.stop()
 
     def _run(self, driver: ResponseDriver, name: str) -> asyncio.Task[ServerEvent]:
         task = asyncio.create_task(driver.run(), name=name)
@@ -139,6 +150,7 @@ class HttpResponses:
             Route(
                 "/v1/responses/{response_id}/input_items", self.auth.guard(self.input_items), methods=["GET"]
             ),
+            Route("/v1/responses/{response_id}/cancel", self.auth.guard(self.cancel), methods=["POST"]),
         ]
 
     # ------------------------------------------------------------------------------------ create
@@ -152,10 +164,13 @@ class HttpResponses:
                 )
             )
             with typed_faults():
+                check_background(body.background, body.stores)
                 cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
                 prepared = await self._prepare(body, key, cached)
         except ClientError as exc:
             return error_response(exc)
+        if body.background:
+            return await self._background(prepared, key, created, bool(body.stream))
         if body.stream:
             return self._stream(prepared, key, created)
         driver = ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created)
@@ -184,7 +199,9 @@ class HttpResponses:
         return b"".join(chunks)
 
     async def _prepare(self, body: CreateBody, key: str, cached: bool = False) -> Prepared:
-        items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
+        items, work = validate_create(
+            body, self.pipeline.engines.names(), self.limits, refuse_background=False
+        )
         phases: dict[str, float] = {}
         history: list[Item] = []
         mode: Mode = "http-cached" if cached else "http"
@@ -245,6 +262,52 @@ class HttpResponses:
             frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
 
+    # ------------------------------------------------------------------------------------ background
+    async def _background(self, prepared: Prepared, key: str, created: float, stream: bool) -> Response:
+        """Queued and answered at once (docs/protocol.md, "Background mode"): the queued Response, or
+        its events as they are logged (this stream ending does not end the response)."""
+        try:
+            with typed_faults():
+                queued = await self.background.create(prepared, key, created, stream)
+        except ClientError as exc:
+            return error_response(exc)
+        if not stream:
+            return Response(queued, media_type=JSON)
+        return self._follow(prepared.rollout.builder.response.id, key, -1)
+
+    async def cancel(self, request: Request, key: str) -> Response:
+        try:
+            with typed_faults():
+                response = await self.background.cancel(request.path_params["response_id"], key)
+        except ClientError as exc:
+            return error_response(exc)
+        return Response(response, media_type=JSON)
+
+    async def _resume(self, request: Request, key: str) -> Response:
+        """``GET /v1/responses/{id}?stream=true&starting_after=N``: its events from N + 1 on, live."""
+        response_id = request.path_params["response_id"]
+        try:
+            after = starting_after(request.query_params.get("starting_after"))
+            with typed_faults():
+                await self.background.check_streamable(response_id, key)
+        except ClientError as exc:
+            return error_response(exc)
+        return self._follow(response_id, key, after)
+
+    def _follow(self, response_id: str, key: str, after: int) -> Response:
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                async for kind, data in self.background.follow(response_id, key, after):
+                    yield _sse(kind, data)
+            except (StoreUnavailable, StoreError) as exc:  # the log cannot be read: the client hears why
+                yield _sse("error", error_reply(ClientError("store_unavailable", str(exc))).data)
+            except ClientError as exc:  # this server stops; the response runs on elsewhere
+                yield _sse("error", error_reply(exc).data)
+
+        return StreamingResponse(
+            frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
     # ------------------------------------------------------------------------------------ compact
     async def compact(self, request: Request, key: str) -> Response:
         """``POST /v1/responses/compact``: the create body's ``model``, ``input``, ``previous_response_id``,
@@ -286,7 +349,9 @@ class HttpResponses:
     async def _window(self, body: CreateBody, key: str) -> tuple[list[Item], WorkCounters]:
         """A create body's whole context, validated as a create's: its stored chain
         (``previous_response_id``), then its input with references resolved."""
-        items, work = validate_create(body, self.pipeline.engines.names(), self.limits)
+        items, work = validate_create(
+            body, self.pipeline.engines.names(), self.limits, refuse_background=False
+        )
         items = await resolve_references(self.pipeline, items, key, work)
         history = (
             await load_conversation(self.pipeline, body, items, key, work)
@@ -298,6 +363,8 @@ class HttpResponses:
 
     # ------------------------------------------------------------------------------------ stored
     async def retrieve(self, request: Request, key: str) -> Response:
+        if request.query_params.get("stream", "").lower() == "true":
+            return await self._resume(request, key)
         response_id = request.path_params["response_id"]
         stored = await self.pipeline.store.get(response_id, key)
         if stored is None:
@@ -306,6 +373,11 @@ class HttpResponses:
 
     async def delete(self, request: Request, key: str) -> Response:
         response_id = request.path_params["response_id"]
+        try:
+            with typed_faults():
+                await self.background.forget(response_id, key)
+        except ClientError as exc:
+            return error_response(exc)
         if not await self.pipeline.store.delete(response_id, key):
             return error_response(_not_found(response_id))
         return Response(
