@@ -29,7 +29,6 @@ from proto.core.builder import ResponseBuilder
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
-    CALL_ITEMS,
     HOSTED_TOOL_NAMES,
     CustomTool,
     FunctionTool,
@@ -37,9 +36,7 @@ from proto.core.items import (
     Message,
     NamespaceFunction,
     NamespaceTool,
-    Reasoning,
     Tool,
-    WebSearchCall,
     WebSearchTools,
     message_text,
 )
@@ -59,6 +56,7 @@ from sampler.loop import Rollout
 from sampler.models import ModelSpec
 from sampler.overrides import model_specs
 from sampler.policy import OfferedTool, Rules, has_directives, select_policy
+from sampler.position import script_position
 from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
 
@@ -314,7 +312,7 @@ class Pipeline:
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
         script = script_source(conversation.items)
-        turn = count_segments(conversation.items)
+        turn = script_position(conversation.items, script, request.parallel)
         newest = conversation.items[-1] if conversation.items else None
         answers_user = isinstance(newest, Message) and newest.role == "user"
         rollout = Rollout(
@@ -544,21 +542,3 @@ def _choice_name(tool: Any) -> str | None:
     if isinstance(kind, str) and kind.startswith(("web_search", "web_search_preview")):
         return "web_search"
     return kind if isinstance(kind, str) else None
-
-
-def count_segments(items: list[Item]) -> int:
-    """How many sampling segments a history holds, counted as the long-lived loop counts turns: a run
-    of the model's own items is one segment, and a hosted call's inline result closes one."""
-    segments = 0
-    inside = False
-    for item in items:
-        own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (
-            isinstance(item, Message) and item.role == "assistant"
-        )
-        if own:
-            if not inside:
-                segments += 1
-            inside = not isinstance(item, WebSearchCall)
-        else:
-            inside = False
-    return segments
