@@ -29,6 +29,7 @@ from proto.core.builder import ResponseBuilder
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
+    CALL_ITEMS,
     HOSTED_TOOL_NAMES,
     CustomTool,
     FunctionTool,
@@ -37,6 +38,7 @@ from proto.core.items import (
     NamespaceFunction,
     NamespaceTool,
     Tool,
+    WebSearchCall,
     WebSearchTools,
     message_text,
 )
@@ -400,6 +402,7 @@ class Pipeline:
             input_tokens=usage.input_tokens,
             cached_tokens=usage.input_tokens_details.cached_tokens,
             output_tokens=usage.output_tokens,
+            calls=_call_names(response.output),
             **text,
         )
         self.ledger.record(
@@ -436,6 +439,15 @@ def end_reason(response: Response) -> str:
     if response.incomplete_details is not None:
         return response.incomplete_details.reason
     return response.error.code if response.error is not None else ""
+
+
+def _call_names(items: list[Item]) -> list[str]:
+    """The tools a response called, in order: names only (a hosted search is ``web_search``)."""
+    return [
+        item.name if isinstance(item, CALL_ITEMS) else "web_search"
+        for item in items
+        if isinstance(item, (*CALL_ITEMS, WebSearchCall))
+    ]
 
 
 def _output_text(items: list[Item]) -> str:
