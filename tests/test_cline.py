@@ -8,15 +8,13 @@ made) and by Cline's own events (what it ran, none failed). Cline runs with HOME
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from codex import CLIENTS, KEY, RUN_TIMEOUT, LabServer, environ_has_node, lab_server
+from codex import CLIENTS, KEY, LabServer, environ_has_node, lab_server, run_client
 from helpers import MODEL, clean_env
 
 pytestmark = pytest.mark.process  # every test starts a server and a client
@@ -45,20 +43,6 @@ def _env(home: Path) -> dict[str, str]:
     }
     xdg = {f"XDG_{d.upper()}_HOME": str(home / f".{d}") for d in ("config", "data", "cache", "state")}
     return {**env, **xdg, "HOME": str(home), "NO_COLOR": "1"}
-
-
-async def _run(binary: Path, cwd: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        str(binary), *args, cwd=cwd, env=env,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    return proc.returncode or 0, out.decode(errors="replace")
 
 
 @dataclass
@@ -99,11 +83,13 @@ async def cline_task(server: LabServer, home: Path, work: Path, prompt: str, *fl
     binary = cline_bin()
     env = _env(home)
     auth = ["--provider", "openai-native", "--apikey", KEY, "--modelid", MODEL, "--baseurl", server.base_url]
-    code, out = await _run(binary, work, env, "auth", *auth)
+    code, out = await run_client([str(binary), "auth", *auth], work, env)
     assert code == 0, out
     assert (home / ".cline").is_dir(), "cline auth wrote its settings outside the test's HOME"
     # --timeout: Cline's own bound on the task (seconds), inside the test's guard
-    code, out = await _run(binary, work, env, "--json", "--timeout", "150", "-c", str(work), *flags, prompt)
+    code, out = await run_client(
+        [str(binary), "--json", "--timeout", "150", "-c", str(work), *flags, prompt], work, env
+    )
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return ClineRun(code, out, events)
 
