@@ -33,16 +33,19 @@ KEY = "sk-codex-test-0001"
 RUN_TIMEOUT = 180.0  # seconds: a guard against a hung client, not a timing assertion
 
 
-def codex_bin(package: str) -> Path:
-    """The installed binary, or a failure that says why it is missing (never a skip)."""
-    path = CLIENTS / package / "node_modules" / ".bin" / "codex"
+def client_bin(package: str, command: str, name: str) -> Path:
+    """A client's installed command, or a failure that says why it is missing (never a skip)."""
+    path = CLIENTS / package / "node_modules" / ".bin" / command
     if not path.exists():
         pytest.fail(
-            f"Codex CLI ({package}) is not installed at {path}: `make clients` (run by `make test`) installs "
-            f"it "
-            f"from npm with tests/clients/{package}/package.json; its output says why it failed"
+            f"{name} is not installed at {path}: `make clients` (run by `make test`) installs it from npm "
+            f"with tests/clients/{package}/package.json; its output says why it failed"
         )
     return path
+
+
+def codex_bin(package: str) -> Path:
+    return client_bin(package, "codex", f"Codex CLI ({package})")
 
 
 @dataclass

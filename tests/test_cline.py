@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from codex import CLIENTS, KEY, LabServer, environ_has_node, lab_server, run_client
+from codex import KEY, LabServer, client_bin, environ_has_node, lab_server, run_client
 from helpers import MODEL, clean_env
 
 pytestmark = pytest.mark.process  # every test starts a server and a client
@@ -23,14 +23,7 @@ ANSWER = "The task is complete."
 
 
 def cline_bin() -> Path:
-    """The installed CLI, or a failure that says why it is missing (never a skip)."""
-    path = CLIENTS / "cline" / "node_modules" / ".bin" / "cline"
-    if not path.exists():
-        pytest.fail(
-            f"Cline CLI is not installed at {path}: `make clients` (run by `make test`) installs it from npm "
-            "with tests/clients/cline/package.json; its output says why it failed"
-        )
-    return path
+    return client_bin("cline", "cline", "Cline CLI")
 
 
 def _env(home: Path) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from codex import CLIENTS, KEY, LabServer, environ_has_node, lab_server, run_client
+from codex import KEY, LabServer, client_bin, environ_has_node, lab_server, run_client
 from helpers import MODEL, clean_env
 
 from proto.processes import free_port
@@ -34,14 +34,7 @@ TOOLS = ["read", "edit", "write"]
 
 
 def opencode_bin() -> Path:
-    """The installed CLI, or a failure that says why it is missing (never a skip)."""
-    path = CLIENTS / "opencode" / "node_modules" / ".bin" / "opencode"
-    if not path.exists():
-        pytest.fail(
-            f"opencode is not installed at {path}: `make clients` (run by `make test`) installs it from npm "
-            "with tests/clients/opencode/package.json; its output says why it failed"
-        )
-    return path
+    return client_bin("opencode", "opencode", "opencode")
 
 
 def config(base_url: str, reasoning: bool) -> dict[str, Any]:
