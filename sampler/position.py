@@ -1,5 +1,5 @@
 """The script's position: which turn of the conversation a request samples next (docs/protocol.md, "The
-directive script", "The position").
+directive script", its paragraph on the position).
 
 A client re-sends the history it keeps, and not every client keeps all of it: one drops the hosted
 ``web_search_call`` items it cannot replay, another drops reasoning or every id. Counting the model's
@@ -49,7 +49,7 @@ def _canonical(arguments: str) -> str:
     """Arguments compared as JSON values (a client may re-serialize them), else as written."""
     try:
         return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: the text itself
         return arguments
 
 

@@ -1,4 +1,4 @@
-"""The script's position (docs/protocol.md, "The directive script", "The position"): which line a request
+"""The script's position (docs/protocol.md, "The directive script", the position): which line a request
 plays when its client re-sends a history without some of the items the server made — the hosted
 ``web_search_call`` (Cline CLI), reasoning, ids. Unit tests on the rule, a property over generated
 scripts, and a real server on HTTP and GA WebSocket mode with clients that drop those items."""
@@ -104,6 +104,12 @@ def test_arguments_are_matched_as_json_and_ids_and_reasoning_do_not_count() -> N
 def test_a_call_the_script_did_not_write_keeps_the_count() -> None:
     history = items(user(SCRIPT), call("read", '{"path":"other.txt"}', "c1"), answered("c1"))
     assert script_position(history, SCRIPT) == count_segments(history) == 1
+
+
+def test_arguments_nested_past_the_parser_are_compared_as_text() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    history = items(user(SCRIPT), call("read", deep, "c1"), answered("c1"))
+    assert script_position(history, SCRIPT) == 1
 
 
 def test_without_a_script_the_position_is_the_count() -> None:
