@@ -1,10 +1,11 @@
 """Cline CLI (npm ``cline``, pinned in tests/clients/cline), unmodified, against this server over HTTP (SSE):
 ``cline auth --provider openai-native --baseurl …`` as a new user configures it, then a scripted task in
 its default act mode (which offers the hosted ``web_search``; Cline does not re-send the
-``web_search_call`` items, docs/protocol.md, "The position") and in ``--yolo`` mode (no web search; the
-task ends with its ``submit_and_exit`` tool). Each run reads a file, writes one and, in act mode, searches:
-the files end as scripted, and every tool ran exactly once, by the server's log (the calls each response
-made) and by Cline's own events (what it ran, none failed). Cline runs with HOME in the test's tmp path."""
+``web_search_call`` items: docs/protocol.md, "The directive script", the position) and in ``--yolo``
+mode (no web search; the task ends with its ``submit_and_exit`` tool). Each run reads a file, writes one
+and, in act mode, searches: the files end as scripted, and every tool ran exactly once, by the server's
+log (the calls each response made) and by Cline's own events (what it ran, none failed). Cline runs with
+HOME in the test's tmp path."""
 
 from __future__ import annotations
 
