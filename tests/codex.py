@@ -17,7 +17,7 @@ import os
 import struct
 import subprocess
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,16 +33,19 @@ KEY = "sk-codex-test-0001"
 RUN_TIMEOUT = 180.0  # seconds: a guard against a hung client, not a timing assertion
 
 
-def codex_bin(package: str) -> Path:
-    """The installed binary, or a failure that says why it is missing (never a skip)."""
-    path = CLIENTS / package / "node_modules" / ".bin" / "codex"
+def client_bin(package: str, command: str, name: str) -> Path:
+    """A client's installed command, or a failure that says why it is missing (never a skip)."""
+    path = CLIENTS / package / "node_modules" / ".bin" / command
     if not path.exists():
         pytest.fail(
-            f"Codex CLI ({package}) is not installed at {path}: `make clients` (run by `make test`) installs "
-            f"it "
-            f"from npm with tests/clients/{package}/package.json; its output says why it failed"
+            f"{name} is not installed at {path}: `make clients` (run by `make test`) installs it from npm "
+            f"with tests/clients/{package}/package.json; its output says why it failed"
         )
     return path
+
+
+def codex_bin(package: str) -> Path:
+    return client_bin(package, "codex", f"Codex CLI ({package})")
 
 
 @dataclass
@@ -127,19 +130,33 @@ async def codex_exec(
     last = _prepare(home, workdir, config)
     env = {**clean_env(), "CODEX_HOME": str(home), "HOME": str(home), "LAB_API_KEY": KEY, "NO_COLOR": "1"}
     env.pop("OPENAI_API_KEY", None)
+    code, text = await run_client(
+        [
+            str(binary), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+            "--output-last-message", str(last), *flags, prompt,
+        ],
+        workdir,
+        env,
+    )  # fmt: skip
+    return CodexRun(code, text, last.read_text().strip() if last.exists() else "", workdir)
+
+
+async def run_client(
+    argv: Sequence[str], cwd: Path, env: dict[str, str], stdin: bytes | None = None
+) -> tuple[int, str]:
+    """A client's command to its end (bounded by RUN_TIMEOUT): its exit status and its output (stdout and
+    stderr together). ``stdin``: what it reads (else nothing)."""
     proc = await asyncio.create_subprocess_exec(
-        str(binary), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-        "--output-last-message", str(last), *flags, prompt,
-        cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        *argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
     )  # fmt: skip
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(stdin), RUN_TIMEOUT)
     except TimeoutError:
         proc.kill()
         await proc.wait()
         raise
-    text = out.decode(errors="replace")
-    return CodexRun(proc.returncode or 0, text, last.read_text().strip() if last.exists() else "", workdir)
+    return proc.returncode or 0, out.decode(errors="replace")
 
 
 def png(width: int, height: int) -> bytes:

@@ -37,7 +37,6 @@ from proto.core.items import (
     Message,
     NamespaceFunction,
     NamespaceTool,
-    Reasoning,
     Tool,
     WebSearchCall,
     WebSearchTools,
@@ -60,6 +59,7 @@ from sampler.loop import Rollout
 from sampler.models import ModelSpec
 from sampler.overrides import model_specs
 from sampler.policy import OfferedTool, Rules, has_directives, select_policy
+from sampler.position import script_position
 from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
 
@@ -316,7 +316,7 @@ class Pipeline:
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
         script = script_source(conversation.items)
-        turn = count_segments(conversation.items)
+        turn = script_position(conversation.items, script, request.parallel)
         newest = conversation.items[-1] if conversation.items else None
         answers_user = isinstance(newest, Message) and newest.role == "user"
         rollout = Rollout(
@@ -404,6 +404,7 @@ class Pipeline:
             input_tokens=usage.input_tokens,
             cached_tokens=usage.input_tokens_details.cached_tokens,
             output_tokens=usage.output_tokens,
+            calls=_call_names(response.output),
             **text,
         )
         self.ledger.record(
@@ -440,6 +441,15 @@ def end_reason(response: Response) -> str:
     if response.incomplete_details is not None:
         return response.incomplete_details.reason
     return response.error.code if response.error is not None else ""
+
+
+def _call_names(items: list[Item]) -> list[str]:
+    """The tools a response called, in order: names only (a hosted search is ``web_search``)."""
+    return [
+        item.name if isinstance(item, CALL_ITEMS) else "web_search"
+        for item in items
+        if isinstance(item, (*CALL_ITEMS, WebSearchCall))
+    ]
 
 
 def _output_text(items: list[Item]) -> str:
@@ -546,21 +556,3 @@ def _choice_name(tool: Any) -> str | None:
     if isinstance(kind, str) and kind.startswith(("web_search", "web_search_preview")):
         return "web_search"
     return kind if isinstance(kind, str) else None
-
-
-def count_segments(items: list[Item]) -> int:
-    """How many sampling segments a history holds, counted as the long-lived loop counts turns: a run
-    of the model's own items is one segment, and a hosted call's inline result closes one."""
-    segments = 0
-    inside = False
-    for item in items:
-        own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (
-            isinstance(item, Message) and item.role == "assistant"
-        )
-        if own:
-            if not inside:
-                segments += 1
-            inside = not isinstance(item, WebSearchCall)
-        else:
-            inside = False
-    return segments
