@@ -97,7 +97,8 @@ def new_items(calls: list[dict[str, Any]], send: Send) -> list[dict[str, Any]]:
 
 
 def rewrite(history: list[dict[str, Any]], send: Send) -> None:
-    """Replace the bodies of the items a rewrite round edits (``Send.rewrite``), in place."""
+    """A rewrite round's edits, in place: the bodies it replaces (``Send.rewrite``), then the items it
+    drops (``Send.drop``; both index the history as it was)."""
     for index, text in send.rewrite:
         item = history[index]
         if item.get("type") == "function_call_output":
@@ -108,6 +109,8 @@ def rewrite(history: list[dict[str, Any]], send: Send) -> None:
             item["content"] = text
         else:
             raise LabClientError(f"a rewrite cannot edit a {item.get('type')} item (history[{index}])")
+    for index in reversed(send.drop):
+        del history[index]
 
 
 def _loop_time() -> float:
