@@ -85,6 +85,14 @@ class PlanError(ValueError):
     """A session the server cannot be made to see exactly (names the round and the shortfall)."""
 
 
+class _NoRoom(Exception):
+    """A rewrite's least history (``history`` tokens, ``calls`` of them the calls') exceeds the room."""
+
+    def __init__(self, history: int, calls: int) -> None:
+        super().__init__(history, calls)
+        self.history, self.calls = history, calls
+
+
 @functools.cache
 def tokenizer() -> Tokenizer:
     return Tokenizer()
@@ -233,7 +241,7 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
     salt = int(nonce) * 7919 if nonce.isdigit() else 0
     for k in range(1, len(rounds)):
         last, this = rounds[k - 1], rounds[k]
-        items += _model_items(last, k - 1)
+        items += model_items(last, k - 1)
         before = sum(i.size() for i in items)  # the previous context: its prompt and output, rendered
         new = [Item("output", "", 0, c.name) for c in last.calls] if last.calls else [Item("user", "", 0)]
         framing = sum(i.size() for i in new)  # with empty bodies
@@ -265,14 +273,21 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
         kept = before
         if cut_here or target - before - framing < len(new):
             evidence = this.keep if this.keep is not None else this.cached_tokens or 0
-            edits, drops, kept = _rewrite(
-                items,
-                max(min(evidence - fixed, before), 0),
-                cut_here,
-                target - framing - len(new),
-                tok.count(head),
-                f"{session.name} round {k}",
-            )
+            try:
+                edits, drops, kept = _rewrite(
+                    items,
+                    max(min(evidence - fixed, before), 0),
+                    cut_here,
+                    target - framing - len(new),
+                    tok.count(head),
+                )
+            except _NoRoom as short:
+                least = short.history + this.input_tokens - (target - framing - len(new))
+                raise PlanError(
+                    f"{session.name} round {k}: {this.input_tokens} prompt tokens cannot hold the {evidence} "
+                    f"tokens the trace kept unchanged, the calls after them ({short.calls} tokens) and "
+                    f"{len(new)} new item(s): the least such a prompt can be is {least}"
+                ) from None
         room = target - sum(i.size() for i in items) - framing
         _fill(new, _split(room, last.result_weights if last.calls else (1.0,)), salt + 1000 * k)
         items += new
@@ -317,7 +332,7 @@ def _output(r: Round) -> int:
     return max(r.output_tokens, spent)
 
 
-def _model_items(r: Round, index: int) -> list[Item]:
+def model_items(r: Round, index: int) -> list[Item]:
     """What the server adds for the model's turn: a preamble message padded to the output size (when the
     calls' arguments leave room), then the calls; or the final message (``sampler/loop.py``)."""
     tok = tokenizer()
@@ -355,12 +370,16 @@ def _fill(new: list[Item], sizes: list[int], seed: int) -> None:
 
 
 def _rewrite(
-    items: list[Item], kept: int, cut_here: bool, budget: int, script_tokens: int, where: str
+    items: list[Item],
+    kept: int,
+    cut_here: bool,
+    budget: int,
+    script_tokens: int,
 ) -> tuple[list[tuple[int, str]], list[int], int]:
     """Shrink ``items`` in place to at most ``budget`` tokens, keeping the first ``kept`` unchanged, by the
     module's rule (``cut_here``: a CSV's cut, so every item after ``kept`` shrinks as far as it can).
     Returns the edits (index before removal, new text), the removed indices, and the length of the prefix
-    left unchanged."""
+    left unchanged; :class:`_NoRoom` when even the least history is larger."""
     tok = tokenizer()
     sizes = [i.size() for i in items]
     starts = [sum(sizes[:j]) for j in range(len(items))]
@@ -391,10 +410,7 @@ def _rewrite(
         bodies[j] = body
     if total > budget:
         calls = sum(sizes[j] for j in range(first, len(items)) if items[j].kind == "call")
-        raise PlanError(
-            f"{where}: its prompt leaves {budget} tokens for the history, but the {min(kept, total)} kept "
-            f"unchanged and the {calls} of the calls after them cannot shrink below {total}"
-        )
+        raise _NoRoom(total, calls)
     edits: list[tuple[int, str]] = []
     drops: list[int] = []
     unchanged = sum(sizes)
