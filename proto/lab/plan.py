@@ -29,6 +29,7 @@ interval.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -382,7 +383,7 @@ def _rewrite(
     left unchanged; :class:`_NoRoom` when even the least history is larger."""
     tok = tokenizer()
     sizes = [i.size() for i in items]
-    starts = [sum(sizes[:j]) for j in range(len(items))]
+    starts = [0, *itertools.accumulate(sizes)][:-1]
     # The first item reaching past the kept prefix: everything before it stays as it was.
     first = next((j for j in range(len(items)) if starts[j] + sizes[j] > kept), len(items))
 
@@ -398,14 +399,15 @@ def _rewrite(
         return items[j].kind == "message" and j + 1 < len(items) and items[j + 1].kind == "call"
 
     droppable = [j for j in range(first, len(items)) if preamble(j) and (j > first or starts[j] >= kept)]
-    texts = [j for j in range(max(first, 1), len(items)) if items[j].kind != "call" and j not in droppable]
+    dropped = set(droppable)
+    texts = [j for j in range(max(first, 1), len(items)) if items[j].kind != "call" and j not in dropped]
     order = droppable + texts + ([0] if first == 0 else [])
     total = sum(sizes)
     bodies: dict[int, int] = {}  # new body size per shrunk item; 0: removed
     for j in order:
         if total <= budget and not cut_here:
             break
-        body = 0 if j in droppable else min(floor(j), items[j].tokens)
+        body = 0 if j in dropped else min(floor(j), items[j].tokens)
         total -= sizes[j] - (0 if body == 0 else sizes[j] - items[j].tokens + body)
         bodies[j] = body
     if total > budget:
