@@ -46,47 +46,43 @@ def rnd(total: int, out: int, calls: int = 1, cached: int | None = None, keep: i
     )
 
 
+def rendered(body: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
+    """The context's token ids as the server renders a request of ``body``'s settings over ``history``."""
+    items = decode_items([msgspec.Raw(json.dumps(i).encode()) for i in history])
+    return list(render_context(tokenizer(), WorkCounters(), decode_body(json.dumps(body)), items).log.ids)
+
+
 def replayed(session: Session, plan: RolloutPlan) -> list[tuple[int, int, int]]:
     """Per round, as the server sees what a lab client sends: (prompt tokens, model turns before it,
     tokens of the previous context left unchanged at the head of the prompt)."""
     body = plan.request()
     history: list[dict[str, Any]] = list(body["input"])
     calls: list[dict[str, Any]] = []
-    before: list[int] = []
+    context: list[int] = []  # the previous round's prompt and the model's output, rendered
     out = []
     for k, send in enumerate(plan.sends):
         if k:
             rewrite(history, send)
             history += new_items(calls, send)
-        items = decode_items([msgspec.Raw(json.dumps(i).encode()) for i in history])
-        log = render_context(tokenizer(), WorkCounters(), decode_body(json.dumps(body)), items).log
-        ids = list(log.ids)
-        same = next((n for n, (a, b) in enumerate(zip(before, ids, strict=False)) if a != b), len(before))
-        out.append((len(log) + len(tokenizer().header("assistant")), count_segments(items), same))
+        ids = rendered(body, history)
+        same = next((n for n, (a, b) in enumerate(zip(context, ids, strict=False)) if a != b), len(context))
+        turns = count_segments(decode_items([msgspec.Raw(json.dumps(i).encode()) for i in history]))
+        out.append((len(ids) + len(tokenizer().header("assistant")), turns, same))
         calls = []
         for j, item in enumerate(model_items(session.rounds[k], k)):  # what the mock model says
             if item.kind == "call":
-                calls.append(
-                    {
-                        "type": "function_call",
-                        "call_id": f"c{k}_{j}",
-                        "name": item.name,
-                        "arguments": item.text,
-                    }
-                )
-                history.append(calls[-1])
+                call = {
+                    "type": "function_call",
+                    "call_id": f"c{k}_{j}",
+                    "name": item.name,
+                    "arguments": item.text,
+                }
+                calls.append(call)
+                history.append(call)
             else:
-                history.append(
-                    {
-                        "type": "message",
-                        "role": "assistant",
-                        "content": [{"type": "output_text", "text": item.text, "annotations": []}],
-                    }
-                )
-        context = decode_items([msgspec.Raw(json.dumps(i).encode()) for i in history])
-        before = list(
-            render_context(tokenizer(), WorkCounters(), decode_body(json.dumps(body)), context).log.ids
-        )
+                text = {"type": "output_text", "text": item.text, "annotations": []}
+                history.append({"type": "message", "role": "assistant", "content": [text]})
+        context = rendered(body, history)
     return out
 
 
@@ -143,7 +139,10 @@ def test_every_kind_of_rewrite_replays_to_the_trace() -> None:
     assert compaction.appended_tokens > 900
     # A rewritten system message: only 256 tokens were cached, so the first message is what changes.
     assert [i for i, _ in system.rewrite][:1] == [0]
-    assert truncation.rewrite or truncation.drop
+    # Where the evidence says the change starts, it starts (to the assistant header's few tokens): the
+    # rewritten first message right after its 256 cached tokens, the CSV's cut at its 1 024.
+    for send, evidence in ((system, 256), (truncation, 1024)):
+        assert evidence <= send.prompt_tokens - send.appended_tokens <= evidence + 8
 
 
 def test_the_codex_session_replays_with_its_two_rewrites() -> None:
