@@ -374,3 +374,18 @@ async def longlived_rollout(url: str, script: str) -> list[dict[str, Any]]:
             on_event=note,
         )
     return [result.response]
+
+
+# ------------------------------------------------------------------------------------ the lab on a trace
+def bench_trace(path: Path, out: Path) -> dict[str, Any]:
+    """``responses-lab bench --quick`` on a trace file, every mode, on the local profile (a real server
+    process); its ``results.json``. Tool times × 0.002 and ten times the GPU's speed: the same tokens, a
+    tenth of the modelled time (the tests read token counts and cache hits, never durations)."""
+    from proto.lab.bench import main as bench_main  # the lab's import cost only where a test runs it
+
+    flags = ["--quick", "--workload", str(path), "--profile", "local", "--tool-time-scale", "0.002"]
+    flags += ["--no-predict", "--no-plots", "--pings", "10", "--warmup", "0", "--out", str(out)]
+    flags += ["--model-override", "mock-4000tps:tokens-per-second=40000,prefill-time-per-token=0.0039"]
+    assert bench_main(flags) == 0
+    results: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return results

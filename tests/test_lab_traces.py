@@ -4,21 +4,21 @@ every mode and reports, per round, exactly the file's token counts (a real serve
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import bench_trace
 from rich.console import Console
 
 from proto.core.response import MODES
-from proto.lab.bench import main as bench_main
 from proto.lab.plan import build_plan
 from proto.lab.report import WIDTH, print_table
 from proto.lab.traces import TRACELAB, TraceError, load_replay, read_csv, replay_names
 
 TRACES = (
     "tracelab-claude-session",
+    "tracelab-codex-session",
     "tracelab-multi_session_example",
     "tracelab-multi_session_large",
     "tracelab-session_workload_example",
@@ -79,32 +79,7 @@ def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = {}
     for name in ("tracelab-claude-session", "tracelab-session_workload_example"):
         path = TRACELAB / (name + (".jsonl" if "claude" in name else ".csv"))
-        target = tmp_path_factory.mktemp(name)
-        code = bench_main(
-            [
-                "--quick",
-                "--workload",
-                str(path),
-                "--profile",
-                "local",
-                "--tool-time-scale",
-                "0.002",
-                "--no-predict",
-                "--no-plots",
-                "--pings",
-                "10",
-                "--warmup",
-                "0",
-                "--out",
-                str(target),
-                # Ten times the GPU's speed: the same tokens, a tenth of the modelled time (the
-                # tests read token counts and cache hits, never durations).
-                "--model-override",
-                "mock-4000tps:tokens-per-second=40000,prefill-time-per-token=0.0039",
-            ]
-        )
-        assert code == 0
-        out[name] = json.loads((target / "results.json").read_text(encoding="utf-8"))
+        out[name] = bench_trace(path, tmp_path_factory.mktemp(name))
     return out
 
 

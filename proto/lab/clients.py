@@ -25,9 +25,12 @@ Two kinds of round are not a plain continuation:
   with ``previous_response_id`` (loaded from the store).
 * **A history rewrite** (``Send.kind == "rewrite"``: earlier items edited): no chain can express it. ``http``
   and ``http-cached`` re-send as always; ``http-prev`` and ``ws`` send the whole rewritten input without
-  ``previous_response_id`` (as Codex does when its input is not a strict extension of the last request);
-  the long-lived response is ended with ``response.cancel`` (its terminal event is awaited) and a new one
-  created with the whole input. The lab measures what that costs (docs/protocol.md, "7.3 Replaying a trace").
+  ``previous_response_id``, as Codex does when its input is not a strict extension of the last request plus
+  the items the server returned (openai/codex, ``codex-rs/core/src/client.rs``: ``get_incremental_items``,
+  ``prepare_websocket_request``); the long-lived client sends a ``response.create`` with the whole input,
+  which supersedes a suspended response on the same connection (docs/protocol.md, "A create supersedes a
+  suspended response"; Codex's v1 transport does the same). What that costs: docs/lab.md, "History
+  rewrites".
 
 ``reconnect=K`` (``ws`` only): every K turns the client closes its connection and opens one to the next of
 its servers (two servers sharing a database: ``--db``), as a client whose socket dropped lands elsewhere;
@@ -97,7 +100,8 @@ def new_items(calls: list[dict[str, Any]], send: Send) -> list[dict[str, Any]]:
 
 
 def rewrite(history: list[dict[str, Any]], send: Send) -> None:
-    """Replace the bodies of the items a rewrite round edits (``Send.rewrite``), in place."""
+    """A rewrite round's edits, in place: the bodies it replaces (``Send.rewrite``), then the items it
+    drops (``Send.drop``; both index the history as it was)."""
     for index, text in send.rewrite:
         item = history[index]
         if item.get("type") == "function_call_output":
@@ -108,6 +112,8 @@ def rewrite(history: list[dict[str, Any]], send: Send) -> None:
             item["content"] = text
         else:
             raise LabClientError(f"a rewrite cannot edit a {item.get('type')} item (history[{index}])")
+    for index in reversed(send.drop):
+        del history[index]
 
 
 def _loop_time() -> float:
@@ -274,7 +280,8 @@ class GaRolloutClient(_WebSocketRolloutClient, _ChainedClient):
 
 class LongLivedRolloutClient(_WebSocketRolloutClient):
     """The prototype: one response while the model calls tools; outputs go back with ``response.append``.
-    A user message after a final answer chains a new response on it; a rewrite cancels and recreates."""
+    A user message after a final answer chains a new response on it; a rewrite creates one that supersedes
+    the open response."""
 
     mode = "longlived"
 
@@ -307,14 +314,13 @@ class LongLivedRolloutClient(_WebSocketRolloutClient):
                     await self.send(messages.append(new), send.kind)
                 elif send.kind == "user" and ended is not None:
                     await self.send(messages.create(messages.continuation(base, new, ended)), send.kind)
-                else:  # a rewrite: the open response cannot take it; end it, start anew with everything
-                    if open_id is not None:
-                        await self.send(messages.cancel(open_id), send.kind)
+                else:  # a rewrite: no append can take it; a create with everything supersedes the open one
+                    await self.send(messages.create(dict(base, input=history)), send.kind)
+                    if open_id is not None:  # it ends first (incomplete, superseded) and stays billed
                         while (event := await self.recv()).get("type") not in TERMINAL_TYPES:
                             pass
-                        trace.add_response(event["response"])  # cancelled: the rounds it ran stay billed
+                        trace.add_response(event["response"])
                         folded = 0
-                    await self.send(messages.create(dict(base, input=history)), send.kind)
             open_id = None
             while True:
                 event = await self.recv()

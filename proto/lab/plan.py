@@ -8,12 +8,19 @@ assistant header to the prompt (``sampler/tokens.py``), so the plan knows, befor
 prompt tokens the server will count each round: a trace's ``input_tokens`` are met exactly (the tests check
 it on every shipped trace), and a synthetic workload's sizes are its own.
 
-A **history rewrite** (a round that keeps ``K`` tokens of a longer previous context: compaction,
-truncation) is realized as an agent would: the items wholly before position ``K`` stay as they were, the
-item that holds ``K`` is cut there (a call is kept whole: its output must still answer it), every later
-text item is cleared to one token (calls stay, so the conversation keeps its turns), and the round's new
-items make up the rest. The first message keeps the script at its head, so a cut there never loses it.
-What each transport does with a rewrite is the client's business (``proto/lab/clients.py``).
+A **history rewrite** is a round whose prompt is not the last prompt plus its output plus the new items: a
+real agent dropped or rewrote part of its context in between (reasoning dropped between user turns,
+compaction, truncation, a rewritten system message). The plan rebuilds it from the trace's own evidence
+(docs/lab.md, "History rewrites"): the kept prefix (``Round.keep``, the CSV's ``prefix_len``: the context is
+cut there; ``Round.cached_tokens``, the JSONL's ``prefix_tokens``: at least that much was kept unchanged),
+the round's total, and the items after the prefix, which are dropped or shortened the way agents do —
+first the model's preamble messages (the lab's stand-in for reasoning and commentary), oldest first; then
+tool outputs, user messages and final answers, oldest first, to one token each; last the first message down
+to its script and the kept prefix. Calls are never touched (their outputs must still answer them), and no
+model turn disappears, so the directive script keeps its place. The round's new items take the rest. A
+round that cannot be met that way — the kept prefix and the calls alone exceed its prompt — is a
+:class:`PlanError` naming the round. What each transport does with a rewrite is the client's business
+(``proto/lab/clients.py``).
 
 Text is generated and sized here, once per rollout, so the client's own cost never lands inside a measured
 interval.
@@ -22,6 +29,7 @@ interval.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -76,6 +84,14 @@ PAD_WORD = " the"  # one token after any text that does not end in a space
 
 class PlanError(ValueError):
     """A session the server cannot be made to see exactly (names the round and the shortfall)."""
+
+
+class _NoRoom(Exception):
+    """A rewrite's least history (``history`` tokens, ``calls`` of them the calls') exceeds the room."""
+
+    def __init__(self, history: int, calls: int) -> None:
+        super().__init__(history, calls)
+        self.history, self.calls = history, calls
 
 
 @functools.cache
@@ -148,7 +164,8 @@ class Item:
 class Send:
     """Round k's request, as the client sends it after ``wait_s``: ``new`` items (the first message; the
     outputs answering round k−1's calls, in call order; or a user message), after replacing the bodies of
-    earlier history items (``rewrite``: (index into the history, new text)), and what the server will count.
+    earlier history items (``rewrite``: (index into the history, new text)) and then removing the items at
+    ``drop`` (indices into the same history, before any removal), and what the server will count.
     """
 
     kind: str  # first | outputs | user | rewrite
@@ -157,9 +174,8 @@ class Send:
     wait_s: float
     prompt_tokens: int
     output_tokens: int
-    appended_tokens: (
-        int  # tokens after what the previous context kept: the new items (and, for a rewrite, the cut)
-    )
+    appended_tokens: int  # the items' tokens after what the previous context kept unchanged
+    drop: tuple[int, ...] = ()  # a rewrite's removed items, ascending
 
 
 @dataclass(frozen=True)
@@ -226,7 +242,7 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
     salt = int(nonce) * 7919 if nonce.isdigit() else 0
     for k in range(1, len(rounds)):
         last, this = rounds[k - 1], rounds[k]
-        items += _model_items(last, k - 1)
+        items += model_items(last, k - 1)
         before = sum(i.size() for i in items)  # the previous context: its prompt and output, rendered
         new = [Item("output", "", 0, c.name) for c in last.calls] if last.calls else [Item("user", "", 0)]
         framing = sum(i.size() for i in new)  # with empty bodies
@@ -248,25 +264,35 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
             )
             continue
         target = this.input_tokens - assistant  # the items' total this round
-        previous_total = sends[-1].prompt_tokens + last.output_tokens
-        # the tool definitions head every prompt: a trace's kept prefix includes them
+        # The tool definitions head every prompt: a trace's kept prefix counts them, the items do not.
         fixed = tools_tokens(tools)
-        keep = (this.keep if this.keep is not None else this.input_tokens) - fixed
-        rewrite = keep + fixed < previous_total or target - before - framing < len(new)
+        previous_total = sends[-1].prompt_tokens + last.output_tokens
+        # CSV: the trace cut the context at ``keep`` (TraceLab's replayer keeps exactly that much).
+        cut_here = this.keep is not None and this.keep < previous_total
         edits: list[tuple[int, str]] = []
-        cut = before
-        if rewrite:
-            cut = min(keep, target - framing - len(new))
-            edits, cut = _rewrite(items, cut, tok.count(head), session, k)
+        drops: list[int] = []
+        kept = before
+        if cut_here or target - before - framing < len(new):
+            evidence = this.keep if this.keep is not None else this.cached_tokens or 0
+            try:
+                edits, drops, kept = _rewrite(
+                    items,
+                    max(min(evidence - fixed, before), 0),
+                    cut_here,
+                    target - framing - len(new),
+                    tok.count(head),
+                )
+            except _NoRoom as short:
+                least = short.history + this.input_tokens - (target - framing - len(new))
+                raise PlanError(
+                    f"{session.name} round {k}: {this.input_tokens} prompt tokens cannot hold the {evidence} "
+                    f"tokens the trace kept unchanged, the calls after them ({short.calls} tokens) and "
+                    f"{len(new)} new item(s): the least such a prompt can be is {least}"
+                ) from None
         room = target - sum(i.size() for i in items) - framing
-        if room < len(new):
-            raise PlanError(
-                f"{session.name} round {k}: {this.input_tokens} prompt tokens leave {room} for "
-                f"{len(new)} new item(s) after keeping {cut} (the items' framing alone is {framing})"
-            )
         _fill(new, _split(room, last.result_weights if last.calls else (1.0,)), salt + 1000 * k)
         items += new
-        kind = "rewrite" if rewrite else "outputs" if last.calls else "user"
+        kind = "rewrite" if edits or drops else "outputs" if last.calls else "user"
         prompt = _prompt(items, tools)
         assert prompt == this.input_tokens, (session.name, k, prompt, this.input_tokens)
         sends.append(
@@ -277,7 +303,8 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
                 wait,
                 prompt,
                 _output(this),
-                prompt - cut - assistant,
+                sum(i.size() for i in items) - kept,
+                tuple(drops),
             )
         )
     return RolloutPlan(
@@ -306,7 +333,7 @@ def _output(r: Round) -> int:
     return max(r.output_tokens, spent)
 
 
-def _model_items(r: Round, index: int) -> list[Item]:
+def model_items(r: Round, index: int) -> list[Item]:
     """What the server adds for the model's turn: a preamble message padded to the output size (when the
     calls' arguments leave room), then the calls; or the final message (``sampler/loop.py``)."""
     tok = tokenizer()
@@ -344,37 +371,64 @@ def _fill(new: list[Item], sizes: list[int], seed: int) -> None:
 
 
 def _rewrite(
-    items: list[Item], cut: int, script_tokens: int, session: Session, k: int
-) -> tuple[list[tuple[int, str]], int]:
-    """Edit ``items`` in place to keep ``cut`` tokens (see the module's rule); the edits and the kept
-    length."""
+    items: list[Item],
+    kept: int,
+    cut_here: bool,
+    budget: int,
+    script_tokens: int,
+) -> tuple[list[tuple[int, str]], list[int], int]:
+    """Shrink ``items`` in place to at most ``budget`` tokens, keeping the first ``kept`` unchanged, by the
+    module's rule (``cut_here``: a CSV's cut, so every item after ``kept`` shrinks as far as it can).
+    Returns the edits (index before removal, new text), the removed indices, and the length of the prefix
+    left unchanged; :class:`_NoRoom` when even the least history is larger."""
     tok = tokenizer()
-    edits: list[tuple[int, str]] = []
-    start = 0
-    holder = len(items)
-    for index, item in enumerate(items):
-        if start + item.size() > cut:
-            holder = index
+    sizes = [i.size() for i in items]
+    starts = [0, *itertools.accumulate(sizes)][:-1]
+    # The first item reaching past the kept prefix: everything before it stays as it was.
+    first = next((j for j in range(len(items)) if starts[j] + sizes[j] > kept), len(items))
+
+    def floor(j: int) -> int:
+        """The least body item ``j`` may shrink to: one token; the tokens before ``kept`` in the item that
+        holds it; the script and a token of the first message."""
+        item = items[j]
+        header = sizes[j] - item.tokens - 1
+        least = max(kept - starts[j] - header, 1) if j == first else 1
+        return max(least, script_tokens + 1) if j == 0 else least
+
+    def preamble(j: int) -> bool:  # the model's message before its calls: its turn stays without it
+        return items[j].kind == "message" and j + 1 < len(items) and items[j + 1].kind == "call"
+
+    droppable = [j for j in range(first, len(items)) if preamble(j) and (j > first or starts[j] >= kept)]
+    dropped = set(droppable)
+    texts = [j for j in range(max(first, 1), len(items)) if items[j].kind != "call" and j not in dropped]
+    order = droppable + texts + ([0] if first == 0 else [])
+    total = sum(sizes)
+    bodies: dict[int, int] = {}  # new body size per shrunk item; 0: removed
+    for j in order:
+        if total <= budget and not cut_here:
             break
-        start += item.size()
-    kept = start
-    for index in range(holder, len(items)):
-        item = items[index]
-        if item.kind == "call":
-            if index == holder:
-                kept = start + item.size()
+        body = 0 if j in dropped else min(floor(j), items[j].tokens)
+        total -= sizes[j] - (0 if body == 0 else sizes[j] - items[j].tokens + body)
+        bodies[j] = body
+    if total > budget:
+        calls = sum(sizes[j] for j in range(first, len(items)) if items[j].kind == "call")
+        raise _NoRoom(total, calls)
+    edits: list[tuple[int, str]] = []
+    drops: list[int] = []
+    unchanged = sum(sizes)
+    for j in sorted(bodies):
+        body = bodies[j]
+        if body == 0:
+            drops.append(j)
+            unchanged = min(unchanged, starts[j])
             continue
-        header = item.size() - item.tokens - 1
-        body = max(cut - start - header, 1) if index == holder else 1
-        if index == 0 and body < script_tokens + 1:
-            raise PlanError(
-                f"{session.name} round {k}: a rewrite to {cut} tokens would cut the first message's script"
-            )
-        if body >= item.tokens:
+        if body == items[j].tokens:
             continue
+        item = items[j]
         text = fit(tok.decode(tok.model_tokens(item.text, body)), body) if body > 1 else CLEARED
-        if index == holder:
-            kept = start + header + body
+        unchanged = min(unchanged, starts[j] + sizes[j] - item.tokens - 1 + body)
         item.text, item.tokens = text, body
-        edits.append((index, text))
-    return edits, kept
+        edits.append((j, text))
+    for j in reversed(drops):
+        del items[j]
+    return edits, drops, unchanged

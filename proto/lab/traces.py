@@ -53,7 +53,10 @@ class Round:
     calls: tuple[PlannedCall, ...]  # () -> the model answers with a message
     tool_wait_s: float  # after this round's response, before the next round's request
     input_tokens: int | None = None  # the prompt the server must count (traces); None: from the sizes below
-    keep: int | None = None  # tokens of the previous context kept (traces); None: all of it
+    keep: int | None = None  # CSV: the context is cut after this many tokens (``prefix_len``); None: no cut
+    # The provider's cached prefix (JSONL ``prefix_tokens``): a lower bound on the prompt's tokens kept
+    # unchanged from the previous context, which a history rewrite must respect; None: no evidence.
+    cached_tokens: int | None = None
     result_weights: tuple[float, ...] = ()  # how the next round's new tokens split between this round's calls
     result_tokens: tuple[int, ...] = ()  # synthetic: each call's output body, in tokens (exact)
     text: str = ""  # a message round's text (padded to output_tokens)
@@ -222,6 +225,7 @@ def read_jsonl(path: Path) -> Replay:
                     calls=calls,
                     tool_wait_s=(max(waits) / 1e3 if waits and calls else 0.0),
                     input_tokens=int(row["input_tokens_total"]),  # type: ignore[call-overload]
+                    cached_tokens=_count(row, "prefix_tokens", where),
                     result_weights=weights if calls else (),
                 )
             )
@@ -236,6 +240,16 @@ def read_jsonl(path: Path) -> Replay:
         trace=True,
         source=TRACELAB_SOURCE,
     )
+
+
+def _count(row: dict[str, object], key: str, where: str) -> int | None:
+    """An optional whole, non-negative token count (absent or null: None)."""
+    value = row.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TraceError(f"{where}: {key!r} must be a whole number of tokens, not {value!r}")
+    return value
 
 
 def _tool_name(tool: object, where: str) -> str:
