@@ -293,6 +293,10 @@ def test_codex_s_own_file_holds_every_call_the_server_served(recorded: Recorded)
     counts = token_counts(recorded.rollout)
     assert len(counts) == 6  # four calls in turn 1, two in turn 2
     assert counts == recorded.served  # what Codex recorded is what the server counted
+    # Codex 0.171 also records each response's usage by its id: one token_count per response, no more
+    lines = [json.loads(line) for line in recorded.rollout.read_text(encoding="utf-8").splitlines()]
+    usage = [x["payload"]["usage"] for x in lines if x["type"] == "token_usage_record"]
+    assert [(u["input_tokens"], u["output_tokens"]) for u in usage] == counts
     rows = derive_rounds(recorded.rollout)
     assert [(r["input_tokens_total"], r["output_tokens"]) for r in rows] == counts
     assert [[t["tool_name"] for t in r["tools"]] for r in rows] == [
@@ -344,6 +348,10 @@ def replayed(recorded: Recorded, tmp_path_factory: pytest.TempPathFactory) -> di
 @pytest.mark.process
 def test_bench_replays_codex_s_own_file_in_every_mode(recorded: Recorded, replayed: dict[str, Any]) -> None:
     counts = [list(c) for c in token_counts(recorded.rollout)]
+    rows = derive_rounds(recorded.rollout)
+    waits = sum(max(t["tool_wall_latency_ms"] for t in r["tools"]) / 1e3 for r in rows if r["tools"])
+    scale = replayed["config"]["tool_time_scale"]
+    assert scale == 0.1 and waits > 0
     runs = {run["mode"]: run for run in replayed["runs"]}
     assert set(runs) == set(MODES)
     for mode, run in runs.items():
@@ -354,3 +362,5 @@ def test_bench_replays_codex_s_own_file_in_every_mode(recorded: Recorded, replay
         assert run["usage"]["output_tokens"] == sum(o for _, o in counts), mode
         # the second turn opens with a user message (Codex kept the whole history: no rewrite)
         assert run["round_kinds"] == {"first": 1, "outputs": 4, "user": 1}, mode
+        # the tools' wall times from the file's timestamps, each round's slowest call, at --quick's scale
+        assert run["tool_wait_s_per_rollout"] == pytest.approx(scale * waits), mode
