@@ -205,6 +205,7 @@ def test_a_file_without_token_counts_is_refused_with_its_name_and_why(tmp_path: 
 def test_only_codex_files_are_taken_for_codex_files() -> None:
     assert not is_rollout(TRACELAB / "tracelab-claude-session.jsonl")  # TraceLab's JSONL rows
     assert not is_rollout(TRACELAB / "tracelab-multi_session_example.csv")
+    assert not is_rollout(TRACELAB.parent / "coding-agent.json")  # a format-1 workload
     assert is_rollout(TRACELAB / "tracelab-codex-session.jsonl")
 
 
