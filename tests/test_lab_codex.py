@@ -206,16 +206,16 @@ def test_only_codex_files_are_taken_for_codex_files() -> None:
     assert not is_rollout(TRACELAB / "tracelab-claude-session.jsonl")  # TraceLab's JSONL rows
     assert not is_rollout(TRACELAB / "tracelab-multi_session_example.csv")
     assert not is_rollout(TRACELAB.parent / "coding-agent.json")  # a format-1 workload
-    assert is_rollout(TRACELAB / "tracelab-codex-session.jsonl")
+    assert is_rollout(TRACELAB / "tracelab-codex-rollout.jsonl")
 
 
 def test_tracelab_s_codex_example_reads_as_tracelab_derived_it() -> None:
     """TraceLab's public Codex session (0.114, three user turns) against TraceLab's own rows for it
     (``example_sessions/derived/round_trace.jsonl``, ``provider: codex``): every field the reader writes."""
-    assert {"tracelab-codex-session", "tracelab-codex-rounds"} <= set(replay_names())
-    mine = derive_rounds(TRACELAB / "tracelab-codex-session.jsonl")
+    assert {"tracelab-codex-rollout", "tracelab-codex-session"} <= set(replay_names())
+    mine = derive_rounds(TRACELAB / "tracelab-codex-rollout.jsonl")
     theirs = [
-        json.loads(line) for line in (TRACELAB / "tracelab-codex-rounds.jsonl").read_text().splitlines()
+        json.loads(line) for line in (TRACELAB / "tracelab-codex-session.jsonl").read_text().splitlines()
     ]
     assert len(mine) == len(theirs) == 9
     for row, want in zip(mine, theirs, strict=True):
@@ -223,13 +223,13 @@ def test_tracelab_s_codex_example_reads_as_tracelab_derived_it() -> None:
         assert row["tools"] == [
             {key: t[key] for key in row_tool} for t, row_tool in zip(want["tools"], row["tools"], strict=True)
         ]
-    raw, derived = load_replay("tracelab-codex-session"), load_replay("tracelab-codex-rounds")
+    raw, derived = load_replay("tracelab-codex-rollout"), load_replay("tracelab-codex-session")
     assert [s.rounds for s in raw.sessions] == [s.rounds for s in derived.sessions]
     assert raw.description.startswith("Codex CLI 0.114.0 session rollout") and raw.description.endswith(
         "9 model call(s), 3 user turn(s)"
     )
     # read_jsonl reads the rows as any TraceLab file: the same rounds from a file of them
-    assert read_jsonl(TRACELAB / "tracelab-codex-rounds.jsonl").sessions == derived.sessions
+    assert read_jsonl(TRACELAB / "tracelab-codex-session.jsonl").sessions == derived.sessions
 
 
 # ---- the closed loop: the real Codex CLI, then the lab ----------------------------------------------------

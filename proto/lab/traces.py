@@ -239,14 +239,6 @@ def read_jsonl(path: Path, lines: list[str] | None = None) -> Replay:
     )
 
 
-def read_codex(path: Path) -> Replay:
-    """A Codex CLI session file: its rounds as TraceLab derives them (``proto/lab/codex_rollout.py``), read
-    as that round-trace JSONL."""
-    rows = codex_rollout.derive_rounds(path)
-    replay = read_jsonl(path, [json.dumps(row) for row in rows])
-    return replace(replay, description=codex_rollout.describe(path, rows), source=codex_rollout.SOURCE)
-
-
 def _tool_name(tool: object, where: str) -> str:
     if not isinstance(tool, dict) or not isinstance(tool.get("tool_name"), str) or not tool["tool_name"]:
         raise TraceError(f"{where}: every tool needs a 'tool_name'")
@@ -254,6 +246,14 @@ def _tool_name(tool: object, where: str) -> str:
     if name == "web_search":  # the hosted tool's name: the trace's tool ran on the client
         name = "web_search_local"
     return name
+
+
+def read_codex(path: Path) -> Replay:
+    """A Codex CLI session file: its rounds as TraceLab derives them (``proto/lab/codex_rollout.py``), read
+    as that round-trace JSONL."""
+    rows = codex_rollout.derive_rounds(path)
+    replay = read_jsonl(path, [json.dumps(row) for row in rows])
+    return replace(replay, description=codex_rollout.describe(path, rows), source=codex_rollout.SOURCE)
 
 
 # ---- by name --------------------------------------------------------------------------------------
