@@ -185,6 +185,26 @@ def test_an_aborted_turn_drops_the_calls_of_the_call_that_never_reported(tmp_pat
     assert [s.prompt_tokens for s in plan.sends] == [1000, 1400]
 
 
+def test_a_sub_agent_s_file_gives_the_parent_history_it_replays_to_the_parent(tmp_path: Path) -> None:
+    """Codex writes a spawned agent's file with its own session_meta, then its parent's, then the parent's
+    turns (older UUIDv7 turn ids) before its own: TraceLab gives those rounds to the parent's session."""
+    child, parent = "019a0000-0000-7000-8000-0000000000c1", "0199ffff-0000-7000-8000-0000000000a1"
+    spawn = {"subagent": {"thread_spawn": {"parent_thread_id": parent, "depth": 1}}}
+    r = Rollout().add(0, "session_meta", {"id": child, "source": spawn, "cli_version": "0.171.0"})
+    r.add(0, "session_meta", {"id": parent, "source": "cli"})
+    r.turn(0.1, "0199ffff-0001-7000-8000-000000000001").count(0.2, 800, 0, 10)
+    r.turn(1.0, "019a0000-0001-7000-8000-000000000001").count(1.5, 900, 0, 20)
+    r.count(2.0, 1000, 900, 30)
+    rows = derive_rounds(r.write(tmp_path / "rollout-child.jsonl"))
+    assert [(row["session_id"], row["round_index"]) for row in rows] == [
+        (f"codex:{parent}", 0),
+        (f"codex:{child}", 0),
+        (f"codex:{child}", 1),
+    ]
+    replay = load_replay(str(tmp_path / "rollout-child.jsonl"))
+    assert sorted(len(s.rounds) for s in replay.sessions) == [1, 2]
+
+
 def test_a_file_without_token_counts_is_refused_with_its_name_and_why(tmp_path: Path) -> None:
     r = Rollout().meta().turn(0.5, "t1")
     r.item(1.0, type="message", role="assistant", content=[])
