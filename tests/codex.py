@@ -159,6 +159,15 @@ async def run_client(
     return proc.returncode or 0, out.decode(errors="replace")
 
 
+def session_file(home: Path) -> Path:
+    """The rollout file Codex wrote for its session (``$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl``;
+    ``exec resume`` appends to the same file)."""
+    files = sorted((home / "sessions").rglob("rollout-*.jsonl"))
+    if len(files) != 1:
+        pytest.fail(f"Codex wrote {len(files)} session files under {home / 'sessions'}, not one: {files}")
+    return files[0]
+
+
 def png(width: int, height: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))

@@ -27,8 +27,9 @@ from proto.core.work import WorkCounters
 from proto.lab.clients import new_items, rewrite
 from proto.lab.plan import PlanError, RolloutPlan, build_plan, model_items, tokenizer
 from proto.lab.traces import TRACELAB, Round, Session, load_replay, read_jsonl
-from proto.server.pipeline import count_segments, render_context
+from proto.server.pipeline import render_context
 from sampler.policy import PlannedCall
+from sampler.position import count_segments
 
 NONCE = "123456789012"
 CALL = (PlannedCall("read_file", '{"path": "src/app.py"}'),)

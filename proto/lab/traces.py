@@ -31,9 +31,10 @@ from __future__ import annotations
 import csv
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from proto.lab import codex_rollout
 from sampler.policy import WORKLOADS, PlannedCall, Workload, load_workload, workload_names
 
 TRACELAB = WORKLOADS / "tracelab"
@@ -188,10 +189,10 @@ def read_csv(path: Path) -> Replay:
     )
 
 
-def read_jsonl(path: Path) -> Replay:
-    """A TraceLab round-trace JSONL: one LLM call a line."""
+def read_jsonl(path: Path, lines: list[str] | None = None) -> Replay:
+    """A TraceLab round-trace JSONL: one LLM call a line (``lines``: the file's rows, derived in memory)."""
     by_session: dict[str, list[tuple[int, dict[str, object], str]]] = {}
-    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines() if lines is None else lines, 1):
         if not text.strip():
             continue
         where = f"{path.name}:{line}"
@@ -261,6 +262,14 @@ def _tool_name(tool: object, where: str) -> str:
     return name
 
 
+def read_codex(path: Path) -> Replay:
+    """A Codex CLI session file: its rounds as TraceLab derives them (``proto/lab/codex_rollout.py``), read
+    as that round-trace JSONL."""
+    rows = codex_rollout.derive_rounds(path)
+    replay = read_jsonl(path, [json.dumps(row) for row in rows])
+    return replace(replay, description=codex_rollout.describe(path, rows), source=codex_rollout.SOURCE)
+
+
 # ---- by name --------------------------------------------------------------------------------------
 
 
@@ -283,13 +292,15 @@ def load_replay(name_or_path: str) -> Replay:
 @functools.cache
 def _load(name_or_path: str) -> Replay:
     """A shipped workload or trace by name (``coding-agent``, ``tracelab-claude-session``) or a file by path:
-    ``.json`` (workload format 1), ``.csv`` or ``.jsonl`` (TraceLab)."""
+    ``.json`` (workload format 1), ``.csv`` or ``.jsonl`` (TraceLab), or a Codex session file (by content)."""
     path = Path(name_or_path)
     if "/" not in name_or_path:
         for suffix in (".csv", ".jsonl"):
             shipped = TRACELAB / f"{name_or_path}{suffix}"
             if shipped.is_file():
                 path = shipped
+    if path.is_file() and codex_rollout.is_rollout(path):
+        return read_codex(path)
     if path.suffix == ".csv" and path.is_file():
         return read_csv(path)
     if path.suffix == ".jsonl" and path.is_file():
