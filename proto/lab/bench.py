@@ -343,7 +343,8 @@ def _open_run(
                 f"group(s), and a group's modes run in one shard; use N <= {groups}"
             )
         return args, config, RunDir.create(args.out, argv, config, cells, args.shard)
-    if "--out" in argv and args.out.resolve() != args.resume.resolve():
+    out_given = any(a == "--out" or a.startswith("--out=") for a in argv)
+    if out_given and args.out.resolve() != args.resume.resolve():
         raise SystemExit("--resume DIR writes to DIR: leave --out out (or give the same DIR)")
     run_dir = RunDir.open(args.resume)
     given = _without(argv, "--resume")
