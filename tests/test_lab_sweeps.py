@@ -218,12 +218,13 @@ def test_resume_refuses_another_configuration_shard_machine_or_directory(
     assert fresh.done() == set()
 
 
-def test_the_manifest_keeps_no_api_key(tmp_path: Path) -> None:
-    run_dir = RunDir.create(
-        tmp_path / "r", ["--api-key", "sk-1", "--api-key=sk-2", "--quick"], _config(), GRID, None
-    )
+def test_the_manifest_keeps_no_api_key_or_password(tmp_path: Path) -> None:
+    db = "postgresql://lab:s3cret@db.internal:5432/lab"
+    argv = ["--api-key", "sk-1", "--api-key=sk-2", "--quick", "--db", db]
+    run_dir = RunDir.create(tmp_path / "r", argv, _config(db=db), GRID, None)
     text = (run_dir.path / "run.json").read_text()
-    assert "sk-1" not in text and "sk-2" not in text and run_dir.data["argv"] == ["--quick"]
+    assert "sk-1" not in text and "sk-2" not in text and "s3cret" not in text
+    assert run_dir.data["argv"] == ["--quick", "--db", "postgresql://lab:***@db.internal:5432/lab"]
 
 
 def test_a_write_that_fails_midway_leaves_the_file_as_it_was(

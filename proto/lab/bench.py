@@ -324,8 +324,9 @@ def _scenario(name: str, calibration: Calibration | None) -> dict[str, Any]:
     }
 
 
-# Flags a resumed run may be given that do not change what it measures.
-_RESUME_EXTRAS = frozenset({"--api-key", "--no-plots", "--resume", "--out", "--shard"})
+# Flags a resumed run may be given alone that do not change what it measures (``--db`` again for the
+# password its manifest does not keep; ``--out`` and ``--shard`` are checked against DIR's).
+_RESUME_EXTRAS = frozenset({"--api-key", "--db", "--no-plots", "--resume", "--out", "--shard"})
 
 
 def _open_run(
@@ -400,7 +401,7 @@ def _cells(
             key: CellKey = (cell.profile, cell.workload, cell.model, cell.mode)
             p = predictions.get(key)
             run_dir.write_record(cell, p[0] if p else None)
-            console.print(tracker.finished(key), highlight=False)
+            console.print(tracker.finished(key), highlight=False, soft_wrap=True)  # one line a cell
 
         def floor(profile: str, pings: list[float]) -> None:
             run_dir.data["floor_pings_ms"][profile] = pings

@@ -142,6 +142,9 @@ def settings(config: BenchConfig) -> dict[str, Any]:
     """What makes two runs' cells comparable: the whole configuration, but the API key (never written)."""
     out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
     out.pop("api_key", None)
+    for name in ("db", "url"):
+        if isinstance(out.get(name), str):
+            out[name] = _hide_password(str(out[name]))
     return out
 
 
@@ -149,8 +152,13 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+def _hide_password(text: str) -> str:
+    """``postgresql://user:secret@host/db`` → ``postgresql://user:***@host/db``."""
+    return re.sub(r"(://[^/:@\s]+):[^@/\s]*@", r"\1:***@", text)
+
+
 def redacted(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--api-key``'s value: a manifest and a results.json are shared, keys are not."""
+    """``argv`` without ``--api-key``'s value or a URL's password: a manifest is shared, keys are not."""
     out: list[str] = []
     skip = False
     for arg in argv:
@@ -162,7 +170,7 @@ def redacted(argv: Sequence[str]) -> list[str]:
             continue
         if arg.startswith("--api-key="):
             continue
-        out.append(arg)
+        out.append(_hide_password(arg))
     return out
 
 
