@@ -370,3 +370,26 @@ def test_two_shards_merged_hold_exactly_their_cells_and_the_whole_runs(whole: Pa
     # a shard with a whole run (of other flags: its workload file is another), a shard twice
     assert bench_main(["merge", str(one), str(whole), "--out", str(tmp_path / "bad")]) == 2
     assert bench_main(["merge", str(one), str(one), "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_a_run_with_cells_calibrates_over_its_own_workloads_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's largest prompt + 10 % (docs/lab.md, "The fast model"), as before its cells were kept;
+    ``--predict`` alone 128 k."""
+    from rich.console import Console
+
+    from proto.lab import bench, runner
+    from proto.lab.predict import Calibration
+
+    ranges: list[int] = []
+
+    async def calibrate(modes: Any, rounds: int, h_max: int, *rest: Any) -> Calibration:
+        ranges.append(h_max)
+        return Calibration({}, [], 0.0, h_max)
+
+    monkeypatch.setattr(runner, "calibrate", calibrate)
+    config = BenchConfig(workloads=("long-context",), turns=4)
+    quiet = Console(quiet=True)
+    bench._calibrate(config, quiet, for_cells=True)
+    bench._calibrate(config, quiet, for_cells=False)
+    assert ranges == [runner.h_max_of(runner.replays_of(config)), 128_000]
+    assert ranges[0] != 128_000

@@ -279,7 +279,7 @@ def _progress(console: Console) -> Progress:
 def _predict_only(args: argparse.Namespace, argv: list[str], console: Console) -> int:
     """``--predict``: the fast model alone (calibration, curves); no cells, no run directory."""
     config = config_from_args(args)
-    result = _calibrate(config, console)
+    result = _calibrate(config, console, for_cells=False)
     rows: list[dict[str, object]] = []
     if result.calibration is not None:
         console.print("fast model: composing the curves …")
@@ -294,8 +294,9 @@ def _predict_only(args: argparse.Namespace, argv: list[str], console: Console) -
     return 0
 
 
-def _calibrate(config: BenchConfig, console: Console) -> BenchResult:
-    """The fast model's calibration, with its progress bar."""
+def _calibrate(config: BenchConfig, console: Console, for_cells: bool) -> BenchResult:
+    """The fast model's calibration, with its progress bar. ``for_cells``: over the history range of the
+    run's own workloads (run_bench with cells, none of them to run), else ``--predict``'s 128 k."""
     with _progress(console) as progress:
         task = progress.add_task("starting", total=_calibration_sends(config))
         return asyncio.run(
@@ -303,7 +304,8 @@ def _calibrate(config: BenchConfig, console: Console) -> BenchResult:
                 config,
                 on_turn=lambda: progress.advance(task),
                 on_cell=lambda text: progress.update(task, description=text),
-                cells=False,
+                cells=for_cells,
+                todo=frozenset() if for_cells else None,
             )
         )
 
@@ -459,7 +461,7 @@ def _calibration(
     if not config.predict:
         return None
     if run_dir.data["calibration"] is None:
-        result = _calibrate(config, console)
+        result = _calibrate(config, console, for_cells=True)
         assert result.calibration is not None
         console.print("fast model: composing the curves …")
         run_dir.data["sweep"] = sweep(result.calibration, config.modes, config.tool_time_scale)
