@@ -175,14 +175,8 @@ def replays_of(config: BenchConfig) -> list[Replay]:
     return [load_replay(name).shortened(config.turns) for name in config.workloads]
 
 
-def total_turns(config: BenchConfig) -> int:
-    """Sends the whole run will make (for the progress bar)."""
-    per_mode = sum(cell_turns(config, r) for r in replays_of(config))
-    return per_mode * len(config.modes) * len(config.models) * len(profiles_of(config))
-
-
 def cell_turns(config: BenchConfig, r: Replay) -> int:
-    """Sends one cell of ``r`` makes, warm-up included."""
+    """Sends one cell of ``r`` makes, warm-up included (for the progress bar)."""
     if r.trace:
         return len(r.sessions) * config.warmup * len(WARM.rounds) + config.rollouts * r.rounds
     warm = r.shortened(config.warmup_turns)
