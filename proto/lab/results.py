@@ -1,11 +1,13 @@
 """results.json (docs/lab.md, "results.json") and results.csv: what a bench run produced, shaped, written and
 read back.
 
-The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
-``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
-:func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py`` (``bench report``) —
-load
-it with :func:`load` and group it with :func:`cells`, so the format is described here only.
+:func:`run_record` shapes one finished cell into its ``runs[]`` entry; :func:`floor_json`,
+:func:`config_json` and :func:`profiles_json` the run's fields. A run with cells keeps each entry in a
+record as the cell finishes and assembles results.json from the records (:mod:`proto.lab.store`);
+``--predict`` alone shapes its :class:`~proto.lab.runner.BenchResult` with :func:`results_json`.
+:func:`write_json` and :func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py``
+(``bench report``) — load it with :func:`load` and group it with :func:`cells`, so the format is described
+here only.
 """
 
 from __future__ import annotations
