@@ -1,6 +1,10 @@
-"""``responses-lab bench``: the command line of the lab. ``bench report …`` and ``bench repredict …`` are
-its subcommands over kept runs (:mod:`proto.lab.writeup`, :mod:`proto.lab.repredict`); any other first
-argument is a flag of the run itself (``responses-lab bench --quick``)."""
+"""``responses-lab bench``: the command line of the lab. ``bench report …``, ``bench repredict …`` and
+``bench merge …`` are its subcommands over kept runs (:mod:`proto.lab.writeup`, :mod:`proto.lab.repredict`,
+:func:`merge`); any other first argument is a flag of the run itself (``responses-lab bench --quick``).
+
+A run with cells keeps each finished cell's record in ``--out`` as it finishes (:mod:`proto.lab.store`), so
+``--resume DIR`` goes on where a crash or a Ctrl-C stopped it, and ``--shard I/N`` runs a part of the grid
+that ``bench merge`` puts together with the others (docs/lab.md, "Long sweeps")."""
 
 from __future__ import annotations
 
@@ -8,19 +12,34 @@ import argparse
 import asyncio
 import shlex
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from proto.core.response import MODES
 from proto.lab.config import PROFILES, BenchConfig
+from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.report import print_table, write_plots
-from proto.lab.results import results_json, write_csv, write_json
-from proto.lab.runner import run_bench
+from proto.lab.results import cell_prediction, results_json, write_csv, write_json
+from proto.lab.runner import BenchResult, CellKey, CellResult, cell_turns, grid, replays_of, run_bench
 from proto.lab.scenarios import SCENARIOS
+from proto.lab.store import (
+    RunDir,
+    Shard,
+    SweepError,
+    assemble,
+    check_shards,
+    group,
+    label,
+    shard_cells,
+    sorted_shards,
+)
 from proto.lab.sweep import sweep
-from proto.lab.timeline import results_traces, write_trace
+from proto.lab.timeline import write_trace
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -118,6 +137,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="go on with DIR's run: its flags, its floor and calibration; only the cells not there yet",
+    )
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        metavar="I/N",
+        help="run the I-th of N parts of the grid (1 <= I <= N); put them together with bench merge",
+    )
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -195,20 +235,37 @@ def main(argv: list[str] | None = None) -> int:
         from proto.lab.repredict import main as repredict_main
 
         return repredict_main(argv[1:])
+    if argv and argv[0] == "merge":
+        return merge(argv[1:])
     return run(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="responses-lab bench",
+        description="the latency lab (also: bench report, bench repredict, bench merge)",
+    )
+    add_arguments(parser)
+    return parser
 
 
 def run(argv: list[str]) -> int:
     """``responses-lab bench [flags]``: one run of the lab, its results written to ``--out``."""
-    parser = argparse.ArgumentParser(
-        prog="responses-lab bench", description="the latency lab (also: bench report, bench repredict)"
-    )
-    add_arguments(parser)
+    parser = _parser()
     args = parser.parse_args(argv)
-    config = config_from_args(args)
     console = Console()
-    from proto.lab.runner import total_turns
+    try:
+        if args.predict:
+            if args.resume or args.shard:
+                raise SystemExit("--predict runs no cells: there is nothing to resume or shard")
+            return _predict_only(args, argv, console)
+        return _cells(parser, args, argv, console)
+    except SweepError as exc:
+        Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
+        return 2
 
+
+def _progress(console: Console) -> Progress:
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -216,39 +273,304 @@ def run(argv: list[str]) -> int:
         TextColumn("turns"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
-        calibration = (config.calibration_rounds + 6) * len(config.modes) if config.predict else 0
-        task = progress.add_task("starting", total=(0 if args.predict else total_turns(config)) + calibration)
-        result = asyncio.run(
-            run_bench(
-                config,
-                on_turn=lambda: progress.advance(task),
-                on_cell=lambda label: progress.update(task, description=label),
-                cells=not args.predict,
-            )
-        )
-    command = "responses-lab bench " + shlex.join(argv)
+    return Progress(*columns, console=console, transient=False)
+
+
+def _predict_only(args: argparse.Namespace, argv: list[str], console: Console) -> int:
+    """``--predict``: the fast model alone (calibration, curves); no cells, no run directory."""
+    config = config_from_args(args)
+    result = _calibrate(config, console, for_cells=False)
     rows: list[dict[str, object]] = []
     if result.calibration is not None:
         console.print("fast model: composing the curves …")
         rows = sweep(result.calibration, config.modes, config.tool_time_scale)
-    results = results_json(result, command, rows)
+    results = results_json(result, "responses-lab bench " + shlex.join(argv), rows)
     if args.scenario is not None:
-        scenario = SCENARIOS[args.scenario]
-        results["scenario"] = {
-            "name": scenario.name,
-            "authors": scenario.authors,
-            "conditions": scenario.conditions,
-            "fast_model": scenario.question(result.calibration)
-            if scenario.question and result.calibration
-            else None,
-        }
+        results["scenario"] = _scenario(args.scenario, result.calibration)
     args.out.mkdir(parents=True, exist_ok=True)
-    written = [write_json(results, args.out), write_csv(results, args.out)]
-    if not args.no_plots:
-        written += write_plots(results, args.out)
-    written += write_trace(results_traces(result), args.out) if result.cells else []
+    written = write_outputs(results, [], args.out, plots=not args.no_plots)
     print_table(results, console)
+    console.print(f"wall {result.wall_s:.1f} s; wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _calibrate(config: BenchConfig, console: Console, for_cells: bool) -> BenchResult:
+    """The fast model's calibration, with its progress bar. ``for_cells``: over the history range of the
+    run's own workloads (run_bench with cells, none of them to run), else ``--predict``'s 128 k."""
+    with _progress(console) as progress:
+        task = progress.add_task("starting", total=_calibration_sends(config))
+        return asyncio.run(
+            run_bench(
+                config,
+                on_turn=lambda: progress.advance(task),
+                on_cell=lambda text: progress.update(task, description=text),
+                cells=for_cells,
+                todo=frozenset() if for_cells else None,
+            )
+        )
+
+
+def _calibration_sends(config: BenchConfig) -> int:
+    """The calibration's sends (for the progress bar): two warm-up rollouts of 3 rounds, then every round
+    on each pass, per mode."""
+    return (config.calibration_rounds * PASSES + 6) * len(config.modes)
+
+
+def _scenario(name: str, calibration: Calibration | None) -> dict[str, Any]:
+    scenario = SCENARIOS[name]
+    return {
+        "name": scenario.name,
+        "authors": scenario.authors,
+        "conditions": scenario.conditions,
+        "fast_model": scenario.question(calibration) if scenario.question and calibration else None,
+    }
+
+
+# Flags a resumed run may be given alone that do not change what it measures (``--db`` again for the
+# password its manifest does not keep; ``--out`` and ``--shard`` are checked against DIR's).
+_RESUME_EXTRAS = frozenset({"--api-key", "--db", "--no-plots", "--resume", "--out", "--shard"})
+
+
+def _open_run(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
+) -> tuple[argparse.Namespace, BenchConfig, RunDir]:
+    """The run directory and the configuration: a fresh run's, or ``--resume DIR``'s own (its command
+    line, then the flags given here: any that changes a cell is refused by :meth:`RunDir.resume`)."""
+    if args.resume is None:
+        config = config_from_args(args)
+        cells = grid(config, replays_of(config))
+        if args.shard is not None and not shard_cells(cells, args.shard):
+            groups = len({group(k) for k in cells})
+            raise SweepError(
+                f"shard {args.shard} has no cells: the grid has {groups} (profile, workload, model) "
+                f"group(s), and a group's modes run in one shard; use N <= {groups}"
+            )
+        return args, config, RunDir.create(args.out, argv, config, cells, args.shard)
+    out_given = any(a == "--out" or a.startswith("--out=") for a in argv)
+    if out_given and args.out.resolve() != args.resume.resolve():
+        raise SystemExit("--resume DIR writes to DIR: leave --out out (or give the same DIR)")
+    run_dir = RunDir.open(args.resume)
+    given = _without(argv, "--resume")
+    own = [a for a in given if a.startswith("--") and a.split("=")[0] not in _RESUME_EXTRAS]
+    effective = given if own else [*run_dir.data["argv"], *given]
+    args = parser.parse_args([*effective, "--out", str(args.resume)])
+    config = config_from_args(args)
+    run_dir.resume(config, args.shard)
+    return args, config, run_dir
+
+
+def _without(argv: Sequence[str], flag: str) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
+
+
+def _cells(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], console: Console
+) -> int:
+    """A run with real-clock cells, each kept in the run directory as it finishes."""
+    args, config, run_dir = _open_run(parser, args, argv)
+    out: Path = args.out
+    mine = run_dir.cells()
+    before = run_dir.done()
+    todo = [k for k in mine if k not in before]
+    shard = f" (shard {run_dir.data['shard']} of {len(run_dir.grid())})" if run_dir.data["shard"] else ""
+    console.print(
+        f"cells: {len(mine)}{shard}; {len(before)} done before, {len(todo)} to run; kept in {out}/cells",
+        highlight=False,
+    )
+    replays = {r.name: r for r in replays_of(config)}
+    try:
+        calibration = _calibration(args, config, run_dir, console) if todo else None
+        if args.scenario is not None and run_dir.data["scenario"] is None:
+            stored = run_dir.data["calibration"]
+            run_dir.data["scenario"] = _scenario(args.scenario, stored and Calibration.from_json(stored))
+            run_dir.save()
+        predictions = _predictions(calibration, todo, replays, config, console)
+        tracker = Eta(len(mine), len(before), predictions)
+        estimate = tracker.remaining_s()
+        if estimate is not None:
+            console.print(f"the fast model's estimate for the cells left: {_duration(estimate)}")
+
+        def done(cell: CellResult) -> None:
+            key: CellKey = (cell.profile, cell.workload, cell.model, cell.mode)
+            p = predictions.get(key)
+            run_dir.write_record(cell, p[0] if p else None)
+            console.print(tracker.finished(key), highlight=False, soft_wrap=True)  # one line a cell
+
+        def floor(profile: str, pings: list[float]) -> None:
+            run_dir.data["floor_pings_ms"][profile] = pings
+            run_dir.save()
+
+        if todo:
+            with _progress(console) as progress:
+
+                def starting(text: str) -> None:
+                    progress.update(task, description=text)
+                    tracker.start()
+
+                turns = sum(cell_turns(config, replays[k[1]]) for k in todo)
+                task = progress.add_task("starting", total=turns)
+                asyncio.run(
+                    run_bench(
+                        config,
+                        on_turn=lambda: progress.advance(task),
+                        on_cell=starting,
+                        calibration=calibration,
+                        todo=set(todo),
+                        floors=run_dir.data["floor_pings_ms"],
+                        on_floor=floor,
+                        on_done=done,
+                    )
+                )
+    except KeyboardInterrupt:
+        run_dir.save()
+        results, _ = assemble([run_dir])
+        written = [write_json(results, out), write_csv(results, out)]
+        left = len(mine) - len(run_dir.done())
+        Console(stderr=True).print(
+            f"interrupted: {len(mine) - left} of {len(mine)} cells finished, each kept in {out}/cells "
+            f"({', '.join(str(p) for p in written)} hold them; {left} left). Resume with: "
+            f"responses-lab bench --resume {out}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 130
+    run_dir.data["complete"] = not [k for k in mine if k not in run_dir.done()]
+    run_dir.save()
+    results, timelines = assemble([run_dir])
+    written = write_outputs(results, timelines, out, plots=not args.no_plots)
+    print_table(results, console)
+    _print_reconnects(results, config, console)
+    console.print(f"wall {run_dir.wall_s():.1f} s; wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _calibration(
+    args: argparse.Namespace, config: BenchConfig, run_dir: RunDir, console: Console
+) -> Calibration | None:
+    """The run's calibration: measured once (and its curves composed), kept in the manifest, and read
+    back from there, so a resumed run's cells are predicted from the very fits its first cells were."""
+    if not config.predict:
+        return None
+    if run_dir.data["calibration"] is None:
+        result = _calibrate(config, console, for_cells=True)
+        assert result.calibration is not None
+        console.print("fast model: composing the curves …")
+        run_dir.data["sweep"] = sweep(result.calibration, config.modes, config.tool_time_scale)
+        run_dir.data["calibration"] = result.calibration.to_json()
+        run_dir.save()
+    return Calibration.from_json(run_dir.data["calibration"])
+
+
+def _predictions(
+    calibration: Calibration | None,
+    todo: Sequence[CellKey],
+    replays: dict[str, Any],
+    config: BenchConfig,
+    console: Console,
+) -> dict[CellKey, tuple[Prediction, float]]:
+    """Each cell left, predicted before it runs: its record's prediction and, as (prediction, wall), the
+    progress line's ETA."""
+    if calibration is None or not todo:
+        return {}
+    console.print(f"fast model: predicting {len(todo)} cells …")
+    out: dict[CellKey, tuple[Prediction, float]] = {}
+    for key in todo:
+        profile, workload, model, mode = key
+        replay = replays[workload]
+        p = cell_prediction(calibration, replay, {"profile": profile, "model": model, "mode": mode}, config)
+        if p is not None:
+            out[key] = (p, predicted_wall(p, replay, config))
+    return out
+
+
+def predicted_wall(p: Prediction, replay: Any, config: BenchConfig) -> float:
+    """A cell's measured part as the fast model sees it: per rollout, its slowest session (a trace's from
+    its last arrival)."""
+    n = len(replay.sessions) if replay.trace else config.sessions
+    arrival = max((s.arrival_s for s in replay.sessions), default=0.0) if replay.trace else 0.0
+    per = [max(p.e2e_s[i : i + n]) for i in range(0, len(p.e2e_s), max(n, 1))]
+    return sum(per) + arrival * len(per)
+
+
+class Eta:
+    """The progress line: cells done of all, and the time left: the fast model's walls of the cells left,
+    scaled by how the cells done in this attempt compared with theirs (warm-up, connections and the
+    machine's pace are not in a prediction); without predictions, the cells' mean pace."""
+
+    def __init__(
+        self,
+        total: int,
+        done: int,
+        predictions: dict[CellKey, tuple[Prediction, float]],
+    ) -> None:
+        self.total, self.done = total, done
+        self.walls = {k: wall for k, (_, wall) in predictions.items()}
+        self.left = set(predictions)
+        self.elapsed = 0.0  # this attempt's cells: seconds
+        self.predicted = 0.0  # and their predicted walls
+        self.count = 0
+        self.last = time.perf_counter()
+        self.pending = total - done
+
+    def start(self) -> None:
+        """A cell (or a profile's floor before it) starts: its time counts from here."""
+        self.last = time.perf_counter()
+
+    def remaining_s(self) -> float | None:
+        if self.walls:
+            scale = self.elapsed / self.predicted if self.predicted > 0 else 1.0
+            return scale * sum(self.walls[k] for k in self.left)
+        if self.count:
+            return self.elapsed / self.count * self.pending
+        return None
+
+    def finished(self, key: CellKey) -> str:
+        now = time.perf_counter()
+        took, self.last = now - self.last, now
+        self.done += 1
+        self.pending -= 1
+        self.count += 1
+        self.elapsed += took
+        if key in self.left:
+            self.left.discard(key)
+            self.predicted += self.walls[key]
+        eta = self.remaining_s()
+        text = "–" if eta is None else _duration(eta)
+        return f"cell {self.done}/{self.total} done · {label(key)} · {took:.1f} s · ETA {text}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
+
+
+def write_outputs(
+    results: dict[str, Any], timelines: list[dict[str, Any]], out: Path, plots: bool = True
+) -> list[Path]:
+    """results.json, results.csv, the plots, trace.json and timeline.png (when there are cells)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_json(results, out), write_csv(results, out)]
+    if plots:
+        written += write_plots(results, out)
+    if timelines:
+        written += write_trace(timelines, out)
+    return written
+
+
+def _print_reconnects(results: dict[str, Any], config: BenchConfig, console: Console) -> None:
     for run in results["runs"]:
         if run.get("store_vs_cached"):
             store, cached = run["store_vs_cached"]["store"], run["store_vs_cached"]["cached"]
@@ -260,5 +582,43 @@ def run(argv: list[str]) -> int:
                 f" {cached['turns']:.0f}; overhead p50 {store['turn_overhead_ms_p50']:.2f} vs "
                 f"{cached['turn_overhead_ms_p50']:.2f} ms"
             )
-    console.print(f"wall {result.wall_s:.1f} s; wrote " + ", ".join(str(p) for p in written))
+
+
+def merge(argv: list[str]) -> int:
+    """``responses-lab bench merge DIR... --out OUT``: one results.json (CSV, plots, trace.json) from the
+    run directories of shards of one run, holding exactly their cells' records."""
+    parser = argparse.ArgumentParser(
+        prog="responses-lab bench merge",
+        description="one results.json from the shards of one run (bench --shard I/N --out DIR)",
+    )
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    console = Console()
+    try:
+        if any(d.resolve() == args.out.resolve() for d in args.dirs):
+            raise SweepError(f"--out {args.out} is one of the shards: merge into another directory")
+        dirs = [RunDir.open(d) for d in args.dirs]
+        check_shards(dirs)
+        dirs = sorted_shards(dirs)
+        results, timelines = assemble(dirs, "responses-lab bench merge " + shlex.join(argv))
+    except SweepError as exc:
+        Console(stderr=True).print(f"responses-lab bench merge: {exc}", highlight=False, soft_wrap=True)
+        return 2
+    written = write_outputs(results, timelines, args.out, plots=not args.no_plots)
+    print_table(results, console)
+    cells = results["cells"]
+    console.print(
+        f"merged {cells['done']} of {cells['of']} cells from "
+        + ", ".join(f"{d.path} ({d.data['shard'] or 'whole'})" for d in dirs),
+        highlight=False,
+    )
+    if cells["missing"]:
+        console.print(
+            f"missing {len(cells['missing'])} cells (not run yet, or their shard not given): "
+            + "; ".join(cells["missing"]),
+            highlight=False,
+        )
+    console.print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -1,11 +1,13 @@
 """results.json (docs/lab.md, "results.json") and results.csv: what a bench run produced, shaped, written and
 read back.
 
-The runner hands over a :class:`~proto.lab.runner.BenchResult`; :func:`results_json` shapes it (one
-``runs[]`` record per cell, the ping floor, the config, the machine), :func:`write_json` and
-:func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py`` (``bench report``) —
-load
-it with :func:`load` and group it with :func:`cells`, so the format is described here only.
+:func:`run_record` shapes one finished cell into its ``runs[]`` entry; :func:`floor_json`,
+:func:`config_json` and :func:`profiles_json` the run's fields. A run with cells keeps each entry in a
+record as the cell finishes and assembles results.json from the records (:mod:`proto.lab.store`);
+``--predict`` alone shapes its :class:`~proto.lab.runner.BenchResult` with :func:`results_json`.
+:func:`write_json` and :func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py``
+(``bench report``) — load it with :func:`load` and group it with :func:`cells`, so the format is described
+here only.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from proto.lab.config import PROFILES
+from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.runner import BenchResult, CellResult
 from proto.lab.traces import Replay
@@ -101,22 +103,24 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
 
 def predictions(result: BenchResult, runs: list[dict[str, Any]]) -> None:
     """Each real-clock run's cell, predicted by the fast model with the run's calibration (in place)."""
+    for cell, run in zip(result.cells, runs, strict=True):
+        if result.calibration is not None and cell.replay is not None:
+            p = cell_prediction(result.calibration, cell.replay, run, result.config)
+            if p is not None:
+                apply_prediction(run, p)
+
+
+def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], config: BenchConfig) -> Any:
+    """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model,
+    profile) as ``config`` runs it; None for a model the mock GPU does not know (``--url``'s)."""
     from sampler.models import MODELS
 
-    config = result.config
-    for cell, run in zip(result.cells, runs, strict=True):
-        if result.calibration is None or cell.replay is None or cell.model not in MODELS:
-            continue
-        predict_run(
-            run,
-            result.calibration,
-            cell.replay,
-            config.model_overrides,
-            config,
-            sessions=config.sessions,
-            rollouts=config.rollouts,
-            tool_time_scale=config.tool_time_scale,
-        )
+    if run["model"] not in MODELS:
+        return None
+    c = config
+    return predict_run(
+        dict(run), calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale
+    )
 
 
 def predict_run(
@@ -128,9 +132,10 @@ def predict_run(
     sessions: int,
     rollouts: int,
     tool_time_scale: float,
-) -> None:
+) -> Any:
     """Compose ``run``'s cell (its mode, model, profile) with the fast model and write its prediction
-    fields (in place): what every real-clock run reports, and what ``bench repredict`` rewrites."""
+    fields (in place): what every real-clock run reports, and what ``bench repredict`` rewrites. Returns
+    the :class:`~proto.lab.predict.Prediction`."""
     from proto.lab.predict import predict_cell, profile_hops
     from sampler.models import MODELS
     from sampler.overrides import apply_knobs
@@ -150,6 +155,12 @@ def predict_run(
         rollouts=rollouts,
         tool_time_scale=tool_time_scale,
     )
+    apply_prediction(run, p)
+    return p
+
+
+def apply_prediction(run: dict[str, Any], p: Any) -> None:
+    """Write a :class:`~proto.lab.predict.Prediction`'s fields into ``run`` (in place)."""
     run["predicted_e2e_s_p50"] = p.e2e_s_p50
     run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
     run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}  # per rollout
@@ -161,48 +172,66 @@ def results_json(
     result: BenchResult, command: str, sweep_rows: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     config = result.config
-    every = [x for pings in result.pings_ms.values() for x in pings]
     runs = [run_record(cell) for cell in result.cells]
     predictions(result, runs)
     return {
-        "floor": {
-            "ws_ping_rtt_ms_p50": percentile(every, 50),
-            "ws_ping_rtt_ms_p90": percentile(every, 90),
-            "pings": len(every),
-            "by_profile": {p: percentile(xs, 50) for p, xs in result.pings_ms.items()},
-        },
+        "floor": floor_json(result.pings_ms),
         "runs": runs,
         "calibration": result.calibration.to_json() if result.calibration is not None else None,
         "sweep": sweep_rows or [],
-        "profiles": {
-            name: {
-                "safety_hop_ms": PROFILES[name].safety_hop_ms,
-                "resolve_hop_ms": PROFILES[name].resolve_hop_ms,
-            }
-            for name in config.profiles
-            if name in PROFILES and not config.url
-        },
-        "config": {
-            "modes": list(config.modes),
-            "workloads": list(config.workloads),
-            "models": list(config.models),
-            "sessions": config.sessions,
-            "rollouts_per_session": config.rollouts,
-            "warmup_per_session": config.warmup,
-            "warmup_turns": config.warmup_turns,
-            "turns": config.turns,
-            "tool_time_scale": config.tool_time_scale,
-            "quick": config.quick,
-            "url": config.url,
-            "model_overrides": list(config.model_overrides),
-            "server_flags": list(config.server_flags),
-            "calibration_rounds": config.calibration_rounds,
-        },
+        "profiles": profiles_json(config),
+        "config": config_json(config),
         "command": command,
         "machine": machine(),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result.started)),
+        "started_utc": utc(result.started),
         "wall_s": result.wall_s,
     }
+
+
+def floor_json(pings_ms: dict[str, list[float]]) -> dict[str, Any]:
+    """results.json's ``floor`` from the ping round trips of each profile."""
+    every = [x for pings in pings_ms.values() for x in pings]
+    return {
+        "ws_ping_rtt_ms_p50": percentile(every, 50),
+        "ws_ping_rtt_ms_p90": percentile(every, 90),
+        "pings": len(every),
+        "by_profile": {p: percentile(xs, 50) for p, xs in pings_ms.items()},
+    }
+
+
+def profiles_json(config: BenchConfig) -> dict[str, Any]:
+    return {
+        name: {
+            "safety_hop_ms": PROFILES[name].safety_hop_ms,
+            "resolve_hop_ms": PROFILES[name].resolve_hop_ms,
+        }
+        for name in config.profiles
+        if name in PROFILES and not config.url
+    }
+
+
+def config_json(config: BenchConfig) -> dict[str, Any]:
+    """results.json's ``config``."""
+    return {
+        "modes": list(config.modes),
+        "workloads": list(config.workloads),
+        "models": list(config.models),
+        "sessions": config.sessions,
+        "rollouts_per_session": config.rollouts,
+        "warmup_per_session": config.warmup,
+        "warmup_turns": config.warmup_turns,
+        "turns": config.turns,
+        "tool_time_scale": config.tool_time_scale,
+        "quick": config.quick,
+        "url": config.url,
+        "model_overrides": list(config.model_overrides),
+        "server_flags": list(config.server_flags),
+        "calibration_rounds": config.calibration_rounds,
+    }
+
+
+def utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def machine() -> dict[str, Any]:
@@ -234,8 +263,29 @@ def clean(value: Any) -> Any:
 
 def write_json(results: dict[str, Any], out: Path) -> Path:
     path = out / "results.json"
-    path.write_text(json.dumps(clean(results), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    atomic_write(path, dumps(results))
     return path
+
+
+def dumps(value: Any) -> str:
+    """results.json's JSON: strict (NaN and infinity as null), one key a line."""
+    return json.dumps(clean(value), indent=1, allow_nan=False) + "\n"
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """``text`` to ``path`` whole or not at all: a temporary file beside it, flushed to the disk, then
+    renamed over it (a crash leaves the old file or the new one, never half of one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself
+    finally:
+        os.close(directory)
 
 
 CSV_FIELDS = (

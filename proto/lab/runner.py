@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -174,17 +175,31 @@ def replays_of(config: BenchConfig) -> list[Replay]:
     return [load_replay(name).shortened(config.turns) for name in config.workloads]
 
 
-def total_turns(config: BenchConfig) -> int:
-    """Sends the whole run will make (for the progress bar)."""
-    per_mode = 0
-    for r in replays_of(config):
-        if r.trace:
-            per_mode += len(r.sessions) * config.warmup * len(WARM.rounds) + config.rollouts * r.rounds
-        else:
-            warm = r.shortened(config.warmup_turns)
-            per_mode += config.sessions * (config.warmup * warm.rounds + config.rollouts * r.rounds)
-    n_profiles = 1 if config.url else len(config.profiles)
-    return per_mode * len(config.modes) * len(config.models) * n_profiles
+def cell_turns(config: BenchConfig, r: Replay) -> int:
+    """Sends one cell of ``r`` makes, warm-up included (for the progress bar)."""
+    if r.trace:
+        return len(r.sessions) * config.warmup * len(WARM.rounds) + config.rollouts * r.rounds
+    warm = r.shortened(config.warmup_turns)
+    return config.sessions * (config.warmup * warm.rounds + config.rollouts * r.rounds)
+
+
+def profiles_of(config: BenchConfig) -> tuple[str, ...]:
+    """The run's profiles: ``external`` alone with ``--url``."""
+    return ("external",) if config.url else config.profiles
+
+
+CellKey = tuple[str, str, str, str]  # (profile, workload, model, mode): one cell of the grid
+
+
+def grid(config: BenchConfig, replays: list[Replay]) -> list[CellKey]:
+    """Every cell of the run, in the order it runs them."""
+    return [
+        (profile, w.name, model, mode)
+        for profile in profiles_of(config)
+        for w in replays
+        for model in config.models
+        for mode in config.modes
+    ]
 
 
 Server = tuple[str, str, str, Callable[[], float] | None, tuple[str, ...]]  # profile, ws, http, cpu, others
@@ -279,13 +294,23 @@ async def run_bench(
     on_turn: Callable[[], None] | None = None,
     on_cell: Callable[[str], None] | None = None,
     cells: bool = True,
+    *,
+    calibration: Calibration | None = None,
+    todo: Container[CellKey] | None = None,
+    floors: dict[str, list[float]] | None = None,
+    on_floor: Callable[[str, list[float]], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
 ) -> BenchResult:
-    """The run: the fast model's calibration (unless ``config.predict`` is off), then every cell (unless
-    ``cells`` is off: ``--predict`` alone)."""
-    result = BenchResult(config)
+    """The run: the fast model's calibration (unless ``config.predict`` is off, or ``calibration`` is
+    given: a resumed run's), then every cell (unless ``cells`` is off: ``--predict`` alone).
+
+    A long sweep (proto/lab/store.py) runs only the cells in ``todo``, starts the servers of their profiles
+    only, keeps a profile's floor from ``floors`` where it is there (else measures it and hands it to
+    ``on_floor``), and hands each cell to ``on_done`` as it finishes."""
+    result = BenchResult(config, calibration=calibration)
     t0 = time.perf_counter()
     workloads = replays_of(config)
-    if config.predict:
+    if config.predict and calibration is None:
         if on_cell:
             on_cell("fast model: calibrating every mode")
         h_max = 128_000 if not cells else h_max_of(workloads)
@@ -295,14 +320,26 @@ async def run_bench(
     if not cells:
         result.wall_s = time.perf_counter() - t0
         return result
-    with _servers(config) as servers:
+    keys = [k for k in grid(config, workloads) if todo is None or k in todo]
+    needed = tuple(p for p in config.profiles if any(k[0] == p for k in keys))
+    if not keys:
+        result.wall_s = time.perf_counter() - t0
+        return result
+    with _servers(dataclasses.replace(config, profiles=needed)) as servers:
         for profile, ws_url, http_url, cpu, others in servers:
-            if on_cell:
-                on_cell(f"{profile}: WebSocket ping floor")
-            result.pings_ms[profile] = await ping_rtts_ms(ws_url, config.pings, config.api_key)
+            if floors and profile in floors:
+                result.pings_ms[profile] = floors[profile]
+            else:
+                if on_cell:
+                    on_cell(f"{profile}: WebSocket ping floor")
+                result.pings_ms[profile] = await ping_rtts_ms(ws_url, config.pings, config.api_key)
+                if on_floor:
+                    on_floor(profile, result.pings_ms[profile])
             for w in workloads:
                 for model in config.models:
                     for mode in config.modes:
+                        if (profile, w.name, model, mode) not in keys:
+                            continue
                         if on_cell:
                             on_cell(f"{profile} · {w.name} · {model} · {mode}")
                         # The cells so far are garbage or results kept to the end: collect the one, freeze the
@@ -314,8 +351,9 @@ async def run_bench(
                             mode, w, model, config, ws_url, http_url, cpu, on_turn, others
                         )
                         sessions = len(w.sessions) if w.trace else config.sessions
-                        result.cells.append(
-                            CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w)
-                        )
+                        cell = CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w)
+                        result.cells.append(cell)
+                        if on_done:
+                            on_done(cell)
     result.wall_s = time.perf_counter() - t0
     return result

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from proto.lab.metrics import RoundTimes, Trace, round_times
-from proto.lab.runner import BenchResult
+from proto.lab.runner import CellResult
 
 PHASE_ORDER = (
     "store_load",
@@ -38,9 +38,15 @@ PHASE_ORDER = (
 COLORS = {"tools": "#9e9e9e", "api": "#d62728", "queue": "#ff7f0e", "prefill": "#1f77b4", "decode": "#2ca02c"}
 
 
-def results_traces(result: BenchResult) -> list[tuple[str, str, list[Trace]]]:
-    """(cell label, mode, traces) per cell of the run."""
-    return [(f"{c.profile} · {c.workload} · {c.model}", c.mode, c.traces) for c in result.cells]
+def cell_timeline(cell: CellResult) -> dict[str, Any]:
+    """A cell's spans, as JSON: ``{"label", "mode", "tracks": [{"name", "spans": [...]}]}``, one track per
+    rollout. A cell's record keeps it (proto/lab/store.py), so ``trace.json`` is written from records: a
+    resumed run's and merged shards' as well as a whole run's."""
+    return {
+        "label": f"{cell.profile} · {cell.workload} · {cell.model}",
+        "mode": cell.mode,
+        "tracks": [{"name": t.session, "spans": spans(t)} for t in cell.traces],
+    }
 
 
 def spans(trace: Trace) -> list[dict[str, Any]]:
@@ -93,24 +99,36 @@ def _server(t: RoundTimes, report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def chrome_trace(cells: Sequence[tuple[str, str, list[Trace]]]) -> dict[str, Any]:
+def origin(cells: Sequence[dict[str, Any]]) -> float:
+    """The earliest span's start: the trace's time zero."""
+    return min((s["start"] for c in cells for t in c["tracks"] for s in t["spans"]), default=0.0)
+
+
+def chrome_trace(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``cells``: :func:`cell_timeline`'s, in the run's order."""
     events: list[dict[str, Any]] = []
-    origin = min((m.t for _, _, traces in cells for t in traces for m in t.marks[:1]), default=0.0)
-    for pid, (label, mode, traces) in enumerate(cells, 1):
+    zero = origin(cells)
+    for pid, cell in enumerate(cells, 1):
         events.append(
-            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{label} · {mode}"}}
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": pid,
+                "tid": 0,
+                "args": {"name": f"{cell['label']} · {cell['mode']}"},
+            }
         )
-        for tid, trace in enumerate(traces, 1):
+        for tid, track in enumerate(cell["tracks"], 1):
             events.append(
                 {
                     "ph": "M",
                     "name": "thread_name",
                     "pid": pid,
                     "tid": tid,
-                    "args": {"name": trace.session or f"rollout {tid}"},
+                    "args": {"name": track["name"] or f"rollout {tid}"},
                 }
             )
-            for span in spans(trace):
+            for span in track["spans"]:
                 events.append(
                     {
                         "ph": "X",
@@ -118,7 +136,7 @@ def chrome_trace(cells: Sequence[tuple[str, str, list[Trace]]]) -> dict[str, Any
                         "cat": span["cat"],
                         "pid": pid,
                         "tid": tid,
-                        "ts": round((span["start"] - origin) * 1e6, 1),
+                        "ts": round((span["start"] - zero) * 1e6, 1),
                         "dur": round((span["end"] - span["start"]) * 1e6, 1),
                         "args": span["args"],
                     }
@@ -130,7 +148,7 @@ def chrome_trace(cells: Sequence[tuple[str, str, list[Trace]]]) -> dict[str, Any
     }
 
 
-def write_trace(cells: Sequence[tuple[str, str, list[Trace]]], out: Path) -> list[Path]:
+def write_trace(cells: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     path = out / "trace.json"
     path.write_text(json.dumps(chrome_trace(cells), separators=(",", ":")) + "\n", encoding="utf-8")
     paths = [path]
@@ -140,7 +158,7 @@ def write_trace(cells: Sequence[tuple[str, str, list[Trace]]], out: Path) -> lis
     return paths
 
 
-def write_timeline(cells: Sequence[tuple[str, str, list[Trace]]], path: Path) -> Path | None:
+def write_timeline(cells: Sequence[dict[str, Any]], path: Path) -> Path | None:
     """The first cell's first rollout in every mode, one row each, from its own first send."""
     if not cells:
         return None
@@ -149,19 +167,20 @@ def write_timeline(cells: Sequence[tuple[str, str, list[Trace]]], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    label = cells[0][0]
-    rows = [(mode, traces[0]) for lab, mode, traces in cells if lab == label and traces]
+    label = cells[0]["label"]
+    rows = [(c["mode"], c["tracks"][0]["spans"]) for c in cells if c["label"] == label and c["tracks"]]
     fig, ax = plt.subplots(figsize=(13, 0.7 * len(rows) + 1.6))
-    for y, (_mode, trace) in enumerate(rows):
-        t0 = trace.marks[0].t
+    for y, (_mode, track) in enumerate(rows):
+        rounds = [s for s in track if s["cat"] == "client" and s["name"] != "tools"]
+        t0 = min((s["start"] for s in rounds), default=0.0)  # the rollout's first send
         bars: dict[str, list[tuple[float, float]]] = {k: [] for k in COLORS}
-        for s in spans(trace):
+        for s in track:
             if s["cat"] == "client" and s["name"] == "tools":
                 bars["tools"].append((s["start"] - t0, s["end"] - s["start"]))
             elif s["cat"] == "gpu":
                 bars[s["name"]].append((s["start"] - t0, s["end"] - s["start"]))
-        for t in round_times(trace.marks):  # what is neither tools nor GPU: the API, both ends and the wire
-            bars["api"].append((t.sent - t0, t.end - t.sent))
+        for s in rounds:  # what is neither tools nor GPU: the API, both ends and the wire
+            bars["api"].append((s["start"] - t0, s["end"] - s["start"]))
         for name in ("api", "tools", "queue", "prefill", "decode"):
             ax.broken_barh(bars[name], (y - 0.35, 0.7), color=COLORS[name], label=name if y == 0 else None)
     ax.set_yticks(range(len(rows)), [m for m, _ in rows])
