@@ -38,6 +38,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from proto.core.actions import error_reply, new_response_id
 from proto.core.codec import CACHE_HEADER, decode_body
@@ -48,6 +49,7 @@ from proto.core.items import Item
 from proto.core.longlived import Cancel
 from proto.core.response import Mode
 from proto.core.work import WorkCounters
+from proto.server.admission import Ticket
 from proto.server.auth import Auth, error_response
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
@@ -156,7 +158,10 @@ class HttpResponses:
         if body.stream:
             return self._stream(prepared, key, created)
         driver = ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created)
-        await _unless_disconnected(request, self._run(driver, "http-response"))
+        try:
+            await _unless_disconnected(request, self._run(driver, "http-response"))
+        finally:
+            prepared.ticket.release()  # the driver gave it back; also when its task was cut before it ran
         response = prepared.rollout.builder.response  # the reply is the Response object itself, as it ended
         if response.status == "failed" and response.error is not None:
             return error_response(ClientError(response.error.code, response.error.message))
@@ -235,8 +240,8 @@ class HttpResponses:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-        return StreamingResponse(
-            frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        return _Stream(
+            prepared.ticket, frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
 
     # ------------------------------------------------------------------------------------ compact
@@ -332,6 +337,21 @@ class HttpResponses:
             "has_more": len(items) > limit,
         }
         return Response(_encoder.encode(body), media_type=JSON)
+
+
+class _Stream(StreamingResponse):
+    """An SSE reply that gives its response's admission ticket back when it is done, whatever happened:
+    the driver gives it back when it ends, but a client gone before the body started leaves no driver."""
+
+    def __init__(self, ticket: Ticket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ticket = ticket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
 
 
 async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]) -> None:
