@@ -22,22 +22,31 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proto.core.errors import ClientError
+from proto.engine.client import RemoteEngine
 from proto.server.config import Settings
-
-if TYPE_CHECKING:
-    from proto.server.pipeline import Engines
+from sampler.models import ModelSpec
 
 __all__ = ["Admission", "AdmissionCollector", "Ticket"]
 
 # The spread of the retry hint around --retry-after-ms: OpenAI's SDKs wait exactly what the hint says (no
 # jitter of their own when one is given), so refused clients spread out only if the hints do.
 JITTER = 0.5
+
+
+class Engines(Protocol):
+    """What admission reads of the routing table (``proto.server.pipeline.Engines``): the in-process
+    models' knobs, or the engine in another process."""
+
+    specs: dict[str, ModelSpec]
+    remote: RemoteEngine | None
+
+    def names(self) -> frozenset[str]: ...
 
 
 class Ticket:
