@@ -164,6 +164,20 @@ async def test_over_limit_creates_are_refused_at_the_door_on_every_transport(
     assert (await until(ga, TERMINAL_OR_ERROR))[-1]["type"] == "response.completed"
 
 
+async def test_a_create_that_supersedes_a_suspended_response_takes_its_place(
+    srv: ThreadedServer, stack: AsyncExitStack
+) -> None:
+    held = Held(srv, stack)
+    await held.hold(2)
+    ws, _ = held.open.pop()
+    await ws.send(json.dumps(create()))  # the suspended response ends superseded, and gives its place back
+    frames = await until(ws, {"response.done", "error"})
+    assert frames[0]["type"] == "response.incomplete", frames[0]
+    assert frames[0]["response"]["incomplete_details"]["reason"] == "superseded"
+    assert frames[-1]["type"] == "response.done" and shed(srv) == 0 and admitted(srv) == 2
+    await held.finish()
+
+
 async def test_a_refused_ga_continuation_keeps_its_cached_response(
     srv: ThreadedServer, stack: AsyncExitStack
 ) -> None:

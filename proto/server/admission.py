@@ -54,8 +54,8 @@ class Ticket:
 
     __slots__ = ("_admission", "model")
 
-    def __init__(self, admission: Admission | None, model: str) -> None:
-        self._admission = admission
+    def __init__(self, admission: Admission, model: str) -> None:
+        self._admission: Admission | None = admission
         self.model = model
 
     def release(self) -> None:
