@@ -8,6 +8,7 @@ Each server here gives its model a tiny engine (one batch slot, one or two waiti
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
@@ -37,8 +38,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from proto.client import messages
 from proto.core.errors import ERROR_CODES, ClientError
+from proto.engine.client import RemoteModel, card_capacity
 from proto.server.admission import Admission
-from proto.server.config import Settings
+from proto.server.config import Settings, add_arguments, from_args
 from proto.server.pipeline import Engines
 from proto.server.serve import ThreadedServer
 from sampler.clock import FakeClock
@@ -123,8 +125,31 @@ def test_the_limit_is_the_engines_room_and_max_admitted_only_lowers_it() -> None
     assert limit() == 4  # one running + three waiting: the most that never overflows the queue
     assert limit(max_admitted=2) == 2
     assert limit(max_admitted=50) == 4  # capped: admission is what guarantees the queue
+    # An engine in another process: its card's room, shared by the workers in front of it; unknown (a real
+    # vLLM): --max-admitted alone, or no limit of ours.
+    remote = replace(SETTINGS, engine="http://127.0.0.1:9", workers=2)
+    engines = Engines(remote, clock)
+    assert engines.remote is not None
+    engines.remote.models = {
+        "sized": RemoteModel(engines.remote, "sized", capacity=1280),
+        "unsized": RemoteModel(engines.remote, "unsized"),
+    }
+    admission = Admission(remote, engines)
+    assert (admission.limit("sized"), admission.limit("unsized")) == (640, None)
+    assert Admission(replace(remote, max_admitted=7), engines).limit("unsized") == 7
+    assert card_capacity({"settings": {"max-num-seqs": 256, "max-waiting": 1024}}) == 1280
+    assert card_capacity({"id": "a-vllm-model", "max_model_len": 8192}) is None
     assert ERROR_CODES["rate_limit_exceeded"] == (429, "requests")
     assert Settings().max_admitted == 0 and Settings().retry_after_ms == 1000.0
+
+
+@pytest.mark.parametrize(("name", "value"), [("max_admitted", "12"), ("retry_after_ms", "250.0")])
+def test_admission_settings_are_flags_and_environment_variables(name: str, value: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    by_flag = from_args(parser.parse_args(["--" + name.replace("_", "-"), value]), environ={})
+    by_env = from_args(parser.parse_args([]), environ={"RESPONSES_LAB_" + name.upper(): value})
+    assert str(getattr(by_flag, name)) == str(getattr(by_env, name)) == value
 
 
 # ------------------------------------------------------------------------------------------ at the door
