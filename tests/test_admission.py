@@ -226,6 +226,31 @@ async def test_a_refused_ga_continuation_keeps_its_cached_response(
     assert final["response"]["output"][-1]["type"] == "message"
 
 
+async def test_every_way_a_response_ends_gives_its_place_back(
+    srv: ThreadedServer, stack: AsyncExitStack
+) -> None:
+    """Completed, cut by a client gone mid-stream (SSE), or by one gone before its JSON reply: each
+    response's place is given back exactly once (the count returns to zero, never below)."""
+    long = "!tokens 3000 !say long"
+    async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
+        assert (await http.post("/v1/responses", json=http_body("!say hi"))).status_code == 200
+        assert admitted(srv) == 0
+        async with http.stream("POST", "/v1/responses", json=http_body(long, stream=True)) as sse:
+            async for line in sse.aiter_lines():
+                if "output_text.delta" in line:
+                    break
+            assert admitted(srv) == 1
+        await wait_for(lambda: admitted(srv) == 0, "the SSE response cut by its client gave its place back")
+        reply = asyncio.create_task(http.post("/v1/responses", json=http_body(long)))
+        await wait_for(lambda: admitted(srv) == 1, "the JSON response admitted")
+        reply.cancel()
+        await wait_for(lambda: admitted(srv) == 0, "the JSON response cut by its client gave its place back")
+    held = Held(srv, stack)
+    await held.hold(2)  # both places are there to take
+    await held.finish()
+    assert admitted(srv) == 0 and shed(srv) == 0
+
+
 # ------------------------------------------------------------------------------------------ admitted work
 @pytest.mark.process
 async def test_admitted_rollouts_all_complete_while_new_creates_are_shed() -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -49,7 +49,6 @@ from proto.core.items import Item
 from proto.core.longlived import Cancel
 from proto.core.response import Mode
 from proto.core.work import WorkCounters
-from proto.server.admission import Ticket
 from proto.server.auth import Auth, error_response
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
@@ -124,6 +123,9 @@ class HttpResponses:
         task = asyncio.create_task(driver.run(), name=name)
         self.running.add(task)
         task.add_done_callback(self.running.discard)
+        # The driver gives its admission place back when it ends; this too when the task was cut before the
+        # driver ran (docs/protocol.md, "Admission").
+        task.add_done_callback(lambda _: driver.prepared.ticket.release())
         if self.stopping:
             task.cancel()  # started as the server stops: it ends at once, billed and answered like the rest
         return task
@@ -158,10 +160,7 @@ class HttpResponses:
         if body.stream:
             return self._stream(prepared, key, created)
         driver = ResponseDriver(self.pipeline, prepared, _OneRequest(None), key, created)
-        try:
-            await _unless_disconnected(request, self._run(driver, "http-response"))
-        finally:
-            prepared.ticket.release()  # the driver gave it back; also when its task was cut before it ran
+        await _unless_disconnected(request, self._run(driver, "http-response"))
         response = prepared.rollout.builder.response  # the reply is the Response object itself, as it ended
         if response.status == "failed" and response.error is not None:
             return error_response(ClientError(response.error.code, response.error.message))
@@ -210,12 +209,13 @@ class HttpResponses:
 
     def _stream(self, prepared: Prepared, key: str, created: float) -> Response:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.pipeline.settings.send_queue)
+        driving: list[asyncio.Task[ServerEvent]] = []  # the driver's task, once the body has started it
 
         async def produce() -> None:
             try:
-                await self._run(
-                    ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver"
-                )
+                driver = ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created)
+                driving.append(self._run(driver, "sse-driver"))
+                await driving[0]
             except asyncio.CancelledError:
                 me = asyncio.current_task()
                 if not self.stopping or (me is not None and me.cancelling()):
@@ -240,8 +240,12 @@ class HttpResponses:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+        def orphaned() -> None:
+            if not driving:  # the client was gone before the body started: no driver holds the place
+                prepared.ticket.release()
+
         return _Stream(
-            prepared.ticket, frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            orphaned, frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
 
     # ------------------------------------------------------------------------------------ compact
@@ -340,18 +344,18 @@ class HttpResponses:
 
 
 class _Stream(StreamingResponse):
-    """An SSE reply that gives its response's admission ticket back when it is done, whatever happened:
-    the driver gives it back when it ends, but a client gone before the body started leaves no driver."""
+    """An SSE reply that calls ``ended`` once it is over, whatever happened (starlette never starts the body
+    of a reply whose client is already gone)."""
 
-    def __init__(self, ticket: Ticket, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, ended: Callable[[], None], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.ticket = ticket
+        self.ended = ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.ticket.release()
+            self.ended()
 
 
 async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]) -> None:
