@@ -302,9 +302,7 @@ async def test_the_openai_sdk_retries_a_refused_create_until_it_is_admitted(stac
         held = Held(server, stack)
         await held.hold(1)  # the one place
         sdk = AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=50)
-        call = asyncio.create_task(
-            sdk.responses.create(model=MODEL, input="!say admitted", store=False)  # type: ignore[call-overload]
-        )
+        call = asyncio.create_task(sdk.responses.create(model=MODEL, input="!say admitted", store=False))
         await wait_for(lambda: shed(server) >= 2, "the SDK's create refused twice")
         assert not call.done()
         await held.finish()
