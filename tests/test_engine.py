@@ -262,19 +262,34 @@ async def test_a_cancel_through_the_engine_bills_what_was_delivered_and_limits_c
     await assert_all_released(topology)
 
 
-async def test_an_engine_that_refuses_for_load_gives_server_overloaded(topology: Topology) -> None:
-    ws = await streaming(ws_url(topology.a), ONE_SLOT)  # the one slot; no waiting room
+async def test_a_full_engine_is_refused_at_the_door_and_admitted_work_waits(topology: Topology) -> None:
+    """Admission over the engine hop (docs/protocol.md, "Admission"). Worker a knows the engine's room from
+    its model card (one slot, no waiting place): its second create is refused at the door. Worker b does
+    not know what a holds: its create is admitted, the engine refuses its turn, and the turn waits and asks
+    again (admitted work is never shed) while b's door stays closed for the engine's hint."""
+    body = {"model": ONE_SLOT, "input": "!say served", "store": False}
+    ws = await streaming(ws_url(topology.a), ONE_SLOT)  # the one place, and the engine's one slot
     try:
         async with httpx.AsyncClient(timeout=GUARD) as http:
-            refused = await http.post(
-                topology.b.http_url + "/v1/responses", json={"model": ONE_SLOT, "input": "hi", "store": False}
+            refused = await http.post(topology.a.http_url + "/v1/responses", json=body)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded", (
+                refused.text
             )
-        # A failed JSON response had sent nothing: the OpenAI error body, with server_overloaded's 503.
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_overloaded", (
-            refused.text
-        )
-        await ws.send(json.dumps({"type": "response.cancel"}))
-        await recv_until(ws, TERMINAL_TYPES)
+            assert refused.headers["retry-after-ms"] and refused.headers["retry-after"]
+            waiting = asyncio.create_task(http.post(topology.b.http_url + "/v1/responses", json=body))
+            await until_true(
+                lambda: scrape(topology.b.http_url)[("responses_lab_engine_client_refusals", "")] >= 1,
+                "the engine refused b's admitted turn",
+            )
+            shut = await http.post(topology.b.http_url + "/v1/responses", json=body)
+            assert shut.status_code == 429 and shut.json()["error"]["code"] == "rate_limit_exceeded", (
+                shut.text
+            )
+            assert not waiting.done()
+            await ws.send(json.dumps({"type": "response.cancel"}))  # a's response ends: the slot is free
+            await recv_until(ws, TERMINAL_TYPES)
+            served = await waiting
+            assert served.status_code == 200 and served.json()["status"] == "completed", served.text
     finally:
         await ws.close()
     await assert_all_released(topology)

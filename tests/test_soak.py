@@ -44,3 +44,29 @@ def test_soak_smoke_leaves_no_session_and_no_task(tmp_path: Path) -> None:
 def test_soak_refuses_a_non_loopback_server() -> None:
     with pytest.raises(SystemExit, match="loopback"):
         main(["--url", "http://10.1.2.3:8000", "--connections", "1"])
+
+
+def test_soak_clients_retry_creates_shed_at_the_door(tmp_path: Path) -> None:
+    """Twenty rollouts against room for four: creates are shed and retried, none fails once started."""
+    out = tmp_path / "soak.json"
+    flags = ["--server-flag=--max-admitted=4", "--server-flag=--retry-after-ms=20"]
+    code = main(
+        [
+            "--connections",
+            "20",
+            "--turns",
+            "3",
+            "--http-share",
+            "0.2",
+            "--ramp-s",
+            "0",
+            "--out",
+            str(out),
+            *flags,
+        ]
+    )
+    report = json.loads(out.read_text())
+    assert code == 0 and report["errors"] == {}, report["errors"]
+    assert report["rollouts_ok"] == 20 and report["failed_mid_rollout"] == 0
+    assert report["creates_shed"] > 0 and report["retries"] == report["creates_shed"]
+    assert report["e2e_s_p99"] >= report["e2e_s_p50"] > 0

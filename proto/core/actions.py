@@ -6,7 +6,7 @@ import secrets
 from dataclasses import dataclass
 
 from proto.core import codec
-from proto.core.errors import ClientError
+from proto.core.errors import ClientError, retry_headers
 from proto.core.events import ErrorDetail, ErrorEvent, ResponseCreate
 from proto.core.items import Item
 from proto.core.work import WorkCounters
@@ -33,7 +33,8 @@ class Start:
 def error_reply(exc: ClientError) -> Reply:
     """The GA error envelope: one ``error`` frame, no ``sequence_number``."""
     detail = ErrorDetail(type=exc.type, code=exc.code, message=exc.message, param=exc.param)
-    return Reply(codec.encode(ErrorEvent(status=exc.status, error=detail)))
+    headers = retry_headers(exc.retry_after_s) or None
+    return Reply(codec.encode(ErrorEvent(status=exc.status, error=detail, headers=headers)))
 
 
 def new_response_id() -> str:

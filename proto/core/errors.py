@@ -7,6 +7,8 @@ misuse of the core (a bug): it is never sent to the peer as if it were their fau
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 # code -> (HTTP status, OpenAI error type). One table so every transport reports the same thing.
@@ -47,6 +49,9 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "empty_array": (400, "invalid_request_error"),  # OpenAI's code for an empty list where items are required
     "unauthorized": (401, "authentication_error"),
     "websocket_connection_limit_reached": (400, "invalid_request_error"),
+    # Refused at the door, nothing started (docs/protocol.md, "Admission"): OpenAI's code and status for a
+    # request over a limit, with the type its request-count limits carry; the retry hint goes with it.
+    "rate_limit_exceeded": (429, "requests"),
     "server_overloaded": (503, "server_error"),
     "engine_failure": (500, "server_error"),
     "server_shutting_down": (503, "server_error"),
@@ -59,13 +64,16 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
 class ClientError(Exception):
     """The peer sent something we refuse; carries what the wire error needs."""
 
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, param: str | None = None, retry_after_s: float | None = None
+    ) -> None:
         if code not in ERROR_CODES:
             raise LocalProtocolError(f"unregistered error code {code!r}")
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
+        self.retry_after_s = retry_after_s  # a retry hint: sent as ``retry_headers`` on every transport
 
     @property
     def status(self) -> int:
@@ -77,6 +85,15 @@ class ClientError(Exception):
 
     def body(self) -> ErrorBody:
         return ErrorBody(type=self.type, code=self.code, message=self.message, param=self.param)
+
+
+def retry_headers(retry_after_s: float | None) -> dict[str, str]:
+    """The retry hint as OpenAI's SDKs read it: ``retry-after-ms`` first (milliseconds, the exact wait),
+    then ``retry-after`` (whole seconds, RFC 9110's delay-seconds, rounded up). Over HTTP they are response
+    headers; over WebSocket the error envelope's ``headers`` object (Codex reads it there). Empty: no hint."""
+    if retry_after_s is None:
+        return {}
+    return {"retry-after-ms": str(round(retry_after_s * 1000)), "retry-after": str(math.ceil(retry_after_s))}
 
 
 class LocalProtocolError(Exception):

@@ -319,9 +319,12 @@ class ErrorDetail(msgspec.Struct, kw_only=True):
     param: str | None = None
 
 
-class ErrorEvent(WireEvent, tag="error", frozen=True):
+class ErrorEvent(WireEvent, tag="error", frozen=True, omit_defaults=True):
     status: int
     error: ErrorDetail
+    # The HTTP headers the same refusal carries over HTTP (a retry hint: ``retry-after-ms``, ``retry-after``),
+    # as Codex's ``WrappedWebsocketErrorEvent`` reads them; absent when there are none.
+    headers: dict[str, str] | None = None
 
 
 TERMINAL_EVENTS = (ResponseCompleted, ResponseIncomplete, ResponseFailed)

@@ -21,6 +21,11 @@ or error chunk, a connection that breaks or ends early, a stream that stalls for
 server's clock, a wrong token count — is ``EngineFailure`` (``engine_failure``). Abandoning a turn closes
 its connection, which ends the request in the engine (its slot goes to the next waiter); closing a
 sequence that pinned its prefix queues a ``DELETE /v1/sequences/{id}``, sent by the engine's own task.
+
+A turn is admitted work (docs/protocol.md, "Admission"): when the engine refuses it for load before its
+stream starts (the status line), the turn waits and asks again, backing off up to ``retry_s``, for at most
+``timeout_s``; only then does it fail ``server_overloaded``. Each refusal also closes the API tier's door for
+``retry_s`` (``refusing``): new creates are refused there, typed, instead of joining the wait.
 """
 
 from __future__ import annotations
@@ -61,10 +66,14 @@ class RemoteEngine:
         pin_ttl_s: float = 660.0,
         connections: int = 1024,
         api_key: str | None = None,
+        retry_s: float = 1.0,
     ) -> None:
         self.url = url.rstrip("/")
         self.clock = clock
         self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.refused_until = 0.0  # the server clock's time until which the engine said it is full
+        self.refusals = 0
         self.pin_ttl_s = pin_ttl_s
         self.connections = connections
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -112,7 +121,10 @@ class RemoteEngine:
                     ) from exc
                 await asyncio.sleep(0.1)  # polling a process that is still starting
         self.cards = [dict(card) for card in cards]
-        self.models = {card["id"]: RemoteModel(self, card["id"], card_limits(card)) for card in self.cards}
+        self.models = {
+            card["id"]: RemoteModel(self, card["id"], card_limits(card), card_capacity(card))
+            for card in self.cards
+        }
         self.lab_extension = bool(self.cards) and all(
             card.get("owned_by") == "responses-lab" for card in self.cards
         )
@@ -136,9 +148,14 @@ class RemoteEngine:
         if self._session is not None:
             await self._session.close()
 
+    def refusing(self) -> float:
+        """How much longer the engine is taken to be full (seconds; 0: it is not), after its last refusal."""
+        return max(0.0, self.refused_until - self.clock.now())
+
     def metrics(self) -> dict[str, float]:
         return {
             "streams_open": float(len(self.in_flight)),
+            "refusals": float(self.refusals),
             "sequences_pinned": float(len(self.pinned)),
             "releases_pending": float(self.releases.qsize() if self.releases else 0),
             "releases_failed": float(self.releases_failed),
@@ -196,13 +213,26 @@ def card_limits(card: dict[str, Any]) -> ModelLimits:
     return ModelLimits(window, output, bound_by)
 
 
+def card_capacity(card: dict[str, Any]) -> int | None:
+    """The sequences the engine holds at once for a model, running and waiting (the mock engine's
+    ``max-num-seqs`` + ``max-waiting``); ``None`` when its card does not say (a real vLLM)."""
+    settings = card.get("settings") or {}
+    running, waiting = settings.get("max-num-seqs"), settings.get("max-waiting")
+    if running is None or waiting is None:
+        return None
+    return int(running) + int(waiting)
+
+
 class RemoteModel:
     """One model the engine serves: ``sampler.engine.Engine``."""
 
-    def __init__(self, engine: RemoteEngine, name: str, limits: ModelLimits | None = None) -> None:
+    def __init__(
+        self, engine: RemoteEngine, name: str, limits: ModelLimits | None = None, capacity: int | None = None
+    ) -> None:
         self.engine = engine
         self.name = name
         self.limits = limits or ModelLimits()
+        self.capacity = capacity
 
     def open(self, keep_warm: bool = True) -> RemoteSequence:
         return RemoteSequence(
@@ -248,7 +278,7 @@ class RemoteSequence:
         try:
             body = self._body(prompt_ids, output_ids)
             sent_at = time.perf_counter()
-            response = await self._open(body)
+            response = await self._admitted(body)
             events, sent, first_at, final = EventStream(), 0, 0.0, StreamChunk()
             held, floor = 0, 0.0  # tokens not yet yielded (every_s), and when the next yield may come
             while True:
@@ -347,6 +377,24 @@ class RemoteSequence:
             responses_lab=lab,
         )
         return _encode(request)
+
+    async def _admitted(self, body: bytes) -> aiohttp.ClientResponse:
+        """``_open``, asking again while the engine refuses for load (see the module's docstring)."""
+        engine = self.engine
+        give_up = engine.clock.now() + engine.timeout_s
+        wait = min(0.01, engine.retry_s)
+        while True:
+            try:
+                return await self._open(body)
+            except EngineOverloaded:
+                now = engine.clock.now()
+                engine.refusals += 1
+                engine.refused_until = max(engine.refused_until, now + engine.retry_s)
+                if now + wait >= give_up:
+                    raise
+            self.progress = now  # the engine answered: no stall for the watchdog
+            await engine.clock.sleep_until(now + wait)
+            wait = min(wait * 2, engine.retry_s)
 
     async def _open(self, body: bytes) -> aiohttp.ClientResponse:
         """POST and wait for the status line: in a task of its own, so the watchdog can give up on it."""

@@ -7,6 +7,12 @@ the server process), and the asyncio tasks still alive on the server once every 
 (``responses_lab_tasks`` on ``/metrics``: a leak of one task per connection shows as a number ≫ baseline).
 ``--suspended K`` then holds K responses suspended at once and reports the RSS each one costs.
 
+Its clients retry a create refused at the door (``rate_limit_exceeded``: 429 over HTTP, the error envelope
+over WebSocket; nothing had started) as OpenAI's SDK does (``proto.client.retry``), up to ``--max-retries``
+times, and it reports how many creates were shed and retried, how many rollouts failed after they had
+started (``failed_mid_rollout``: admitted work that was not carried to its end), and each rollout's e2e
+time from its first create to its terminal event, waits included.
+
 Without ``--url`` it starts ``responses-lab serve`` itself (a subprocess, so its RSS is its own) on a free
 port with a throwaway database, and raises this process's open-file limit to the hard limit first (the
 server inherits it): N connections need N descriptors on each side.
@@ -19,6 +25,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import random
 import resource
 import sys
 import tempfile
@@ -34,6 +41,7 @@ import psutil
 from proto.client import messages
 from proto.client.http import HttpClient
 from proto.client.longlived import LongLivedClient
+from proto.client.retry import REFUSED, retry_delay
 from proto.core.events import TERMINAL_TYPES
 from proto.lab.metrics import percentile
 from proto.processes import ChildServer
@@ -51,6 +59,11 @@ class Report:
     rollouts_ok: int = 0
     turns_ok: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    failed_mid_rollout: int = 0  # a rollout that had started and did not complete
+    creates_shed: int = 0  # creates refused at the door (each rollout may be refused several times)
+    retries: int = 0  # creates sent again after a refusal
+    e2e_s_p50: float = 0.0  # a completed rollout: first create sent → terminal event, retry waits included
+    e2e_s_p99: float = 0.0
     wall_s: float = 0.0
     overhead_ms_p50: float = 0.0
     overhead_ms_p99: float = 0.0
@@ -74,6 +87,8 @@ class Soak:
         self.server = server
         self.overheads: list[float] = []
         self.ttfts: list[float] = []
+        self.e2es: list[float] = []
+        self.rng = random.Random(0)
         self.report = Report(" ".join(sys.argv), args.connections, args.turns, args.http_share)
 
     def error(self, kind: str) -> None:
@@ -87,26 +102,51 @@ class Soak:
     def body(self) -> dict[str, Any]:
         return messages.body(self.args.model, self.script(), tools=TOOLS)
 
+    async def refused(self, code: str, headers: dict[str, str] | None, attempt: int) -> bool:
+        """A create refused at the door: wait as the SDK would and say to ask again (False: give up)."""
+        if code != REFUSED:
+            return False
+        self.report.creates_shed += 1
+        if attempt > self.args.max_retries:
+            return False
+        self.report.retries += 1
+        await asyncio.sleep(retry_delay(headers, attempt, self.rng))
+        return True
+
+    def ended(self, status: str, started: float) -> None:
+        """A rollout that had started reached its terminal event."""
+        if status == "completed":
+            self.report.rollouts_ok += 1
+            self.e2es.append(time.perf_counter() - started)
+        else:
+            self.report.failed_mid_rollout += 1
+            self.error(status)
+
     async def longlived(self, index: int) -> None:
         await asyncio.sleep(index * self.args.ramp_s / max(1, self.args.connections))
+        started = time.perf_counter()
         async with LongLivedClient(self.ws_url, open_timeout=60) as client:
-            sent = await client.send(messages.create(self.body()))
+            create = messages.create(self.body())
+            sent = await client.send(create)
             first: float | None = None
+            attempt = 0
             while True:
                 event = await client.recv()
                 kind = event.type
                 if first is None and kind.endswith(".delta"):
                     first = event.t
                 if kind == "error":
-                    self.error(event.data["error"]["code"])
+                    code = event.data["error"]["code"]
+                    attempt += 1
+                    if await self.refused(code, event.data.get("headers"), attempt):
+                        sent, first = await client.send(create), None
+                        continue
+                    self.error(code)
                     return
                 if kind == "response.done" or kind in TERMINAL_TYPES:
                     self.turn(event.data["response"], sent, first)
                     if kind in TERMINAL_TYPES:
-                        if kind == "response.completed":
-                            self.report.rollouts_ok += 1
-                        else:
-                            self.error(event.data["response"]["status"])
+                        self.ended(event.data["response"]["status"], started)
                         return
                     sent, first = (
                         await client.send(messages.append(messages.outputs(event.data["pending_calls"]))),
@@ -123,19 +163,29 @@ class Soak:
         self.overheads.append(ttft - turns[-1]["prefill_ms"] - turns[-1]["queue_wait_ms"])
 
     async def http(self, index: int, client: HttpClient) -> None:
+        """Each request is a new response: any of them may be refused at the door, and is asked again."""
         await asyncio.sleep(index * self.args.ramp_s / max(1, self.args.connections))
+        started = time.perf_counter()
         base = self.body()
         body = base
+        attempt = 0
         while True:
             reply = await client.post(body)
+            if reply.status_code == 429:
+                attempt += 1
+                if await self.refused(reply.json()["error"]["code"], dict(reply.headers), attempt):
+                    continue
             if reply.status_code != 200:
                 self.error(f"http_{reply.status_code}")
+                if body is not base:
+                    self.report.failed_mid_rollout += 1
                 return
+            attempt = 0
             response = reply.json()
             self.report.turns_ok += 1
             calls = messages.function_calls(response)
             if not calls:
-                self.report.rollouts_ok += 1
+                self.ended(response["status"], started)
                 return
             body = messages.continuation(base, messages.outputs(calls), response["id"])
 
@@ -168,7 +218,7 @@ class Soak:
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
         await self.sample_once(started)
-        for name, values in (("overhead_ms", self.overheads), ("ttft_ms", self.ttfts)):
+        for name, values in (("overhead_ms", self.overheads), ("ttft_ms", self.ttfts), ("e2e_s", self.e2es)):
             if values:
                 setattr(report, f"{name}_p50", round(percentile(values, 50), 3))
                 setattr(report, f"{name}_p99", round(percentile(values, 99), 3))
@@ -275,6 +325,18 @@ def main(argv: list[str] | None = None) -> int:
         help="then hold this many responses suspended at once: RSS per response",
     )
     parser.add_argument("--model", default="mock-4000tps")
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=100,
+        help="times a client asks again after its create was refused at the door (the SDK's default: 2)",
+    )
+    parser.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        help="a flag for the server it starts, e.g. --server-flag=--max-admitted=500 (repeatable)",
+    )
     parser.add_argument("--ramp-s", type=float, default=2.0, help="connections start spread over this long")
     parser.add_argument(
         "--max-s", type=float, default=300.0, help="the run's time limit (an error if reached)"
@@ -295,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with (
             tempfile.TemporaryDirectory() as tmp,
-            ChildServer(["--model-override", FAST_OVERRIDE], db=str(Path(tmp) / "soak.db")) as server,
+            ChildServer(
+                ["--model-override", FAST_OVERRIDE, *args.server_flag], db=str(Path(tmp) / "soak.db")
+            ) as server,
         ):
             report = asyncio.run(Soak(server.http_url, args, server.process).run())
     text = json.dumps(asdict(report), indent=1)

@@ -20,6 +20,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from proto.core.errors import ClientError
+from proto.server.admission import AdmissionCollector
 from proto.server.auth import Auth, error_response, unauthorized
 from proto.server.config import Settings
 from proto.server.conversations import ConversationRoutes
@@ -192,6 +193,7 @@ def create_app(
     server = Server(settings, clock)
     server.pipeline.metrics.registry.register(ServerCollector(server))
     server.pipeline.metrics.registry.register(ItemCacheCollector(server.pipeline.item_cache))
+    server.pipeline.metrics.registry.register(AdmissionCollector(server.pipeline.admission))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

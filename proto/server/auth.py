@@ -10,7 +10,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proto.core.errors import ClientError, HttpErrorEnvelope
+from proto.core.errors import ClientError, HttpErrorEnvelope, retry_headers
 from proto.server.storage.ledger import fingerprint_api_key
 
 KeyedEndpoint = Callable[[Request, str], Awaitable[Response]]
@@ -20,7 +20,10 @@ _encoder = msgspec.json.Encoder()
 def error_response(exc: ClientError) -> Response:
     """OpenAI's JSON error body, with the status its code is registered with."""
     return Response(
-        _encoder.encode(HttpErrorEnvelope(exc.body())), status_code=exc.status, media_type="application/json"
+        _encoder.encode(HttpErrorEnvelope(exc.body())),
+        status_code=exc.status,
+        headers=retry_headers(exc.retry_after_s),
+        media_type="application/json",
     )
 
 

@@ -268,6 +268,7 @@ class BackgroundResponses:
             await persist_response(self.pipeline, response, api_key_id, rollout.input_items, also=row)
         except BaseException:
             rollout.sequence.close()  # the driver never ran: nothing else releases its engine sequence
+            prepared.ticket.release()  # nor its admission place (docs/protocol.md, "Admission")
             raise
         queued = _encoder.encode(response)
         sink = _Background(self, prepared, api_key_id, stream)
@@ -275,6 +276,9 @@ class BackgroundResponses:
         sink.task = asyncio.create_task(self._run(driver), name=f"background-{response.id}")
         self.running[response.id] = sink
         sink.task.add_done_callback(lambda _: self.running.pop(response.id, None))
+        # The driver gives its admission place back when it ends; this too when the task was cut before the
+        # driver ran (a create as the server stops).
+        sink.task.add_done_callback(lambda _: prepared.ticket.release())
         if self.stopping:
             sink.cut_by_owner("server_shutting_down")
         if self._watch is None or self._watch.done():

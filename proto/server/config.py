@@ -62,6 +62,14 @@ class Settings:
     tool_timeout_s: float = (
         600.0  # a suspended response waits this long for outputs: incomplete, tool_timeout
     )
+    # Admission (docs/protocol.md, "Admission"): responses open at once per model, suspended ones included;
+    # a create past it is refused before anything starts (429 rate_limit_exceeded). 0: the engine's
+    # max-num-seqs + max-waiting (shared by --workers on one engine), the most that can never overflow its
+    # waiting queue; a larger value is capped to that. With an engine that does not say (a real vLLM): this.
+    max_admitted: int = 0
+    # The retry hint of a refused create (retry-after-ms, retry-after), drawn within ±50 % of this so that
+    # the refused clients do not all come back at the same instant.
+    retry_after_ms: float = 1000.0
     idle_timeout_s: float = 3600.0
     connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached
     # Merge a stream's deltas within this window into one event (the GPU wakes at most this often; its

@@ -177,6 +177,7 @@ class ResponseDriver:
             return terminal
         finally:
             self.prepared.rollout.sequence.close()  # GPU slot and KV pins: released on every path
+            self.prepared.ticket.release()  # its place in admission (docs/protocol.md, "Admission")
         terminal = builder.reissue(self._bill() or terminal)
         await self.transport.send([terminal])
         return terminal

@@ -45,6 +45,7 @@ from proto.core.items import (
 from proto.core.response import Mode, Response
 from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
+from proto.server.admission import Admission, Ticket
 from proto.server.config import Settings
 from proto.server.metrics import PipelineMetrics
 from proto.server.stages.item_cache import ItemCache
@@ -139,6 +140,7 @@ class Engines:
                 pin_ttl_s=settings.tool_timeout_s + 60.0,
                 connections=settings.engine_connections,
                 api_key=settings.engine_api_key or None,
+                retry_s=settings.retry_after_ms / 1e3,
             )
             return
         self.specs = model_specs(settings.model_override)
@@ -185,6 +187,7 @@ class Engines:
 class Prepared:
     rollout: Rollout
     gpu: Engine
+    ticket: Ticket  # its place in admission: given back when the response ends (ResponseDriver.run)
 
 
 class Pipeline:
@@ -196,6 +199,7 @@ class Pipeline:
         self.tokenizer = Tokenizer()
         self.scanner = SafetyScanner(settings.safety)  # type: ignore[arg-type]
         self.engines = Engines(settings, self.clock)
+        self.admission = Admission(settings, self.engines)
         self.web_search = WebSearch()
         self.ledger = UsageLedger(settings.db, busy_timeout=settings.db_busy_timeout_s)
         self.store = ResponseStore(settings.db, busy_timeout=settings.db_busy_timeout_s)
@@ -270,6 +274,7 @@ class Pipeline:
         conversation: Conversation | None = None,
         gpu: Engine | None = None,
         cache_scope: str | None = None,
+        ticket: Ticket | None = None,
     ) -> Prepared:
         """Pre-inference work for one response. ``history`` is context the response continues from
         (a stored chain, or HTTP's re-sent items); only what the transport says is new is scanned unless
@@ -277,8 +282,12 @@ class Pipeline:
         rendered tokens: only ``new_items`` are tokenized onto it; the caller hands it over, it is
         mutated) and its resolved ``gpu`` (no model resolution). ``cache_scope`` (``http-cached``: the API
         key id) scans, tokenizes and resolves through the item cache (``proto/server/stages/item_cache.py``).
+        ``ticket``: the caller's place in admission, taken before it touched state a refusal must leave as
+        it was; without one, the response is admitted here (docs/protocol.md, "Admission").
         """
         phases = phases if phases is not None else {}
+        if ticket is None:
+            self.admission.check(request.model)
         flags = await self.scan(
             history + new_items if scan_history else new_items,
             work,
@@ -343,7 +352,13 @@ class Pipeline:
             encrypted_reasoning=request.includes("reasoning.encrypted_content"),
         )
         builder.lab.phases_ms = dict(phases)
-        return Prepared(rollout, gpu)
+        if ticket is None:
+            try:  # last, so that no failure of the work above holds a place
+                ticket = self.admission.admit(request.model)
+            except ClientError:
+                rollout.sequence.close()
+                raise
+        return Prepared(rollout, gpu, ticket)
 
     async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +

@@ -37,13 +37,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from proto.core.actions import error_reply, new_response_id
 from proto.core.codec import CACHE_HEADER, decode_body
@@ -136,6 +137,9 @@ class HttpResponses:
         task = asyncio.create_task(driver.run(), name=name)
         self.running.add(task)
         task.add_done_callback(self.running.discard)
+        # The driver gives its admission place back when it ends; this too when the task was cut before the
+        # driver ran (docs/protocol.md, "Admission").
+        task.add_done_callback(lambda _: driver.prepared.ticket.release())
         if self.stopping:
             task.cancel()  # started as the server stops: it ends at once, billed and answered like the rest
         return task
@@ -228,12 +232,13 @@ class HttpResponses:
 
     def _stream(self, prepared: Prepared, key: str, created: float) -> Response:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.pipeline.settings.send_queue)
+        driving: list[asyncio.Task[ServerEvent]] = []  # the driver's task, once the body has started it
 
         async def produce() -> None:
             try:
-                await self._run(
-                    ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created), "sse-driver"
-                )
+                driver = ResponseDriver(self.pipeline, prepared, _OneRequest(queue), key, created)
+                driving.append(self._run(driver, "sse-driver"))
+                await driving[0]
             except asyncio.CancelledError:
                 me = asyncio.current_task()
                 if not self.stopping or (me is not None and me.cancelling()):
@@ -258,8 +263,12 @@ class HttpResponses:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-        return StreamingResponse(
-            frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        def orphaned() -> None:
+            if not driving:  # the client was gone before the body started: no driver holds the place
+                prepared.ticket.release()
+
+        return _Stream(
+            orphaned, frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
 
     # ------------------------------------------------------------------------------------ background
@@ -412,6 +421,21 @@ class HttpResponses:
             "has_more": len(items) > limit,
         }
         return Response(_encoder.encode(body), media_type=JSON)
+
+
+class _Stream(StreamingResponse):
+    """An SSE reply that calls ``ended`` once it is over, whatever happened (starlette never starts the body
+    of a reply whose client is already gone)."""
+
+    def __init__(self, ended: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ended = ended
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ended()
 
 
 async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]) -> None:

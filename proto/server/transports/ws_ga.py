@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from proto.core.ga import Action, Close, GaCore, Outcome, SteerReply, lane_frame
 from proto.core.items import CALL_ITEMS, Item, Tool, item_type
 from proto.core.longlived import Cancel
 from proto.core.work import WorkCounters
+from proto.server.admission import Ticket
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
@@ -220,49 +222,47 @@ class GaConnection(WebSocketConnection):
                 await self._act_all(follow)
 
     async def _prepare(self, start: Start) -> Prepared:
+        """Admitted first: a continuation refused at the door leaves its lane's cache entry in place, so
+        that its retry finds it (docs/protocol.md, "Admission")."""
+        ticket = self.pipeline.admission.admit(start.request.model)
+        try:
+            return await self._prepare_admitted(start, ticket)
+        except BaseException:
+            ticket.release()
+            raise
+
+    async def _prepare_admitted(self, start: Start, ticket: Ticket) -> Prepared:
         """The pre-inference pipeline for this lane's state: a cache hit reuses the rendering and the
         engine; a miss loads the chain from the store and redoes it."""
         request, work = start.request, start.work
         previous = request.previous_response_id
         cached = self._cached_for(start.stream_id, previous, work)
         phases: dict[str, float] = {}
+        prepare = functools.partial(
+            self.pipeline.prepare, start.response_id, request, phases=phases, ticket=ticket
+        )
         with timed(phases, "store_load"):
             items = await resolve_references(self.pipeline, start.items, self.api_key_id, work)
         if previous is None:
             with timed(phases, "store_load"):  # a conversation is read from the store, never the cache
                 history = await load_conversation(self.pipeline, request, items, self.api_key_id, work)
             check_outputs(history, items)
-            return await self.pipeline.prepare(
-                start.response_id, request, history, items, work, "ws", scan_history=True, phases=phases
-            )
+            return await prepare(history, items, work, "ws", scan_history=True)
         if cached is not None:
             check_outputs(cached.conversation.items, items)
             if cached.instructions == request.instructions and cached.tools == request.tools:
                 gpu = cached.gpu if cached.model == request.model else None
-                return await self.pipeline.prepare(
-                    start.response_id,
-                    request,
-                    [],
-                    items,
-                    work,
-                    "ws",
-                    scan_history=False,
-                    phases=phases,
-                    conversation=cached.conversation,
-                    gpu=gpu,
+                return await prepare(
+                    [], items, work, "ws", scan_history=False, conversation=cached.conversation, gpu=gpu
                 )
             # New instructions or tools head the prompt: the items are in memory, their rendering is not
             # reusable.
             history = list(cached.conversation.items)
-            return await self.pipeline.prepare(
-                start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases
-            )
+            return await prepare(history, items, work, "ws", scan_history=False)
         with timed(phases, "store_load"):
             history = await load_history(self.pipeline, previous, self.api_key_id, work)
         check_outputs(history, items)
-        return await self.pipeline.prepare(
-            start.response_id, request, history, items, work, "ws", scan_history=False, phases=phases
-        )
+        return await prepare(history, items, work, "ws", scan_history=False)
 
     def _cached_for(self, lane: str | None, previous: str | None, work: WorkCounters) -> Cached | None:
         """This lane's entry is taken (a failure leaves it evicted); another lane's is forked."""
