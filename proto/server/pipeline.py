@@ -26,11 +26,13 @@ import structlog
 
 from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
+from proto.core.compaction import compacted
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
     CALL_ITEMS,
     HOSTED_TOOL_NAMES,
+    Compaction,
     CustomTool,
     FunctionTool,
     Item,
@@ -548,10 +550,14 @@ def _choice_name(tool: Any) -> str | None:
 
 def count_segments(items: list[Item]) -> int:
     """How many sampling segments a history holds, counted as the long-lived loop counts turns: a run
-    of the model's own items is one segment, and a hosted call's inline result closes one."""
+    of the model's own items is one segment, and a hosted call's inline result closes one; a compaction
+    item counts the segments it replaced (docs/protocol.md, "Compaction")."""
     segments = 0
     inside = False
     for item in items:
+        if isinstance(item, Compaction) and (known := compacted(item.encrypted_content)) is not None:
+            segments, inside = segments + known.segments, False
+            continue
         own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (
             isinstance(item, Message) and item.role == "assistant"
         )
