@@ -10,6 +10,12 @@ has no schema for is checked against OpenAI's own types instead, never skipped:
   admits only slug-prefixed, and tools other than ``function`` (``web_search``, ``custom``, ``namespace``):
   each must decode as OpenAI's type (``proto.core.openai_types``, generated from the SDK); the object
   around them then validates against the spec's schema;
+* a ``tool_choice`` the spec has no shape for (a hosted, ``custom`` or ``mcp`` choice, an ``allowed_tools``
+  entry other than a function): it must convert to OpenAI's type; the spec then sees ``auto`` (the
+  ``allowed_tools`` entries it does define are kept);
+* ``text.format.schema`` of a ``json_schema`` format: the spec's ``JsonSchemaResponseFormat`` admits only
+  ``null`` there, OpenAI echoes the schema the request sent: it must be a JSON object, and the rest of the
+  format validates against the spec;
 * events the spec does not define (the long-lived protocol's ``response.done`` and inject replies, hosted
   tools' progress events, custom tool input deltas, GA WebSocket's steer replies): their type must be one
   of ``EXTENSION_EVENTS``, a ``sequence_number`` an integer, and any ``response`` they carry a valid Response.
@@ -29,6 +35,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from proto.core import openai_types as oa
+from proto.core.events import CreateBody
 
 SPEC_PATH = Path(__file__).resolve().parent / "openresponses" / "openapi.json"
 SPEC_URI = "urn:openresponses:2026-04-24"
@@ -51,6 +58,7 @@ EXTENSION_EVENTS = frozenset(
 )
 _item_decoder = msgspec.json.Decoder(oa.InputItem)
 _tool_decoder = msgspec.json.Decoder(oa.Tool)
+_TOOL_CHOICE = next(f.type for f in msgspec.structs.fields(CreateBody) if f.name == "tool_choice")
 
 
 @functools.cache
@@ -122,6 +130,11 @@ def _split_item(item: Any, where: str) -> Any:
 
 def check_response(response: Any, where: str = "response") -> None:
     """A Response object: valid ``ResponseResource``, OpenAI-only items and tools checked as OpenAI's."""
+    check_schema(_spec_part(response, where), "ResponseResource")
+
+
+def _spec_part(response: Any, where: str) -> dict[str, Any]:
+    """The Response with what the spec has no schema for checked as OpenAI's and left out."""
     assert isinstance(response, dict), f"{where}: not an object: {response!r}"
     body = copy.copy(response)
     output = [_split_item(item, f"{where}.output[{i}]") for i, item in enumerate(response.get("output", []))]
@@ -136,7 +149,25 @@ def check_response(response: Any, where: str = "response") -> None:
         else:
             tools.append(tool)
     body["tools"] = tools
-    check_schema(body, "ResponseResource")
+    body["tool_choice"] = _spec_tool_choice(response.get("tool_choice"), where)
+    fmt = (response.get("text") or {}).get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        assert isinstance(fmt.get("schema"), dict), f"{where}.text.format.schema: not a JSON schema"
+        body["text"] = {**response["text"], "format": {**fmt, "schema": None}}
+    return body
+
+
+def _spec_tool_choice(choice: Any, where: str) -> Any:
+    """The part of a ``tool_choice`` the spec defines; the rest checked as OpenAI's."""
+    if not isinstance(choice, dict) or choice.get("type") == "function":
+        return choice
+    try:
+        msgspec.convert(choice, _TOOL_CHOICE)
+    except msgspec.ValidationError as e:
+        raise AssertionError(f"{where}.tool_choice: not a valid OpenAI tool_choice: {e}") from None
+    if choice.get("type") == "allowed_tools":
+        return {**choice, "tools": [t for t in choice.get("tools", []) if t.get("type") == "function"]}
+    return "auto"
 
 
 def check_compact(resource: Any) -> None:
@@ -153,10 +184,11 @@ def check_event(event: Any, transport: str = "sse") -> None:
     where = f"{kind} #{event.get('sequence_number')}"
     body = copy.copy(event)
     if isinstance(event.get("response"), dict):
-        check_response(event["response"], f"{where}.response")
-        # The envelope then validates with the spec's part of it (OpenAI's items were checked just now).
-        body["response"] = _minimal_response(event["response"])
+        # OpenAI's items, tools and fields checked here; the envelope's schema validates the rest.
+        body["response"] = _spec_part(event["response"], f"{where}.response")
     if kind in EXTENSION_EVENTS:
+        if "response" in body:
+            check_schema(body["response"], "ResponseResource")
         if "sequence_number" in event:
             assert isinstance(event["sequence_number"], int), f"{where}: sequence_number is not an integer"
         for i, call in enumerate(event.get("pending_calls", [])):
@@ -170,11 +202,3 @@ def check_event(event: Any, transport: str = "sse") -> None:
     if "item" in event:
         body["item"] = _split_item(event["item"], f"{where}.item")
     check_schema(body, event_schemas()[kind])
-
-
-def _minimal_response(response: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **response,
-        "output": [i for i in response.get("output", []) if i.get("type") in _discriminated("ItemField")],
-        "tools": [t for t in response.get("tools", []) if t.get("type") in _discriminated("Tool")],
-    }

@@ -69,6 +69,8 @@ from proto.core.response import (
     ResponseError,
     TurnReport,
     Usage,
+    echo_reasoning,
+    echo_text,
     echo_tool,
 )
 from proto.core.work import WorkCounters
@@ -98,7 +100,7 @@ class ResponseBuilder:
             store=request.stores,
             metadata=dict(request.metadata or {}),
             user=request.user,
-            reasoning=request.reasoning,
+            reasoning=echo_reasoning(request.reasoning),
             truncation=request.truncation or "disabled",
             prompt_cache_key=request.prompt_cache_key,
             safety_identifier=request.safety_identifier,
@@ -115,7 +117,7 @@ class ResponseBuilder:
         self._usage_sent = Usage()  # the running total when the last response.done left
         self.lab.usage_total = self.usage  # the live response (stored, the HTTP reply): both are the total
         if request.text is not None:
-            self.response.text = request.text
+            self.response.text = echo_text(request.text)
 
     def next_sequence(self) -> int:
         number = self._sequence
