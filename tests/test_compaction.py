@@ -173,3 +173,77 @@ async def test_a_tampered_compaction_is_refused(
     assert_error(error, "invalid_encrypted_content", param)
     assert error["error"]["message"].startswith("The encrypted content rlc2")
     assert error["error"]["message"].endswith("could not be verified.")
+
+
+TRIGGER = {"type": "compaction_trigger"}
+
+
+def compaction_only(response: dict[str, Any]) -> dict[str, Any]:
+    """The one item a ``compaction_trigger`` is answered with (what Codex's remote compaction requires)."""
+    assert response["status"] == "completed", response
+    assert [item["type"] for item in response["output"]] == ["compaction"], response["output"]
+    item: dict[str, Any] = response["output"][0]
+    assert item["id"].startswith("cmp_") and item["encrypted_content"].startswith("rlc2:")
+    return item
+
+
+async def test_a_compaction_trigger_is_answered_with_one_compaction_item(http: httpx.AsyncClient) -> None:
+    """A create whose input ends with ``compaction_trigger`` (OpenAI's remote compaction, what Codex 0.171
+    sends): the answer is one compaction item, its summary decoded like any output (one token per 8 of the
+    context); the window of the user's messages and that item goes on where the history was."""
+    history: list[dict[str, Any]] = [user_message(SCRIPT)]
+    for _ in range(2):
+        response = await create(http, body(history))
+        history += [*response["output"], *outputs(response["output"])]
+    compacting = await create(http, body([*history, TRIGGER]))
+    item = compaction_only(compacting)
+    usage = compacting["usage"]
+    assert usage["output_tokens"] == max(1, usage["input_tokens"] // 8), usage
+    window = [user_message(SCRIPT), item]
+    third = await create(http, body(window))
+    assert calls(third) == ["run_tests"], third["output"]
+    assert third["usage"]["input_tokens"] == await counted(http, body(window))
+    # the full history, then its compaction: the compaction stands for all before it (counted once)
+    assert calls(await create(http, body([*history, item]))) == ["run_tests"]
+
+
+async def test_a_ga_chain_compacts_and_goes_on(srv: ThreadedServer) -> None:  # noqa: F811
+    async with connect(srv.url) as ws:
+        first = (await ga_events(ws, body([user_message(SCRIPT)], store=False)))[-1]["response"]
+        assert calls(first) == ["grep"]
+        pending = [i for i in first["output"] if i["type"] == "function_call"]
+        follow = messages.continuation(body([], store=False), [*outputs(pending), TRIGGER], first["id"])
+        events = await ga_events(ws, follow)
+        item = compaction_only(events[-1]["response"])
+        assert [e["type"] for e in events if e["type"].startswith("response.output_item")] == [
+            "response.output_item.added",
+            "response.output_item.done",
+        ]
+        second = (await ga_events(ws, body([user_message(SCRIPT), item], store=False)))[-1]["response"]
+    assert calls(second) == ["read_file"], second["output"]
+
+
+async def test_a_longlived_create_compacts(srv: ThreadedServer) -> None:  # noqa: F811
+    async with connect(srv.url + "?protocol=longlived") as ws:
+        await ws.send(json.dumps(messages.create(body([user_message(SCRIPT), TRIGGER]))))
+        terminal = (await until(ws, {"response.done", *TERMINAL_OR_ERROR}))[-1]
+    assert terminal["type"] == "response.completed", terminal
+    compaction_only(terminal["response"])
+
+
+@pytest.mark.parametrize("transport", ["http", "ga", "longlived"])
+async def test_a_compaction_trigger_must_come_last(
+    srv: ThreadedServer,  # noqa: F811
+    http: httpx.AsyncClient,
+    transport: str,
+) -> None:
+    bad = body([TRIGGER, user_message("hi")])
+    if transport == "http":
+        reply = await http.post("/v1/responses", json=bad)
+        assert reply.status_code == 400
+        error = {"type": "error", "status": 400, **reply.json()}
+    else:
+        url = srv.url + ("?protocol=longlived" if transport == "longlived" else "")
+        async with connect(url) as ws:
+            error = (await ga_events(ws, bad))[-1]
+    assert_error(error, "invalid_request", ("$." if transport == "longlived" else "") + "input[0]")

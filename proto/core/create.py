@@ -20,6 +20,7 @@ from proto.core.events import CreateBody
 from proto.core.items import (
     CALL_ITEMS,
     OUTPUT_ITEMS,
+    CompactionTrigger,
     CustomToolCall,
     CustomToolCallOutput,
     FunctionCall,
@@ -75,6 +76,10 @@ def validate_create(
     items = codec.decode_items(body.input, f"{root}input", item_code)
     work.items_validated += len(items)
     check_compactions(items, f"{root}input")
+    for index, item in enumerate(items[:-1]):
+        if isinstance(item, CompactionTrigger):  # OpenAI's rule: it compacts what comes before it
+            message = "a compaction_trigger must be the final input item"
+            raise ClientError("invalid_request", message, f"{root}input[{index}]")
     if body.previous_response_id is None and not any(isinstance(item, ItemReference) for item in items):
         check_outputs([], items, root)
     return items, work

@@ -551,12 +551,12 @@ def _choice_name(tool: Any) -> str | None:
 def count_segments(items: list[Item]) -> int:
     """How many sampling segments a history holds, counted as the long-lived loop counts turns: a run
     of the model's own items is one segment, and a hosted call's inline result closes one; a compaction
-    item counts the segments it replaced (docs/protocol.md, "Compaction")."""
+    item stands for every segment before it (docs/protocol.md, "Compaction")."""
     segments = 0
     inside = False
     for item in items:
         if isinstance(item, Compaction) and (known := compacted(item.encrypted_content)) is not None:
-            segments, inside = segments + known.segments, False
+            segments, inside = known.segments, False  # it stands for all that came before it
             continue
         own = isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (
             isinstance(item, Message) and item.role == "assistant"
