@@ -33,11 +33,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from proto.core.builder import ResponseBuilder
+from proto.core.compaction import Compacted, compaction_content, summary_size
 from proto.core.events import ServerEvent
 from proto.core.items import (
     CALL_ITEMS,
     HOSTED_TOOL_NAMES,
     CallItem,
+    CompactionTrigger,
     Item,
     WebSearchAction,
     WebSearchCall,
@@ -122,10 +124,13 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
     terminal event. Raises ``MaxOutputTokens``; the GPU sequence is the owner's to close."""
     while True:
         yield Boundary(final=False)  # items queued before this turn join now (the owner added them)
-        plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
         prompt = rollout.conversation.prompt()
         room = _room(rollout, len(prompt))
-        outputs = _materialize(rollout, plan, room)
+        if _compacting(rollout):
+            outputs = [_compaction(rollout, len(prompt))]
+        else:
+            plan = rollout.policy.plan(rollout.turn, rollout.script, _last_user_text(rollout.conversation))
+            outputs = _materialize(rollout, plan, room)
         produced: list[Item] = []
         async with aclosing(_sample(rollout, prompt, outputs, room, produced)) as steps:
             async for step in steps:
@@ -146,6 +151,21 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
             resumed = yield Suspend(local)
             if resumed is None:
                 return
+
+
+def _compacting(rollout: Rollout) -> bool:
+    """The context ends with a ``compaction_trigger``: this turn compacts it (docs/protocol.md,
+    "Compaction"), whatever the script says."""
+    items = rollout.conversation.items
+    return bool(items) and isinstance(items[-1], CompactionTrigger)
+
+
+def _compaction(rollout: Rollout, context_tokens: int) -> PlannedItem:
+    """The one item of a compaction turn: a summary of one token per 8 of the context, written (decoded)
+    like any output, standing for the segments the context held."""
+    summary = rollout.conversation.tokenizer.model_tokens("", summary_size(context_tokens))
+    content = compaction_content(Compacted(segments=rollout.turn, summary=summary))
+    return PlannedItem("compaction", summary, encrypted=content)
 
 
 def _last_user_text(conversation: Conversation) -> str:

@@ -29,9 +29,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proto.core.compaction import compacted
 from proto.core.items import (
     CALL_ITEMS,
     HOSTED_TOOL_NAMES,
+    Compaction,
     CustomToolCall,
     Item,
     Message,
@@ -141,7 +143,8 @@ def _own(item: Item) -> bool:
 
 def count_segments(items: Sequence[Item]) -> int:
     """How many sampling segments a history holds, counted as the long-lived loop counts turns: a run
-    of the model's own items is one segment, and a hosted call's inline result closes one."""
+    of the model's own items is one segment, and a hosted call's inline result closes one; a compaction
+    item stands for every segment before it."""
     return script_position(items, "")
 
 
@@ -155,6 +158,11 @@ def script_position(items: Sequence[Item], script: str, parallel: bool = True) -
     anchor_segments = 0  # the segments up to and including the anchor's
     earliest = 0  # the first script call this segment's calls may be: the segment's own line or later
     for item in items:
+        if isinstance(item, Compaction) and (known := compacted(item.encrypted_content)) is not None:
+            # It stands for every segment before it, its calls among them (docs/protocol.md, "Compaction").
+            segments, inside, anchor_line, anchor_segments = known.segments, False, -1, 0
+            earliest = bisect.bisect_left(calls.lines, segments) if calls is not None else 0
+            continue
         if not _own(item):
             inside = False
             continue

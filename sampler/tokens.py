@@ -26,7 +26,7 @@ import msgspec
 import tiktoken
 
 from proto.core import openai_types as oa
-from proto.core.compaction import compaction_ids
+from proto.core.compaction import compacted
 from proto.core.items import (
     IMAGE_PARTS,
     Compaction,
@@ -237,9 +237,9 @@ def render_parts(item: Item, call_names: dict[str, str]) -> list[Segment]:
         case FunctionCallOutput() | CustomToolCallOutput():
             header = f"{call_names.get(item.call_id or '', 'tool')} to=assistant"
             return [(header, output_text(item)), *_media(header, item)]
-        case Compaction() if (summary := compaction_ids(item.encrypted_content)) is not None:
+        case Compaction() if (known := compacted(item.encrypted_content)) is not None:
             # The mock's compacted history: the summary's tokens it carries (another's renders as its JSON).
-            return [("compaction", summary)]
+            return [("compaction", known.summary)]
         case Reasoning():
             return [("assistant reasoning", reasoning_ids(item.encrypted_content) or reasoning_text(item))]
         case WebSearchCall():

@@ -10,6 +10,10 @@ Two markers sort the suite (pyproject.toml declares them; ``make check`` and ``m
   server or a process fails, in ``make check`` and ``make test`` alike.
 - ``serial``: the test asserts on wall-clock time or pace (latencies, rates, CPU per wall second), so it
   runs alone after the parallel part of ``make test`` (two workers on two cores would distort it).
+
+Every event and Response object a test receives from ``/v1/responses`` is checked against the spec's
+schemas (tests/conformance.py): a test fails on any that does not conform, unless it is marked
+``nonconforming`` with the reason it receives such a thing on purpose.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
+import conformance
 import pytest
 from databases import Backend, PostgresServer, PostgresUnavailable, TableLock
 from helpers import ServerFactory, running
@@ -95,8 +100,32 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    with refusing(item):
-        return (yield)
+    try:
+        with refusing(item):
+            return (yield)
+    finally:
+        # What the test received that the spec does not admit, even where a client caught what its read
+        # raised (an SDK's reader task): reported whether or not the test failed for it.
+        if conformance.violations:
+            found = "\n".join(conformance.violations[:5])
+            pytest.fail(f"received what the spec does not admit (tests/conformance.py):\n{found}", False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _conformance_installed() -> Iterator[None]:
+    uninstall = conformance.install()
+    yield
+    uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _conforming(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts with no violations, checking unless it is marked ``nonconforming``."""
+    conformance.violations.clear()
+    conformance.enabled = request.node.get_closest_marker("nonconforming") is None
+    yield
+    conformance.violations.clear()
+    conformance.enabled = True
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """The Vercel AI SDK 7 (``ai`` + ``@ai-sdk/openai`` 4, pinned in tests/clients/aisdk), unmodified, against
 this server over HTTP: a tool loop with ``generateText`` and with ``streamText``, with
 ``store: true`` (the SDK then sends its earlier assistant output as ``item_reference`` items, resolved from
-the store) and ``store: false`` (everything re-sent)."""
+the store) and ``store: false`` (everything re-sent); and structured output (``Output.object`` with a zod
+schema) with each."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from codex import CLIENTS, environ_has_node
 from helpers import MODEL, auth, clean_env, running
@@ -35,7 +37,8 @@ def srv() -> Iterator[ThreadedServer]:
         yield server
 
 
-async def rollout(srv: ThreadedServer, stream: bool, store: bool) -> dict[str, Any]:
+async def run_script(srv: ThreadedServer, script: Path, extra: dict[str, str]) -> dict[str, Any]:
+    """Run one of tests/clients/aisdk's scripts against ``srv`` with the installed SDK; its JSON line."""
     environ_has_node()
     modules = CLIENTS / "aisdk" / "node_modules"
     if not (modules / "@ai-sdk" / "openai").exists():
@@ -50,17 +53,20 @@ async def rollout(srv: ThreadedServer, stream: bool, store: bool) -> dict[str, A
         "LAB_BASE_URL": srv.http_url + "/v1",
         "LAB_API_KEY": KEY,
         "LAB_MODEL": MODEL,
-        "LAB_PROMPT": SCRIPT,
-        "LAB_STREAM": "1" if stream else "0",
-        "LAB_STORE": json.dumps(store),
+        **extra,
     }
     proc = await asyncio.create_subprocess_exec(
-        "node", str(ROLLOUT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        "node", str(script), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
+
+
+async def rollout(srv: ThreadedServer, stream: bool, store: bool) -> dict[str, Any]:
+    extra = {"LAB_PROMPT": SCRIPT, "LAB_STREAM": "1" if stream else "0", "LAB_STORE": json.dumps(store)}
+    return await run_script(srv, ROLLOUT, extra)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["generateText", "streamText"])
@@ -84,3 +90,33 @@ async def test_aisdk_tool_loop(srv: ThreadedServer, stream: bool, store: bool) -
     else:
         assert last.status_code == 404
     assert result["usage"]["inputTokens"] > 0 and result["usage"]["outputTokens"] > 0, result
+
+
+STRUCTURED = ROLLOUT.with_name("structured.mjs")
+VERDICT = {
+    "verdict": "fail",
+    "lines": [12, 40],
+    "note": "off by one",
+    "retry": {"needed": True, "after_s": 5.5},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["generateText", "streamText"])
+@pytest.mark.parametrize("scripted", [True, False], ids=["json-directive", "generated"])
+async def test_aisdk_structured_output(srv: ThreadedServer, stream: bool, scripted: bool) -> None:
+    """``output: Output.object({schema})`` with a zod schema: the SDK sends ``text.format`` json_schema and
+    parses the reply with zod itself (an invalid one fails the script). A `!json` that validates comes back
+    as written; without one the server generates a value valid against the schema."""
+    prompt = "Judge the test run.\n" + (f"!json {json.dumps(VERDICT)}" if scripted else "")
+    result = await run_script(srv, STRUCTURED, {"LAB_PROMPT": prompt, "LAB_STREAM": "1" if stream else "0"})
+    assert result["valid"], result
+    jsonschema.validate(result["object"], result["schema"])
+    if scripted:
+        assert result["object"] == VERDICT, result
+    if stream:
+        assert result["partials"] >= 1, result
+    async with httpx.AsyncClient(base_url=srv.http_url, headers=auth(KEY)) as http:
+        stored = (await http.get(f"/v1/responses/{result['responseId']}")).json()
+    fmt = stored["text"]["format"]
+    assert (fmt["type"], fmt["name"], fmt["strict"]) == ("json_schema", "verdict", True), fmt
+    assert json.loads(stored["output"][-1]["content"][0]["text"]) == result["object"]

@@ -265,3 +265,52 @@ def test_required_does_not_hold_after_hosted_calls() -> None:
     # after local calls (the client's outputs), `required` holds again: a long-lived response's next segment
     policy = select_policy("hi", "echo", offered=OFFERED, rules=Rules(tool_choice="required"))
     assert all(policy.plan(turn, "hi", "hi").calls for turn in range(3))
+
+
+def _choice_refusal(tools: list[dict[str, Any]], choice: Any) -> str | None:
+    """The message ``check_tool_choice`` (the sans-IO create validation) refuses with, None if accepted."""
+    import msgspec
+
+    from proto.core.create import check_tool_choice
+    from proto.core.errors import ClientError
+    from proto.core.events import CreateBody
+
+    body = msgspec.json.decode(
+        msgspec.json.encode({"model": "m", "tools": tools, "tool_choice": choice}), type=CreateBody
+    )
+    try:
+        check_tool_choice(body)
+    except ClientError as exc:
+        assert (exc.code, exc.status) == ("invalid_request", 400)
+        return exc.message
+    return None
+
+
+def test_a_choice_names_an_offered_tool_in_any_of_its_spellings() -> None:
+    namespace = {
+        "type": "namespace",
+        "name": "fs",
+        "description": "files",
+        "tools": [{"type": "function", "name": "read"}, {"type": "custom", "name": "patch"}],
+    }
+    mcp = {"type": "mcp", "server_label": "docs", "server_url": "https://example.com/mcp"}
+    tools = [{"type": "function", "name": "grep"}, {"type": "web_search"}, namespace, mcp]
+    for accepted in [
+        "required",
+        {"type": "function", "name": "grep"},
+        {"type": "function", "name": "read"},  # inside a namespace, by its own name
+        {"type": "custom", "name": "patch"},
+        {"type": "web_search_preview"},  # the hosted family answers to each spelling
+        {"type": "mcp", "server_label": "docs", "name": "search"},
+        {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "grep"}]},
+    ]:
+        assert _choice_refusal(tools, accepted) is None, accepted
+    assert _choice_refusal(tools, {"type": "custom", "name": "grep"}) == (
+        "Tool choice 'grep' not found in 'tools' parameter."
+    )
+    assert _choice_refusal(tools, {"type": "mcp", "server_label": "mail"}) == (
+        "Tool choice 'mail' not found in 'tools' parameter."
+    )
+    assert _choice_refusal([], {"type": "file_search"}) == (
+        "Tool choice 'file_search' not found in 'tools' parameter."
+    )

@@ -231,3 +231,49 @@ async def test_forced_hosted_search_then_the_answer(srv: ThreadedServer, transpo
             response = event.data["response"]
     assert [item["type"] for item in response["output"]] == ["web_search_call", "message"], response
     assert response["status"] == "completed"
+
+
+async def refusal(srv: ThreadedServer, transport: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The status and error body of a create refused on ``transport`` (HTTP JSON, SSE, GA WebSocket,
+    long-lived); the WebSocket still serves a valid create after it."""
+    if transport in ("http", "sse"):
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
+            reply = await http.post("/v1/responses", json={**body, "stream": transport == "sse"})
+        return reply.status_code, reply.json()["error"]
+    url = srv.url + ("?protocol=longlived" if transport == "longlived" else "")
+    async with connect(url) as ws:
+        frame = (await ga_events(ws, body))[-1]
+        assert frame["type"] == "error", frame
+        valid = {**body, "tool_choice": "auto"}
+        assert (await ga_events(ws, valid))[-1]["type"] == "response.completed"
+    return frame["status"], frame["error"]
+
+
+NOT_OFFERED = [
+    ({"type": "function", "name": "write_file"}, "write_file", "tool_choice"),
+    ({"type": "custom", "name": "grep"}, "grep", "tool_choice"),  # grep is a function, not a custom tool
+    ({"type": "image_generation"}, "image_generation", "tool_choice"),
+    (
+        {
+            "type": "allowed_tools",
+            "mode": "auto",
+            "tools": [{"type": "function", "name": "grep"}, {"type": "function", "name": "delete_all"}],
+        },
+        "delete_all",
+        "tool_choice.tools[1]",
+    ),
+]
+
+
+@pytest.mark.parametrize("transport", ["http", "sse", "ga", "longlived"])
+@pytest.mark.parametrize(("choice", "name", "param"), NOT_OFFERED)
+async def test_a_choice_of_a_tool_not_offered_is_refused(
+    srv: ThreadedServer, transport: str, choice: dict[str, Any], name: str, param: str
+) -> None:
+    """OpenAI's answer, on every transport: 400, "Tool choice 'NAME' not found in 'tools' parameter."."""
+    body = messages.body(MODEL, [messages.user_message("hello")], tools=TOOLS, tool_choice=choice)
+    status, error = await refusal(srv, transport, body)
+    assert status == 400
+    assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error"
+    assert error["message"] == f"Tool choice '{name}' not found in 'tools' parameter."
+    assert error["param"] == ("$." + param if transport == "longlived" else param)

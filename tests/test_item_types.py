@@ -339,6 +339,9 @@ async def test_item_type_round_trips(srv: ThreadedServer, http: httpx.AsyncClien
         stored = await post(http, body([]))
         extra = [{"type": "item_reference", "id": stored["output"][0]["id"]}]
     counted = await deltas(srv, http, extra, None)
+    if kind == "compaction_trigger":  # it changes the answer (one compaction item: tests/test_compaction.py),
+        # so the continuations carry a different answer; its own rendering is compared on the first turns
+        counted = {path: n for path, n in counted.items() if not path.endswith(("-prev", "-continued"))}
     assert set(counted.values()) == {counted["http"]}, counted  # rendered alike on every path
     assert counted["http"] > 0, counted  # and counted
 

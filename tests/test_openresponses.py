@@ -251,7 +251,7 @@ async def test_compact_validates_and_its_item_stands_for_the_history(srv: Thread
         # a damaged one is refused, typed, with its path (another server's is accepted, as its JSON)
         forged = await http.post(
             "/v1/responses",
-            json={"model": MODEL, "input": [{"type": "compaction", "encrypted_content": "rlc1:%%%"}]},
+            json={"model": MODEL, "input": [{"type": "compaction", "encrypted_content": "rlc2:%%%"}]},
         )
         assert forged.status_code == 400
         assert forged.json()["error"]["code"] == "invalid_encrypted_content"

@@ -52,6 +52,7 @@ from proto.core.events import (
 )
 from proto.core.items import (
     CallItem,
+    Compaction,
     CustomToolCall,
     FunctionCall,
     Item,
@@ -74,6 +75,8 @@ from proto.core.response import (
     ResponseError,
     TurnReport,
     Usage,
+    echo_reasoning,
+    echo_text,
     echo_tool,
 )
 from proto.core.work import WorkCounters
@@ -127,7 +130,7 @@ class ResponseBuilder:
             store=request.stores,
             metadata=dict(request.metadata or {}),
             user=request.user,
-            reasoning=request.reasoning,
+            reasoning=echo_reasoning(request.reasoning),
             truncation=request.truncation or "disabled",
             prompt_cache_key=request.prompt_cache_key,
             safety_identifier=request.safety_identifier,
@@ -144,7 +147,7 @@ class ResponseBuilder:
         self._usage_sent = Usage()  # the running total when the last response.done left
         self.lab.usage_total = self.usage  # the live response (stored, the HTTP reply): both are the total
         if request.text is not None:
-            self.response.text = request.text
+            self.response.text = echo_text(request.text)
 
     def next_sequence(self) -> int:
         number = self._sequence
@@ -265,6 +268,9 @@ class ResponseBuilder:
 
     def reasoning(self, summary: str | None) -> ReasoningStream:
         return ReasoningStream(self, summary)
+
+    def compaction(self, encrypted: str) -> CompactionStream:
+        return CompactionStream(self, encrypted)
 
     def web_search(self, query: str) -> tuple[WebSearchCall, int, list[ServerEvent]]:
         item = WebSearchCall(id=new_item_id("ws"), status="in_progress", action=WebSearchAction(query=query))
@@ -532,3 +538,26 @@ class ReasoningStream:
         copy = msgspec.structs.replace(self.item, summary=list(self.item.summary))
         events.append(OutputItemDone(output_index=self.index, item=copy, sequence_number=seq()))
         return events
+
+
+class CompactionStream:
+    """A ``compaction`` item, the answer to a ``compaction_trigger`` (docs/protocol.md, "Compaction"): its
+    tokens (the summary) are decoded, paced by the GPU, but not shown; the item carries its opaque
+    ``encrypted_content`` from the start, as it is known before the first token."""
+
+    def __init__(self, builder: ResponseBuilder, encrypted: str) -> None:
+        self._builder = builder
+        self.item = Compaction(id=new_item_id("cmp"), encrypted_content=encrypted)
+        self.index = builder._add(self.item)
+
+    def added(self) -> list[ServerEvent]:
+        item = msgspec.structs.replace(self.item)
+        return [
+            OutputItemAdded(output_index=self.index, item=item, sequence_number=self._builder.next_sequence())
+        ]
+
+    def done(self) -> list[ServerEvent]:
+        item = msgspec.structs.replace(self.item)
+        return [
+            OutputItemDone(output_index=self.index, item=item, sequence_number=self._builder.next_sequence())
+        ]

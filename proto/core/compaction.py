@@ -3,11 +3,19 @@
 
 OpenAI's compaction guide: the compacted window keeps the user's messages as they were and replaces the
 rest (the model's messages, tool calls and their outputs, reasoning) by one ``compaction`` item, opaque to
-the client, which the client sends back as input as it came. Here that item carries the token ids of the
-summary the mock model "wrote" (base64, as the mock's reasoning items do: not a secret), so the rendering
-puts exactly that many tokens into the context. An item that claims to be the mock's (its prefix) but does
-not decode is refused with ``invalid_encrypted_content``; any other (another server's, OpenAI's) is
-accepted and rendered as its JSON, as every item type the lab does not model is.
+the client, which the client sends back as input as it came. Here that item stands for the history it
+replaced (docs/protocol.md, "Compaction"): its ``encrypted_content`` is ``rlc2:`` + base64 of
+
+    segments (u32 LE) · summary token ids (u32 LE each) · BLAKE2b-128 of the above, keyed
+
+``segments`` is how many of the model's sampling segments it replaced (the directive script goes on from
+there, as it would have on the whole history) and the ids are the summary the mock model "wrote" (what
+the item renders to: exactly that many tokens, the same ids every time, so the prefix cache keeps them).
+The digest makes it integrity-checked: an edit or a damaged copy does not verify and is refused with
+OpenAI's ``invalid_encrypted_content``. The key is fixed, not a secret (the lab's reasoning items carry
+their ids in the clear too): it detects damage and edits, it does not authenticate. Content without the
+prefix (another server's, OpenAI's) is accepted and rendered as its JSON, as every item type the lab does
+not model is.
 """
 
 from __future__ import annotations
@@ -15,45 +23,65 @@ from __future__ import annotations
 import array
 import base64
 import binascii
+import hashlib
+import struct
+from dataclasses import dataclass
 
 from proto.core.errors import ClientError
 from proto.core.items import Compaction, Item
 
-COMPACTION_PREFIX = "rlc1:"
+COMPACTION_PREFIX = "rlc2:"
 SUMMARY_RATIO = 8  # the summary is one token for every 8 it replaces (at least one)
+_KEY = b"responses-lab compaction v2"
+_DIGEST = 16
+_HEADER = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """What a verified compaction item stands for."""
+
+    segments: int  # the model's sampling segments it replaced
+    summary: list[int]  # the token ids it renders to
 
 
 def summary_size(replaced_tokens: int) -> int:
     return max(1, replaced_tokens // SUMMARY_RATIO)
 
 
-def compaction_content(ids: list[int]) -> str:
-    return COMPACTION_PREFIX + base64.b64encode(array.array("I", ids).tobytes()).decode()
+def compaction_content(compacted: Compacted) -> str:
+    body = _HEADER.pack(compacted.segments) + array.array("I", compacted.summary).tobytes()
+    return COMPACTION_PREFIX + base64.b64encode(body + _digest(body)).decode()
 
 
-def compaction_ids(encrypted: str | None) -> list[int] | None:
-    """The summary's token ids; None for content that is not the mock's."""
+def compacted(encrypted: str | None) -> Compacted | None:
+    """What the item stands for; None for content that is not the mock's or does not verify."""
     if not encrypted or not encrypted.startswith(COMPACTION_PREFIX):
         return None
     try:
         raw = base64.b64decode(encrypted[len(COMPACTION_PREFIX) :], validate=True)
     except (binascii.Error, ValueError):
         return None
-    if not raw or len(raw) % 4:
+    body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
+    if len(body) < _HEADER.size + 4 or (len(body) - _HEADER.size) % 4 or digest != _digest(body):
         return None
     ids = array.array("I")
-    ids.frombytes(raw)
-    return ids.tolist()
+    ids.frombytes(body[_HEADER.size :])
+    return Compacted(segments=_HEADER.unpack_from(body)[0], summary=ids.tolist())
 
 
 def check_compactions(items: list[Item], path: str) -> None:
-    """Every ``compaction`` item in an input that says it is the mock's decodes."""
+    """Every ``compaction`` item in an input that says it is the mock's verifies; OpenAI's error
+    otherwise (its message quotes the content's ends)."""
     for index, item in enumerate(items):
         content = item.encrypted_content if isinstance(item, Compaction) else None
-        if content is not None and content.startswith(COMPACTION_PREFIX) and compaction_ids(content) is None:
+        if content is not None and content.startswith(COMPACTION_PREFIX) and compacted(content) is None:
             raise ClientError(
                 "invalid_encrypted_content",
-                "the compaction item's encrypted_content is damaged "
-                "(POST /v1/responses/compact makes it; send it back as it came)",
+                f"The encrypted content {content[:4]}...{content[-4:]} could not be verified.",
                 f"{path}[{index}].encrypted_content",
             )
+
+
+def _digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, key=_KEY, digest_size=_DIGEST).digest()

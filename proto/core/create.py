@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Container
 from dataclasses import dataclass
+from typing import Any
+
+import msgspec
 
 from proto.core import codec
 from proto.core.compaction import check_compactions
@@ -17,13 +20,18 @@ from proto.core.events import CreateBody
 from proto.core.items import (
     CALL_ITEMS,
     OUTPUT_ITEMS,
+    CompactionTrigger,
     CustomToolCall,
     CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
     Item,
     ItemReference,
+    Tool,
+    custom_tool_names,
+    function_tool_names,
 )
+from proto.core.openai_types import Mcp, ToolChoiceAllowed
 from proto.core.work import WorkCounters
 
 
@@ -69,10 +77,15 @@ def validate_create(
             "conversation and previous_response_id cannot both be given",
             f"{root}conversation",
         )
+    check_tool_choice(body, root)
     work = WorkCounters(requests_validated=1)
     items = codec.decode_items(body.input, f"{root}input", item_code)
     work.items_validated += len(items)
     check_compactions(items, f"{root}input")
+    for index, item in enumerate(items[:-1]):
+        if isinstance(item, CompactionTrigger):  # OpenAI's rule: it compacts what comes before it
+            message = "a compaction_trigger must be the final input item"
+            raise ClientError("invalid_request", message, f"{root}input[{index}]")
     continues = body.previous_response_id is not None or body.conversation is not None
     if not continues and not any(isinstance(item, ItemReference) for item in items):
         check_outputs([], items, root)
@@ -106,3 +119,51 @@ def check_outputs(history: list[Item], items: list[Item], root: str = "") -> Non
 # Which call an output answers.
 ANSWERS: dict[type, type] = {FunctionCallOutput: FunctionCall, CustomToolCallOutput: CustomToolCall}
 _CALL_NAMES: dict[type, str] = {FunctionCall: "function_call", CustomToolCall: "custom_tool_call"}
+
+
+# ``tool_choice`` names a tool the request offers (docs/protocol.md, "Guarantees"), as OpenAI's API checks:
+# a forced tool or an ``allowed_tools`` entry that ``tools`` lacks is refused with its message, "Tool
+# choice 'NAME' not found in 'tools' parameter." (a hosted tool's NAME is its type). The hosted types
+# answer to every spelling of their family (a ``web_search_preview`` choice for a ``web_search`` tool),
+# so no request OpenAI accepts is refused.
+_FAMILIES = {"web_search_preview": "web_search", "web_search_preview_2025_03_11": "web_search"}
+_FAMILIES |= {"web_search_2025_08_26": "web_search", "computer_use_preview": "computer"}
+_FAMILIES |= {"computer_use": "computer", "local_shell": "shell"}
+
+
+def check_tool_choice(body: CreateBody, root: str = "") -> None:
+    """A forced ``tool_choice`` (or each ``allowed_tools`` entry) names a tool in ``body.tools``."""
+    choice = body.tool_choice
+    if choice is None or isinstance(choice, str):
+        return
+    if isinstance(choice, ToolChoiceAllowed):
+        entries = [(entry, f"{root}tool_choice.tools[{index}]") for index, entry in enumerate(choice.tools)]
+    else:
+        entries = [(msgspec.to_builtins(choice), f"{root}tool_choice")]
+    for entry, param in entries:
+        missing = _not_offered(entry, body.tools)
+        if missing is not None:
+            raise ClientError(
+                "invalid_request", f"Tool choice '{missing}' not found in 'tools' parameter.", param
+            )
+
+
+def _not_offered(entry: Any, tools: list[Tool]) -> str | None:
+    """The name a choice entry gives when ``tools`` has no such tool, else None."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        return None  # a malformed allowed_tools entry: the SDK's type leaves it free, so does the check
+    kind: str = entry["type"]
+    name = entry.get("name")
+    if kind == "function":
+        return None if name in function_tool_names(tools) else str(name)
+    if kind == "custom":
+        return None if name in custom_tool_names(tools) else str(name)
+    if kind == "mcp":
+        labels = {tool.server_label for tool in tools if isinstance(tool, Mcp)}
+        return None if entry.get("server_label") in labels else str(entry.get("server_label"))
+    offered = {_FAMILIES.get(tag, tag) for tool in tools if isinstance(tag := _tag(tool), str)}
+    return None if _FAMILIES.get(kind, kind) in offered else kind
+
+
+def _tag(tool: Tool) -> object:
+    return type(tool).__struct_config__.tag

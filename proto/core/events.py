@@ -327,6 +327,20 @@ class ErrorEvent(WireEvent, tag="error", frozen=True, omit_defaults=True):
     headers: dict[str, str] | None = None
 
 
+class StreamError(msgspec.Struct, kw_only=True, frozen=True):
+    """An SSE stream's ``error`` event, the last of a stream cut short (docs/protocol.md, "SSE"): the
+    stream's next ``sequence_number`` and the error both as OpenAI's ``ResponseErrorEvent`` has it
+    (``code``, ``message``, ``param`` at the top) and as the Open Responses ``ErrorStreamingEvent`` does
+    (an ``error`` object). Not a ``WireEvent``: the ``error`` tag is the WebSocket envelope's."""
+
+    type: str = "error"
+    sequence_number: int
+    code: str | None
+    message: str
+    param: str | None
+    error: ErrorDetail
+
+
 TERMINAL_EVENTS = (ResponseCompleted, ResponseIncomplete, ResponseFailed)
 # Their wire names, for code that reads events as JSON (clients, the lab, the load tools).
 TERMINAL_TYPES: frozenset[str] = frozenset(str(c.__struct_config__.tag) for c in TERMINAL_EVENTS)

@@ -32,6 +32,7 @@ WebOpenPage = oa.ActionOpenPage
 WebFindInPage = oa.ActionFind
 ItemReference = oa.ItemReference
 Compaction = oa.ResponseCompactionItem
+CompactionTrigger = oa.CompactionTrigger
 
 # Content parts.
 InputText = oa.ResponseInputText

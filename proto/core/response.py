@@ -145,6 +145,46 @@ def echo_tool(tool: Tool) -> EchoedTool:
     return tool
 
 
+class EchoedJSONSchemaFormat(
+    oa.ResponseFormatTextJSONSchemaConfig,
+    tag="json_schema",
+    tag_field="type",
+    kw_only=True,
+    omit_defaults=True,
+):
+    """``text.format`` ``json_schema`` as the Response object echoes it: ``description`` always present
+    (``null`` when absent) and ``strict`` a boolean (``false`` when absent, OpenAI's default), as OpenAI
+    returns it and as the Open Responses ``JsonSchemaResponseFormat`` requires."""
+
+    description: str | None
+    strict: bool | None
+
+
+class EchoedReasoning(oa.ReasoningReasoning, kw_only=True, omit_defaults=True):
+    """``reasoning`` as the Response object echoes it: ``effort`` and ``summary`` always present (``null``
+    when the request left them out), as the Open Responses ``Reasoning`` requires."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
+    summary: Literal["auto", "concise", "detailed"] | None
+
+
+def echo_reasoning(reasoning: oa.ReasoningReasoning | None) -> oa.ReasoningReasoning | None:
+    if reasoning is None or isinstance(reasoning, EchoedReasoning):
+        return reasoning
+    fields = {name: getattr(reasoning, name) for name in reasoning.__struct_fields__}
+    return EchoedReasoning(**fields)
+
+
+def echo_text(text: oa.ResponseTextConfig) -> oa.ResponseTextConfig:
+    fmt = text.format
+    if isinstance(fmt, oa.ResponseFormatTextJSONSchemaConfig) and not isinstance(fmt, EchoedJSONSchemaFormat):
+        echoed = EchoedJSONSchemaFormat(
+            name=fmt.name, schema=fmt.schema, description=fmt.description, strict=bool(fmt.strict)
+        )
+        return msgspec.structs.replace(text, format=echoed)
+    return text
+
+
 class Response(msgspec.Struct, kw_only=True):
     """Every field the Open Responses ``ResponseResource`` requires is always present, with the values
     OpenAI's API returns: defaults are echoed as values (``temperature`` 1.0, ``top_p`` 1.0, penalties 0.0,

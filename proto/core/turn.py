@@ -17,11 +17,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from proto.core.builder import CallStream, CustomCallStream, MessageStream, ReasoningStream, ResponseBuilder
+from proto.core.builder import (
+    CallStream,
+    CompactionStream,
+    CustomCallStream,
+    MessageStream,
+    ReasoningStream,
+    ResponseBuilder,
+)
 from proto.core.events import ServerEvent
 from proto.core.items import Item, WebSearchCall
 
-ItemKind = Literal["reasoning", "message", "call", "custom", "web_search"]
+ItemKind = Literal["reasoning", "message", "call", "custom", "web_search", "compaction"]
 
 
 class Detokenizer(Protocol):
@@ -44,10 +51,12 @@ class PlannedItem:
     query: str = ""  # web_search: what it searches for
     namespace: str | None = None
     summary: str | None = None  # reasoning: its summary text, when one is asked for
-    encrypted: str | None = None  # reasoning: its ``encrypted_content``, when ``include`` asks for it
+    encrypted: str | None = (
+        None  # reasoning (when ``include`` asks for it), compaction: ``encrypted_content``
+    )
 
 
-_Stream = MessageStream | CallStream | CustomCallStream | ReasoningStream | WebSearchCall
+_Stream = MessageStream | CallStream | CustomCallStream | ReasoningStream | CompactionStream | WebSearchCall
 _TEXT_STREAMS = (MessageStream, CallStream, CustomCallStream)
 
 
@@ -170,6 +179,8 @@ class TurnEncoder:
             stream = builder.custom_call(item.name, item.call_id, item.namespace)
         elif item.kind == "reasoning":
             stream = builder.reasoning(item.summary)
+        elif item.kind == "compaction":
+            stream = builder.compaction(item.encrypted or "")
         else:
             call, _index, events = builder.web_search(item.query)
             self._stream = call

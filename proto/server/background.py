@@ -373,9 +373,11 @@ class BackgroundResponses:
             "stream",
         )
 
-    async def follow(self, response_id: str, api_key_id: str, after: int) -> AsyncIterator[tuple[str, bytes]]:
-        """Its logged events after sequence number ``after``, ``(type, event JSON)``, then the ones still
-        to come, to its terminal event (or to the end of the log of a response that ended without one).
+    async def follow(
+        self, response_id: str, api_key_id: str, after: int
+    ) -> AsyncIterator[tuple[int, str, bytes]]:
+        """Its logged events after sequence number ``after``, ``(number, type, event JSON)``, then the ones
+        still to come, to its terminal event (or to the end of the log of a response that ended without one).
         ``server_shutting_down`` when this process stops while the response runs elsewhere."""
         store = self.pipeline.store
         while True:
@@ -388,7 +390,7 @@ class BackgroundResponses:
                 return
             ended, events = found
             for number, kind, data in events:
-                yield kind, data
+                yield number, kind, data
                 after = number
                 if kind in TERMINAL_TYPES:
                     return

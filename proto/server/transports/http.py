@@ -46,11 +46,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proto.core.actions import error_reply, new_response_id
+from proto.core.actions import new_response_id
 from proto.core.codec import CACHE_HEADER, decode_body
 from proto.core.create import CreateLimits, check_outputs, validate_create
 from proto.core.errors import ClientError
-from proto.core.events import CreateBody, ServerEvent
+from proto.core.events import CreateBody, ErrorDetail, ServerEvent, StreamError
 from proto.core.items import Item
 from proto.core.longlived import Cancel
 from proto.core.response import Mode
@@ -245,7 +245,7 @@ class HttpResponses:
                     # the client went away: nobody waits for the end marker (a full queue would hang here)
                     raise
                 # Shutdown cut the response (its driver's task), the client still reads: it hears why.
-                await queue.put(b"event: error\ndata: " + error_reply(_shutting_down()).data + b"\n\n")
+                await queue.put(_stream_error(_shutting_down(), prepared.rollout.builder.next_sequence()))
             except BaseException:
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait(None)
@@ -305,13 +305,15 @@ class HttpResponses:
 
     def _follow(self, response_id: str, key: str, after: int) -> Response:
         async def frames() -> AsyncIterator[bytes]:
+            last = after
             try:
-                async for kind, data in self.background.follow(response_id, key, after):
+                async for number, kind, data in self.background.follow(response_id, key, after):
                     yield _sse(kind, data)
+                    last = number
             except (StoreUnavailable, StoreError) as exc:  # the log cannot be read: the client hears why
-                yield _sse("error", error_reply(ClientError("store_unavailable", str(exc))).data)
+                yield _stream_error(ClientError("store_unavailable", str(exc)), last + 1)
             except ClientError as exc:  # this server stops; the response runs on elsewhere
-                yield _sse("error", error_reply(exc).data)
+                yield _stream_error(exc, last + 1)
 
         return StreamingResponse(
             frames(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
@@ -457,6 +459,14 @@ async def _unless_disconnected(request: Request, task: asyncio.Task[ServerEvent]
             await watch
         with contextlib.suppress(asyncio.CancelledError):  # nobody hears a cut JSON response: it re-raises
             await task
+
+
+def _stream_error(exc: ClientError, sequence_number: int) -> bytes:
+    detail = ErrorDetail(type=exc.type, code=exc.code, message=exc.message, param=exc.param)
+    event = StreamError(
+        sequence_number=sequence_number, code=exc.code, message=exc.message, param=exc.param, error=detail
+    )
+    return b"event: error\ndata: " + _encoder.encode(event) + b"\n\n"
 
 
 def _shutting_down() -> ClientError:
