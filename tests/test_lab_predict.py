@@ -275,6 +275,13 @@ def test_predict_predicts_every_cell_of_the_grid_without_running_it(
         rows[1]["predicted_e2e_vs_http"], rel=1e-5
     )
     assert float(table[1]["part_tools_s"]) == pytest.approx(rows[1]["predicted_parts_s"]["tools"], rel=1e-5)
+    # bench report --lab's section: the WebSocket designs' gains, the best of them, none at the seed's -40 %
+    from proto.lab.writeup import grid_section
+
+    best = min((r for r in rows if r["mode"] == "longlived"), key=lambda r: r["predicted_e2e_vs_http"])
+    text = "\n".join(grid_section(results))
+    assert f"**{best['predicted_e2e_vs_http'] * 100:+.1f} %** (longlived, production-like" in text
+    assert "Cells at or beyond the seed's -40 %: **0** of 4." in text and text.count("| mock-") == 2
     # --shard: the cells that shard would run, so each shard's real-clock wall is known before it runs
     shard = ["--modes", "http", "--shard", "2/2", "--no-plots", "--out", str(tmp_path / "s")]
     assert main([*argv[:7], *argv[9:], *shard]) == 0

@@ -99,8 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--predict",
         action="store_true",
-        help="the fast model only: calibrate every mode, then the curves and every cell of the grid "
-        "predicted "
+        help="the fast model only: calibrate every mode, compose the curves, predict every cell of the grid "
         "(none run on the real clock)",
     )
     parser.add_argument(
