@@ -15,9 +15,9 @@ predicted vs measured for every real-clock cell, the curves' validation points, 
 scenarios) from the runs kept in DIR (``docs/results``: one sub-directory per run, each with its
 results.json) into ``--out`` (``docs/lab-results.md``; ``-`` prints it). The sections look for runs by name:
 ``predict-1`` … ``predict-4`` (the calibration, run twice and twice again), ``sweep-coding``, ``turns-8``,
-``turns-15``, ``hops-remote``, ``grid-predicted`` (``bench --predict``'s grid), ``scenario-seed`` /
-``-sglang`` / ``-xai`` / ``-vllm``, ``quick-1`` and ``quick-2``, ``sweep-rewrites``, ``sweep-traces``; a run
-that is missing leaves its section out.
+``turns-15``, ``hops-remote``, ``grid-predicted`` and ``grid-predicted-no-tools`` (``bench --predict``'s
+grids), ``scenario-seed`` / ``-sglang`` / ``-xai`` / ``-vllm``, ``quick-1`` and ``quick-2``,
+``sweep-rewrites``, ``sweep-traces``; a run that is missing leaves its section out.
 """
 
 from __future__ import annotations
@@ -329,13 +329,12 @@ def lab(directory: Path) -> str:
             "",
             *curves_section(runs["predict-1"]),
         ]
-    if "grid-predicted" in runs:
-        out += [
-            "## The fast model's grid: every model × workload × profile (predicted, not run)",
-            "",
-            *grid_section(runs["grid-predicted"]),
-            "",
-        ]
+    for name, title in (
+        ("grid-predicted", "The fast model's grid: every model × workload × profile (predicted, not run)"),
+        ("grid-predicted-no-tools", "The same grid without tool time (predicted, not run)"),
+    ):
+        if name in runs:
+            out += [f"## {title}", "", *grid_section(runs[name]), ""]
     if "sweep-coding" in runs:
         out += [
             "## The same curves at the real-clock runs' tool times (× 0.1)",
