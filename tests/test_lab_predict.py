@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,80 @@ def test_the_shared_core_is_processor_sharing_and_keeps_lock_step_sessions_toget
     assert late.extra == pytest.approx(3 * 0.004) and a.end == pytest.approx(0.034)
     alone = core.arrive(1.0, 0.010)  # after every other has ended: no one to share with
     assert alone.extra == 0.0 and alone.end == pytest.approx(1.010) and core.jobs == [alone]
+
+
+def test_predict_predicts_every_cell_of_the_grid_without_running_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench --predict`` with a kept calibration: every (profile, workload, model, mode) cell of the grid in
+    results.json's ``grid`` and in grid.csv, each the fast model's own prediction for that cell
+    (``cell_prediction``), with its ratio to http's and its real-clock wall; no cell is run."""
+    import csv
+    import json
+
+    from proto.lab import results as results_module
+    from proto.lab.bench import main
+    from proto.lab.results import cell_prediction, predicted_wall
+
+    monkeypatch.setattr(results_module, "machine", dict)  # platform.processor() would start `uname -p`
+
+    cal = calibration(http=flat(8.0, 6.0, busy_ms=2.0, safety=1.0), longlived=flat(1.0, 0.5, 0.3, 0.0, 0.0))
+    kept = tmp_path / "kept.json"
+    kept.write_text(json.dumps({"calibration": cal.to_json()}), encoding="utf-8")
+    out = tmp_path / "grid"
+    argv = ["--predict", "--calibration", str(kept), "--model", "mock-4000tps,mock-65tps"]
+    argv += ["--workload", "tracelab-multi_session_example", "--modes", "http,longlived", "--rollouts", "1"]
+    assert main([*argv, "--no-plots", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    rows = results["grid"]
+    assert results["runs"] == [] and results["calibration_from"] == str(kept)
+    assert [(r["profile"], r["model"], r["mode"]) for r in rows] == [
+        (p, m, mode)
+        for p in ("local", "production-like")
+        for m in ("mock-4000tps", "mock-65tps")
+        for mode in ("http", "longlived")
+    ]
+    config = _config(*argv)
+    replay = load_replay("tracelab-multi_session_example")
+    for row in rows:
+        p = cell_prediction(cal, replay, dict(row), config)
+        assert row["predicted_e2e_s_p50"] == pytest.approx(p.e2e_s_p50)
+        assert row["predicted_ttft_ms_p50"] == pytest.approx(p.ttft_ms_p50)
+        assert row["predicted_wall_s"] == pytest.approx(predicted_wall(p, replay, config))  # type: ignore[arg-type]
+        assert row["sessions"] == 3 and row["rounds"] == replay.rounds and "prediction_error" not in row
+        base = next(
+            r
+            for r in rows
+            if r["mode"] == "http" and r["model"] == row["model"] and r["profile"] == row["profile"]
+        )
+        assert row["predicted_e2e_vs_http"] == pytest.approx(
+            row["predicted_e2e_s_p50"] / base["predicted_e2e_s_p50"] - 1
+        )
+    # longlived pays fewer hops and less overhead: faster than http in every cell, more so with hops
+    gains = {(r["profile"], r["model"]): r["predicted_e2e_vs_http"] for r in rows if r["mode"] == "longlived"}
+    assert all(g < 0 for g in gains.values())
+    assert gains["production-like", "mock-4000tps"] < gains["local", "mock-4000tps"]
+    with (out / "grid.csv").open(encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) and float(table[1]["predicted_e2e_vs_http"]) == pytest.approx(
+        rows[1]["predicted_e2e_vs_http"], rel=1e-5
+    )
+    assert float(table[1]["part_tools_s"]) == pytest.approx(rows[1]["predicted_parts_s"]["tools"], rel=1e-5)
+    # bench report --lab's section: the WebSocket designs' gains, the best of them, none at the seed's -40 %
+    from proto.lab.writeup import grid_section
+
+    best = min((r for r in rows if r["mode"] == "longlived"), key=lambda r: r["predicted_e2e_vs_http"])
+    text = "\n".join(grid_section(results))
+    assert f"**{best['predicted_e2e_vs_http'] * 100:+.1f} %** (longlived, production-like" in text
+    assert "Cells at or beyond the seed's -40 %: **0** of 4." in text and text.count("| mock-") == 2
+    # --shard: the cells that shard would run, so each shard's real-clock wall is known before it runs
+    shard = ["--modes", "http", "--shard", "2/2", "--no-plots", "--out", str(tmp_path / "s")]
+    assert main([*argv[:7], *argv[9:], *shard]) == 0
+    second = json.loads((tmp_path / "s" / "results.json").read_text(encoding="utf-8"))
+    assert second["shard"] == "2/2"
+    assert [(r["profile"], r["model"]) for r in second["grid"]] == [
+        ("local", "mock-65tps"),
+        ("production-like", "mock-65tps"),
+    ]  # the groups sorted by name, every second from the second
+    with pytest.raises(SystemExit, match="--predict only"):
+        main(["--calibration", str(kept), "--out", str(tmp_path / "x")])

@@ -23,8 +23,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from proto.core.response import MODES
 from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.predict import PASSES, Calibration, Prediction
-from proto.lab.report import print_table, write_plots
-from proto.lab.results import cell_prediction, results_json, write_csv, write_json
+from proto.lab.report import print_grid, print_table, write_plots
+from proto.lab.results import (
+    cell_prediction,
+    grid_predictions,
+    load,
+    predicted_wall,
+    results_json,
+    write_csv,
+    write_grid_csv,
+    write_json,
+)
 from proto.lab.runner import BenchResult, CellKey, CellResult, cell_turns, grid, replays_of, run_bench
 from proto.lab.scenarios import SCENARIOS
 from proto.lab.store import (
@@ -90,7 +99,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--predict",
         action="store_true",
-        help="the fast model only: calibrate every mode, then the curves and the sweep (no real-clock cells)",
+        help="the fast model only: calibrate every mode, compose the curves, predict every cell of the grid "
+        "(none run on the real clock)",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --predict: the fast model's calibration from a kept run's results.json (or run.json) "
+        "instead of measuring one",
     )
     parser.add_argument(
         "--no-predict",
@@ -255,9 +273,11 @@ def run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     console = Console()
     try:
+        if args.calibration is not None and not args.predict:
+            raise SystemExit("--calibration applies to --predict only")
         if args.predict:
-            if args.resume or args.shard:
-                raise SystemExit("--predict runs no cells: there is nothing to resume or shard")
+            if args.resume:
+                raise SystemExit("--predict runs no cells: there is nothing to resume")
             return _predict_only(args, argv, console)
         return _cells(parser, args, argv, console)
     except SweepError as exc:
@@ -277,20 +297,47 @@ def _progress(console: Console) -> Progress:
 
 
 def _predict_only(args: argparse.Namespace, argv: list[str], console: Console) -> int:
-    """``--predict``: the fast model alone (calibration, curves); no cells, no run directory."""
+    """``--predict``: the fast model alone (calibration, curves, every cell of the grid predicted); no
+    real-clock cells, no run directory."""
     config = config_from_args(args)
-    result = _calibrate(config, console, for_cells=False)
+    started = time.perf_counter()
+    if args.calibration is not None:
+        kept = load(args.calibration).get("calibration")
+        if not kept:
+            raise SystemExit(f"{args.calibration}: no calibration in it")
+        result = BenchResult(config, calibration=Calibration.from_json(kept))
+    else:
+        result = _calibrate(config, console, for_cells=False)
     rows: list[dict[str, object]] = []
+    cells: list[dict[str, Any]] = []
     if result.calibration is not None:
         console.print("fast model: composing the curves …")
         rows = sweep(result.calibration, config.modes, config.tool_time_scale)
+        replays = replays_of(config)
+        keys = shard_cells(grid(config, replays), args.shard)  # with --shard: the cells that shard would run
+        console.print(f"fast model: predicting the grid's {len(keys)} cells …")
+        cells = grid_predictions(result.calibration, keys, {r.name: r for r in replays}, config)
     results = results_json(result, "responses-lab bench " + shlex.join(argv), rows)
+    results["grid"] = cells
+    results["wall_s"] = time.perf_counter() - started
+    if args.calibration is not None:
+        results["calibration_from"] = str(args.calibration)
+    if args.shard is not None:
+        results["shard"] = str(args.shard)
     if args.scenario is not None:
         results["scenario"] = _scenario(args.scenario, result.calibration)
     args.out.mkdir(parents=True, exist_ok=True)
     written = write_outputs(results, [], args.out, plots=not args.no_plots)
+    written.append(write_grid_csv(results, args.out))
     print_table(results, console)
-    console.print(f"wall {result.wall_s:.1f} s; wrote " + ", ".join(str(p) for p in written))
+    print_grid(results, console)
+    wall = sum(row["predicted_wall_s"] for row in cells)
+    console.print(
+        f"the grid on the real clock: {len(cells)} cells, {_duration(wall)} of measured rollouts by the fast "
+        f"model (warm-up, connections and server starts not counted)",
+        highlight=False,
+    )
+    console.print(f"wall {results['wall_s']:.1f} s; wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
@@ -490,15 +537,6 @@ def _predictions(
         if p is not None:
             out[key] = (p, predicted_wall(p, replay, config))
     return out
-
-
-def predicted_wall(p: Prediction, replay: Any, config: BenchConfig) -> float:
-    """A cell's measured part as the fast model sees it: per rollout, its slowest session (a trace's from
-    its last arrival)."""
-    n = len(replay.sessions) if replay.trace else config.sessions
-    arrival = max((s.arrival_s for s in replay.sessions), default=0.0) if replay.trace else 0.0
-    per = [max(p.e2e_s[i : i + n]) for i in range(0, len(p.e2e_s), max(n, 1))]
-    return sum(per) + arrival * len(per)
 
 
 class Eta:

@@ -40,7 +40,7 @@ def print_table(results: dict[str, Any], console: Console) -> None:
             run["mode"]
         ] = run
     floor = results["floor"]["ws_ping_rtt_ms_p50"]
-    if floor is not None:
+    if floor is not None and math.isfinite(floor):  # --predict measures no floor
         console.print(f"floor: WebSocket ping RTT p50 {floor:.3f} ms", width=WIDTH)
     for (workload, model), profiles in groups.items():
         for profile, modes in profiles.items():
@@ -91,6 +91,45 @@ def print_table(results: dict[str, Any], console: Console) -> None:
                 ]
             cost.add_row(*row)
         console.print(cost, width=WIDTH)
+
+
+def print_grid(results: dict[str, Any], console: Console) -> None:
+    """``--predict``'s grid, per profile: a row per (workload, model), http's predicted E2E p50 and every
+    other mode's against it."""
+    rows = results.get("grid") or []
+    groups = cells(rows)
+    modes = sorted({r["mode"] for r in rows}, key=_mode_rank)
+    for profile in dict.fromkeys(k[0] for k in groups):
+        table = Table(
+            title=_cut(f"fast model · {profile} · E2E p50 (predicted, not run)"),
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
+        table.add_column("workload", no_wrap=True, max_width=20)
+        table.add_column("model", no_wrap=True, max_width=7)
+        table.add_column("http s", justify="right", no_wrap=True)
+        for mode in modes:
+            if mode != BASELINE:
+                table.add_column(_SHORT_MODE.get(mode, mode), justify="right", no_wrap=True, min_width=6)
+        for (p, workload, model), by_mode in groups.items():
+            if p != profile:
+                continue
+            base = by_mode.get(BASELINE)
+            table.add_row(
+                workload.removeprefix("tracelab-"),
+                model.removeprefix("mock-"),
+                "–" if base is None else f"{base['predicted_e2e_s_p50']:.1f}",
+                *(
+                    _pct(ratio(by_mode[m], base, "predicted_e2e_s_p50") if m in by_mode else None, m)
+                    for m in modes
+                    if m != BASELINE
+                ),
+            )
+        console.print(table, width=WIDTH)
+
+
+_SHORT_MODE = {"http-cached": "cached", "http-prev": "prev"}
 
 
 def _pct(r: float | None, mode: str) -> str:

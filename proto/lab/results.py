@@ -27,7 +27,7 @@ import psutil
 
 from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
-from proto.lab.runner import BenchResult, CellResult
+from proto.lab.runner import BenchResult, CellKey, CellResult
 from proto.lab.traces import Replay
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
@@ -157,6 +157,54 @@ def predict_run(
     )
     apply_prediction(run, p)
     return p
+
+
+def predicted_wall(p: Any, replay: Replay, config: BenchConfig) -> float:
+    """A cell's measured part as the fast model sees it: per rollout, its slowest session (a trace's from
+    its last arrival). Warm-up, connections and server start are not in it."""
+    n = len(replay.sessions) if replay.trace else config.sessions
+    arrival = max((s.arrival_s for s in replay.sessions), default=0.0) if replay.trace else 0.0
+    per = [max(p.e2e_s[i : i + n]) for i in range(0, len(p.e2e_s), max(n, 1))]
+    return float(sum(per) + arrival * len(per))
+
+
+def grid_predictions(
+    calibration: Any, keys: Sequence[CellKey], replays: dict[str, Replay], config: BenchConfig
+) -> list[dict[str, Any]]:
+    """``bench --predict``'s ``grid``: every cell of the run's grid predicted by the fast model, none run
+    (docs/lab.md, "The fast model's grid"). Each row: the cell, its E2E and TTFT p50, both against ``http``'s
+    in the same (profile, workload, model), its parts per rollout, and its real-clock wall (the measured
+    part, :func:`predicted_wall`)."""
+    rows: list[dict[str, Any]] = []
+    for profile, workload, model, mode in keys:
+        replay = replays[workload]
+        run: dict[str, Any] = {
+            "profile": profile,
+            "workload": workload,
+            "model": model,
+            "mode": mode,
+            "sessions": len(replay.sessions) if replay.trace else config.sessions,
+            "rollouts": config.rollouts,
+            "rounds": replay.rounds,
+            "tool_time_scale": config.tool_time_scale,
+        }
+        p = cell_prediction(calibration, replay, run, config)
+        if p is None:
+            continue
+        apply_prediction(run, p)
+        del run["prediction_error"]  # nothing measured
+        run["predicted_wall_s"] = predicted_wall(p, replay, config)
+        rows.append(run)
+    for modes in cells(rows).values():
+        base = modes.get(BASELINE)
+        for run in modes.values():
+            for key, name in (
+                ("predicted_e2e_s_p50", "predicted_e2e_vs_http"),
+                ("predicted_ttft_ms_p50", "predicted_ttft_vs_http"),
+            ):
+                r = ratio(run, base, key)
+                run[name] = None if r is None else r - 1
+    return rows
 
 
 def apply_prediction(run: dict[str, Any], p: Any) -> None:
@@ -320,17 +368,14 @@ CSV_FIELDS = (
 
 
 def write_csv(results: dict[str, Any], out: Path) -> Path:
-    path = out / "results.csv"
     runs = results["runs"]
-    phase_names = sorted({name for run in runs for name in run["phases_ms"]})
     by_cell = cells(runs)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow([*CSV_FIELDS, *(f"phase_{n}_ms_per_turn" for n in phase_names)])
-        for run in runs:
-            base = by_cell[cell_key(run)].get(BASELINE)
-            by_turn = run["turn_overhead_ms_by_turn"]
-            row = dict(
+    rows = []
+    for run in runs:
+        base = by_cell[cell_key(run)].get(BASELINE)
+        by_turn = run["turn_overhead_ms_by_turn"]
+        rows.append(
+            dict(
                 run,
                 **run["usage"],
                 e2e_vs_http=ratio(run, base, "e2e_s_p50"),
@@ -338,11 +383,43 @@ def write_csv(results: dict[str, Any], out: Path) -> Path:
                 overhead_first_turn_ms=by_turn[0] if by_turn else None,
                 overhead_last_turn_ms=by_turn[-1] if by_turn else None,
             )
+        )
+    return write_table(out / "results.csv", CSV_FIELDS, rows, "phases_ms", "phase_{}_ms_per_turn")
+
+
+def write_table(
+    path: Path, fields: Sequence[str], rows: Sequence[dict[str, Any]], nested: str, column: str
+) -> Path:
+    """A CSV: ``fields`` of each row, then one column per name in the rows' ``nested`` dicts (``column``
+    formats its header)."""
+    names = sorted({name for row in rows for name in row[nested]})
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow([*fields, *(column.format(n) for n in names)])
+        for row in rows:
             writer.writerow(
-                [_fmt(row.get(k)) for k in CSV_FIELDS]
-                + [_fmt(run["phases_ms"].get(n, 0.0)) for n in phase_names]
+                [_fmt(row.get(k)) for k in fields] + [_fmt(row[nested].get(n, 0.0)) for n in names]
             )
     return path
+
+
+GRID_FIELDS = (
+    *CSV_FIELDS[:6],  # the cell: profile, workload, model, mode, sessions, rollouts
+    "rounds",
+    "tool_time_scale",
+    "predicted_e2e_s_p50",
+    "predicted_e2e_vs_http",
+    "predicted_ttft_ms_p50",
+    "predicted_ttft_vs_http",
+    "predicted_wall_s",
+)
+
+
+def write_grid_csv(results: dict[str, Any], out: Path) -> Path:
+    """``grid.csv``: results.json's ``grid``, a row a cell, its parts per rollout as ``part_<name>_s``."""
+    return write_table(
+        out / "grid.csv", GRID_FIELDS, results.get("grid") or [], "predicted_parts_s", "part_{}_s"
+    )
 
 
 def _fmt(value: Any) -> Any:

@@ -15,8 +15,9 @@ predicted vs measured for every real-clock cell, the curves' validation points, 
 scenarios) from the runs kept in DIR (``docs/results``: one sub-directory per run, each with its
 results.json) into ``--out`` (``docs/lab-results.md``; ``-`` prints it). The sections look for runs by name:
 ``predict-1`` … ``predict-4`` (the calibration, run twice and twice again), ``sweep-coding``, ``turns-8``,
-``turns-15``, ``hops-remote``, ``scenario-seed`` / ``-sglang`` / ``-xai`` / ``-vllm``, ``quick-1`` and
-``quick-2``, ``sweep-rewrites``, ``sweep-traces``; a run that is missing leaves its section out.
+``turns-15``, ``hops-remote``, ``grid-predicted`` and ``grid-predicted-no-tools`` (``bench --predict``'s
+grids), ``scenario-seed`` / ``-sglang`` / ``-xai`` / ``-vllm``, ``quick-1`` and ``quick-2``,
+``sweep-rewrites``, ``sweep-traces``; a run that is missing leaves its section out.
 """
 
 from __future__ import annotations
@@ -211,6 +212,61 @@ def validation_section(points: list[tuple[str, dict[str, Any], str]]) -> list[st
     return rows
 
 
+SEED_GAIN = -0.40  # the seed's E2E figure for agent loops (docs/lab.md, "Published claims")
+
+
+def grid_section(results: dict[str, Any]) -> list[str]:
+    """``bench --predict``'s grid: per (workload, model), http's E2E p50 and the WebSocket designs' E2E (and
+    ``longlived``'s TTFT) against it, in both profiles; the best gain and where the seed's −40 % is met."""
+    rows = results.get("grid") or []
+    if not rows:
+        return ["(no grid in this run)"]
+    by = cells(rows)
+    profiles = list(dict.fromkeys(k[0] for k in by))
+    pairs = list(dict.fromkeys((k[1], k[2]) for k in by))
+    scale = rows[0]["tool_time_scale"]
+    wall = sum(r["predicted_wall_s"] for r in rows)
+    gains = [r for r in rows if r["mode"] in ("ws", "longlived") and r["predicted_e2e_vs_http"] is not None]
+    best = min(gains, key=lambda r: r["predicted_e2e_vs_http"], default=None)
+    met = [r for r in gains if r["predicted_e2e_vs_http"] <= SEED_GAIN]
+    head = ["workload", "model"]
+    for profile in profiles:
+        head += [f"{profile} http E2E s", "ws", "longlived", "longlived TTFT"]
+    out = [
+        f"From **`{results['command']}`**"
+        + (f" (calibration from `{results['calibration_from']}`)" if results.get("calibration_from") else "")
+        + f": {len(rows)} cells, tool times × {scale:g}, {rows[0]['sessions']} sessions × "
+        f"{rows[0]['rollouts']} rollouts for the synthetic workloads (a trace: its own sessions). "
+        "**Predicted by the fast model, not run on the real clock.** Gain = mode ÷ http − 1, p50.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|---|" + "---|" * (len(head) - 2),
+    ]
+    for workload, model in pairs:
+        cellv = [workload, model]
+        for profile in profiles:
+            modes = by.get((profile, workload, model), {})
+            base = modes.get("http")
+            cellv.append("–" if base is None else f"{base['predicted_e2e_s_p50']:.1f}")
+            for mode, key in (("ws", "e2e"), ("longlived", "e2e"), ("longlived", "ttft")):
+                r = modes.get(mode, {}).get(f"predicted_{key}_vs_http")
+                cellv.append("–" if r is None else f"{r * 100:+.1f} %")
+        out.append("| " + " | ".join(cellv) + " |")
+    out += [
+        "",
+        (
+            f"Largest E2E gain of a WebSocket design: **{best['predicted_e2e_vs_http'] * 100:+.1f} %** "
+            f"({best['mode']}, {best['profile']} · {best['workload']} · {best['model']}). "
+            if best
+            else ""
+        )
+        + f"Cells at or beyond the seed's {SEED_GAIN * 100:.0f} %: **{len(met)}** of {len(gains)}. "
+        f"The whole grid on the real clock: {wall / 3600:.1f} h of measured rollouts by the fast model's "
+        'walls (docs/lab.md, "The fast model\'s grid").',
+    ]
+    return out
+
+
 def scenario_section(results: dict[str, Any]) -> list[str]:
     sc = results.get("scenario") or {}
     out = [
@@ -273,6 +329,12 @@ def lab(directory: Path) -> str:
             "",
             *curves_section(runs["predict-1"]),
         ]
+    for name, title in (
+        ("grid-predicted", "The fast model's grid: every model × workload × profile (predicted, not run)"),
+        ("grid-predicted-no-tools", "The same grid without tool time (predicted, not run)"),
+    ):
+        if name in runs:
+            out += [f"## {title}", "", *grid_section(runs[name]), ""]
     if "sweep-coding" in runs:
         out += [
             "## The same curves at the real-clock runs' tool times (× 0.1)",
