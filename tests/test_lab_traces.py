@@ -121,3 +121,16 @@ def test_the_printed_tables_fit_80_columns(quick_runs: dict[str, dict[str, Any]]
     lines = console.export_text().splitlines()
     assert lines and max(len(line.rstrip()) for line in lines) <= WIDTH
     assert not any("…" in line for line in lines)  # no header or figure cut short
+
+
+def test_bench_refuses_a_broken_trace_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace the lab cannot read is the user's input: ``bench`` says which file, line and why, and exits
+    2 — no traceback, no server started."""
+    from proto.cli import main as cli_main
+
+    broken = tmp_path / "session.jsonl"
+    broken.write_text('{"session_id": "s", "round_index": 0}\n', encoding="utf-8")
+    code = cli_main(["bench", "--workload", str(broken), "--no-predict", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("responses-lab bench: session.jsonl:1: missing") and "Traceback" not in err

@@ -21,7 +21,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from proto.core.response import MODES
+from proto.lab.codex_rollout import RolloutError
 from proto.lab.config import PROFILES, BenchConfig
+from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.report import print_grid, print_table, write_plots
 from proto.lab.results import (
@@ -49,6 +51,7 @@ from proto.lab.store import (
 )
 from proto.lab.sweep import sweep
 from proto.lab.timeline import write_trace
+from proto.lab.traces import TraceError
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -280,7 +283,7 @@ def run(argv: list[str]) -> int:
                 raise SystemExit("--predict runs no cells: there is nothing to resume")
             return _predict_only(args, argv, console)
         return _cells(parser, args, argv, console)
-    except SweepError as exc:
+    except (SweepError, TraceError, RolloutError, PlanError) as exc:  # the user's input: one line, no trace
         Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
         return 2
 
