@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from helpers import GUARD, MODEL, auth, clean_env, cli_command, wait_healthy
 
@@ -156,7 +157,19 @@ async def run_client(
         proc.kill()
         await proc.wait()
         raise
+    finally:
+        _end_daemons(cwd)
     return proc.returncode or 0, out.decode(errors="replace")
+
+
+def _end_daemons(cwd: Path) -> None:
+    """A client may leave a daemon of its own behind (Cline CLI starts its hub daemon detached, with
+    ``--cwd DIR``): every process that names this run's directory as an argument ends with the run."""
+    mark = str(cwd)
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if process.info["pid"] != os.getpid() and mark in (process.info["cmdline"] or ()):
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
 
 
 def session_file(home: Path) -> Path:

@@ -140,9 +140,13 @@ async def serve_process(db: Path | str, *flags: str) -> AsyncIterator[Served]:
             await wait_healthy(http)
         yield Served(process, f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/responses")
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        if process.returncode is None:  # stopped as an operator would, so that it ends its own children
+            process.terminate()  # (the engine and the workers of --workers N: a kill would orphan them)
+            try:
+                await asyncio.wait_for(process.wait(), 15)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
 
 
 def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
