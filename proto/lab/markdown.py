@@ -143,8 +143,8 @@ def claims(all_cells: dict[tuple[str, str, str], dict[str, dict[str, Any]]]) -> 
         "",
         "Seed (OpenAI, 2026-04-22): E2E −40 %, TTFT −45 %, 65 → ~1 000 tokens/s sustained, bursts to 4 000. "
         "SGLang gateway PR: TTFT p50 −28 % at 8 turns, −41 % at 40 turns. xAI docs: WebSocket ~−20 % E2E vs "
-        "HTTP "
-        "with the same `previous_response_id` chaining.",
+        "HTTP with the same `previous_response_id` chaining (each source in docs/lab.md, "
+        '"Published claims").',
     ]
     return rows
 
