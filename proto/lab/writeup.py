@@ -191,36 +191,100 @@ def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str
     return rows, worst
 
 
-def validation_section(points: list[tuple[str, dict[str, Any], str]]) -> list[str]:
+def validation_section(points: list[tuple[str, dict[str, Any], str]], signs: bool = False) -> list[str]:
     """(label, a run's cells keyed by mode, mode) → the measured gain beside the fast model's for that
-    cell."""
+    cell; with ``signs``, whether the two E2E gains have the same sign, and a closing count of them."""
     rows = [
         "| curve point | mode | measured E2E vs http | the fast model's | measured TTFT vs http | the fast "
-        "model's |",
-        "|---|---|---|---|---|---|",
+        "model's |" + (" same sign |" if signs else ""),
+        "|---|---|---|---|---|---|" + ("---|" if signs else ""),
     ]
+    agree = shown = 0
     for label, modes, mode in points:
         run, base = modes.get(mode), modes.get("http")
         if run is None or base is None:  # the cell's own prediction is the fast model's value at that point
             continue
+        measured = run["e2e_s_p50"] / base["e2e_s_p50"] - 1
+        predicted = run["predicted_e2e_s_p50"] / base["predicted_e2e_s_p50"] - 1
+        same = (measured < 0) == (predicted < 0)
+        agree, shown = agree + same, shown + 1
         rows.append(
             f"| {label} | {mode} | {change(run['e2e_s_p50'], base['e2e_s_p50'])} | "
             f"{change(run['predicted_e2e_s_p50'], base['predicted_e2e_s_p50'])} "
             f"| {change(run['ttft_ms_p50'], base['ttft_ms_p50'])} | "
             f"{change(run['predicted_ttft_ms_p50'], base['predicted_ttft_ms_p50'])} |"
+            + ((" yes |" if same else " **no** |") if signs else "")
         )
+    if signs and shown:
+        rows += ["", f"Points whose measured E2E gain has the fast model's sign: **{agree} of {shown}**."]
     return rows
+
+
+def sample_points(
+    by: dict[str, dict[tuple[str, str, str], dict[str, Any]]],
+) -> list[tuple[str, dict[str, Any], str]]:
+    """The validation sample's curve points at tool times × 1 (docs/lab.md, "The validation sample"): speed
+    and turns on the production-like profile, hops 0 / 20 / 50 ms; coding-agent, one session. The 30-turn,
+    1 000 tok/s and 20 ms points are one cell, ``validate-speed``'s mock-1000tps."""
+    speed = by.get("validate-speed", {})
+    hops = by.get("validate-hops", {})
+    points = []
+    for mode in ("ws", "longlived"):
+        for model, tps in (("mock-65tps", 65), ("mock-1000tps", 1000), ("mock-4000tps", 4000)):
+            points.append(
+                (f"speed {tps} tok/s", speed.get(("production-like", "coding-agent", model), {}), mode)
+            )
+        for name, turns in (("validate-turns-8", 8), ("validate-turns-15", 15), ("validate-speed", 30)):
+            key = next(
+                (k for k in by.get(name, {}) if k[0] == "production-like" and k[2] == "mock-1000tps"), None
+            )
+            points.append((f"{turns} turns", by.get(name, {}).get(key, {}) if key else {}, mode))
+        for source, profile, hop in (
+            (hops, "local", 0),
+            (speed, "production-like", 20),
+            (hops, "remote", 50),
+        ):
+            points.append(
+                (
+                    f"safety hop {hop} ms ({profile})",
+                    source.get((profile, "coding-agent", "mock-1000tps"), {}),
+                    mode,
+                )
+            )
+    return points
 
 
 SEED_GAIN = -0.40  # the seed's E2E figure for agent loops (docs/lab.md, "Published claims")
 
 
-def grid_section(results: dict[str, Any]) -> list[str]:
+def measured_cells(
+    runs: dict[str, dict[str, Any]], tool_time_scale: float
+) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
+    """(profile, workload, model) → mode → the real-clock cell of a kept run at ``tool_time_scale`` over whole
+    workloads (no ``--turns`` cut), for marking a predicted grid's measured cells."""
+    out: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    for results in runs.values():
+        config = results.get("config") or {}
+        if config.get("turns") is not None or config.get("tool_time_scale") != tool_time_scale:
+            continue
+        for key, modes in cells(
+            [r for r in results["runs"] if r.get("prediction_error") is not None]
+        ).items():
+            out.setdefault(key, {}).update(modes)
+    return out
+
+
+def grid_section(
+    results: dict[str, Any], measured: dict[tuple[str, str, str], dict[str, dict[str, Any]]] | None = None
+) -> list[str]:
     """``bench --predict``'s grid: per (workload, model), http's E2E p50 and the WebSocket designs' E2E (and
-    ``longlived``'s TTFT) against it, in both profiles; the best gain and where the seed's −40 % is met."""
+    ``longlived``'s TTFT) against it, in both profiles; the best gain and where the seed's −40 % is met. With
+    ``measured`` (:func:`measured_cells`), a last column names the cells the real clock measured and the
+    largest error of their own runs' predictions."""
     rows = results.get("grid") or []
     if not rows:
         return ["(no grid in this run)"]
+    measured = measured or {}
     by = cells(rows)
     profiles = list(dict.fromkeys(k[0] for k in by))
     pairs = list(dict.fromkeys((k[1], k[2]) for k in by))
@@ -232,12 +296,28 @@ def grid_section(results: dict[str, Any]) -> list[str]:
     head = ["workload", "model"]
     for profile in profiles:
         head += [f"{profile} http E2E s", "ws", "longlived", "longlived TTFT"]
+    grid_keys = {(r["profile"], r["workload"], r["model"], r["mode"]) for r in rows}
+    hits = {
+        (*key, mode): run
+        for key, modes in measured.items()
+        for mode, run in modes.items()
+        if (*key, mode) in grid_keys
+    }
+    if hits:
+        head.append("measured on the real clock (largest error)")
     out = [
         f"From **`{results['command']}`**"
         + (f" (calibration from `{results['calibration_from']}`)" if results.get("calibration_from") else "")
         + f": {len(rows)} cells, tool times × {scale:g}, {rows[0]['sessions']} sessions × "
         f"{rows[0]['rollouts']} rollouts for the synthetic workloads (a trace: its own sessions). "
-        "**Predicted by the fast model, not run on the real clock.** Gain = mode ÷ http − 1, p50.",
+        + (
+            f"**Predicted by the fast model**; {len(hits)} of its cells measured on the real clock (the last "
+            "column: each profile's measured modes and the largest |error| of their own runs' predictions, "
+            'E2E p50; docs/lab.md, "The validation sample"), the rest not run.'
+            if hits
+            else "**Predicted by the fast model, not run on the real clock.**"
+        )
+        + " Gain = mode ÷ http − 1, p50.",
         "",
         "| " + " | ".join(head) + " |",
         "|---|---|" + "---|" * (len(head) - 2),
@@ -251,6 +331,17 @@ def grid_section(results: dict[str, Any]) -> list[str]:
             for mode, key in (("ws", "e2e"), ("longlived", "e2e"), ("longlived", "ttft")):
                 r = modes.get(mode, {}).get(f"predicted_{key}_vs_http")
                 cellv.append("–" if r is None else f"{r * 100:+.1f} %")
+        if hits:
+            done = []
+            for profile in profiles:
+                runs = {
+                    m: run for (p, w, mo, m), run in hits.items() if (p, w, mo) == (profile, workload, model)
+                }
+                if runs:
+                    worst = max(abs(run["prediction_error"]) for run in runs.values())
+                    names = ", ".join(m for m in MODES if m in runs)
+                    done.append(f"{profile}: {names} ({worst * 100:.1f} %)")
+            cellv.append("; ".join(done) or "–")
         out.append("| " + " | ".join(cellv) + " |")
     out += [
         "",
@@ -330,11 +421,13 @@ def lab(directory: Path) -> str:
             *curves_section(runs["predict-1"]),
         ]
     for name, title in (
-        ("grid-predicted", "The fast model's grid: every model × workload × profile (predicted, not run)"),
-        ("grid-predicted-no-tools", "The same grid without tool time (predicted, not run)"),
+        ("grid-predicted", "The fast model's grid: every model × workload × profile (predicted)"),
+        ("grid-predicted-no-tools", "The same grid without tool time (predicted)"),
     ):
         if name in runs:
-            out += [f"## {title}", "", *grid_section(runs[name]), ""]
+            grid = runs[name].get("grid") or [{}]
+            real = measured_cells(runs, grid[0].get("tool_time_scale", 1.0))
+            out += [f"## {title}", "", *grid_section(runs[name], real), ""]
     if "sweep-coding" in runs:
         out += [
             "## The same curves at the real-clock runs' tool times (× 0.1)",
@@ -391,6 +484,18 @@ def lab(directory: Path) -> str:
         *validation_section(points),
         "",
     ]
+    sample = sample_points(by)
+    if any(modes for _, modes, _ in sample):
+        out += [
+            "## The validation sample's curve points (tool times × 1)",
+            "",
+            "The same curves' points at the traces' own tool times, one session, coding-agent, measured "
+            'by the `validate-*` runs (docs/lab.md, "The validation sample"); the bar is the fast model\'s '
+            "sign:",
+            "",
+            *validation_section(sample, signs=True),
+            "",
+        ]
     for name, title in (
         ("scenario-seed", "OpenAI's seed"),
         ("scenario-sglang", "SGLang / SMG model gateway"),
