@@ -53,6 +53,7 @@ NESTED_EVENT = (
     f'{{"type": "response.create", "model": "{MODEL}", '
     f'"text": {{"format": {{"type": "json_schema", "name": "x", "schema": {{"a": {NESTED}}}}}}}}}'
 )
+LONG_ID = "call_" + "x" * 60  # 65 characters: one past OpenAI's limit on a call_id and a prompt_cache_key
 Ctx = dict[str, Any]
 
 
@@ -163,6 +164,18 @@ LL_CASES = [
     LLCase("create_tools_not_a_list", one(with_(tools=5)), "invalid_request", "$.tools"),
     LLCase("unknown_model", one(with_(model="gpt-nope")), "model_not_found", "$.model"),
     LLCase("too_many_tools", one(with_(tools=many_tools())), "too_many_tools", "$.tools"),
+    LLCase(
+        "prompt_cache_key_too_long",
+        one(with_(prompt_cache_key=LONG_ID)),
+        "string_above_max_length",
+        "$.prompt_cache_key",
+    ),
+    LLCase(
+        "create_call_id_too_long",
+        one(with_(input=[{"type": "function_call", "call_id": LONG_ID, "name": "grep", "arguments": "{}"}])),
+        "string_above_max_length",
+        "$.input[0].call_id",
+    ),
     LLCase("too_many_items", one(with_(input=[user("hi")] * (MAX_ITEMS + 1))), "too_many_items", "$.input"),
     LLCase(
         "create_output_unknown_call_id",
@@ -223,6 +236,13 @@ LL_CASES = [
         setup="suspended",
     ),
     LLCase("create_while_running", one(with_()), "response_in_progress", None, setup="running"),
+    LLCase(
+        "append_call_id_too_long",
+        one(append([output(LONG_ID, "x")])),
+        "string_above_max_length",
+        "$.input[0].call_id",
+        setup="suspended",
+    ),
     LLCase(
         "append_unknown_call_id",
         one(append([output("call_nope", "x")])),
@@ -428,6 +448,18 @@ GA_CASES = [
     GACase("model_ill_typed", ga(model=5), "invalid_request", "model"),
     GACase("unknown_model", ga(model="gpt-nope"), "model_not_found", "model"),
     GACase("too_many_tools", ga(tools=many_tools()), "too_many_tools", "tools"),
+    GACase(
+        "prompt_cache_key_too_long",
+        ga(prompt_cache_key=LONG_ID),
+        "string_above_max_length",
+        "prompt_cache_key",
+    ),
+    GACase(
+        "output_call_id_too_long",
+        ga(input=[output(LONG_ID, "x")]),
+        "string_above_max_length",
+        "input[0].call_id",
+    ),
     GACase("too_many_items", ga(input=[user("hi")] * (MAX_ITEMS + 1)), "too_many_items", "input"),
     GACase(
         "item_missing_call_id",
@@ -541,6 +573,18 @@ HTTP_CASES = [
     HTTPCase("model_ill_typed", body(model=["a"]), "invalid_request", "model"),
     HTTPCase("unknown_model", body(model="gpt-nope"), "model_not_found", "model"),
     HTTPCase("too_many_tools", body(tools=many_tools()), "too_many_tools", "tools"),
+    HTTPCase(
+        "prompt_cache_key_too_long",
+        body(prompt_cache_key=LONG_ID),
+        "string_above_max_length",
+        "prompt_cache_key",
+    ),
+    HTTPCase(
+        "output_call_id_too_long",
+        body(input=[user("hi"), output(LONG_ID, "x")]),
+        "string_above_max_length",
+        "input[1].call_id",
+    ),
     HTTPCase("too_many_items", body(input=[user("hi")] * (MAX_ITEMS + 1)), "too_many_items", "input"),
     HTTPCase(
         "item_missing_call_id",

@@ -65,6 +65,9 @@ def test_items_are_at_most_twenty_and_each_valid() -> None:
         conv.decode_items([raw({"role": "user", "content": "x"})] * 21)
     with refused("invalid_request", "items[1].content"):
         conv.decode_items([raw({"role": "user", "content": "x"}), raw({"type": "message", "role": "user"})])
+    long_output = {"type": "function_call_output", "call_id": "c" * 65, "output": "x"}
+    with refused("string_above_max_length", "items[0].call_id"):  # OpenAI's 64-character limit
+        conv.decode_items([raw(long_output)])
 
 
 def test_an_id_already_in_the_conversation_is_refused() -> None:

@@ -564,6 +564,27 @@ def test_too_many_items() -> None:
     assert pipe.core.pending_calls == [call]
 
 
+def test_strings_past_openais_limits_are_refused_in_its_words() -> None:
+    """A ``prompt_cache_key`` or an input ``call_id`` of 65 characters: OpenAI's code and message; 64 fits."""
+    pipe = Pipe()
+    actions = pipe.client(type="response.create", model=CORE_MODEL, prompt_cache_key="k" * 65)
+    error = error_of(actions)
+    assert (error.code, error.param) == ("string_above_max_length", "$.prompt_cache_key")
+    assert error.message == (
+        "Invalid '$.prompt_cache_key': string too long. Expected a string with maximum length 64, but got a "
+        "string with length 65 instead."
+    )
+    call = {"type": "function_call", "call_id": "c" * 65, "name": "grep", "arguments": "{}"}
+    actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("a"), call])
+    assert (code_of(actions), error_of(actions).param) == ("string_above_max_length", "$.input[1].call_id")
+    fits = {**call, "call_id": "c" * 64}
+    answer = {"type": "function_call_output", "call_id": "c" * 64, "output": "x"}
+    actions = pipe.client(
+        type="response.create", model=CORE_MODEL, prompt_cache_key="k" * 64, input=[fits, answer]
+    )
+    assert isinstance(actions[0], Start)
+
+
 def test_too_many_tools() -> None:
     tools = [{"type": "function", "name": f"t{i}"} for i in range(3)]
     pipe = Pipe(EventLimits(max_tools=2))

@@ -37,12 +37,12 @@ ACCEPTED: dict[str, str] = {
         "OpenAI's type-less {role, content} is a message; a part in a list of one part type needs no type"
     ),
     r"\b(phase|annotations): Incorrect type$": "null for an optional field reads as absent (OpenAI's SDK)",
-    r"\b(call_id|name): String (larger than maxLength|smaller than minLength)$": (
-        "gap: the spec's lengths of an input item's call_id and name are not enforced"
+    r"\bcall_id: String smaller than minLength$": "gap: an empty input call_id is not refused",
+    r"\bname: String (larger than maxLength|smaller than minLength)$": (
+        "gap: the spec's lengths of an input item's name are not enforced"
     ),
     r"\bname: Value not matching the '.*' pattern$": "gap: an input item's name pattern is not enforced",
     r"\b(start_index|end_index): Value smaller than minimum$": "gap: annotation indexes unchecked",
-    r"\bprompt_cache_key: String larger than maxLength$": "gap: prompt_cache_key's length is not enforced",
 }
 ACCEPTED_PATTERNS = [re.compile(pattern) for pattern in ACCEPTED]
 

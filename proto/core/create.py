@@ -15,7 +15,7 @@ import msgspec
 
 from proto.core import codec
 from proto.core.compaction import check_compactions
-from proto.core.errors import ClientError
+from proto.core.errors import ClientError, too_long
 from proto.core.events import CreateBody
 from proto.core.items import (
     CALL_ITEMS,
@@ -33,6 +33,8 @@ from proto.core.items import (
 )
 from proto.core.openai_types import Mcp, ToolChoiceAllowed
 from proto.core.work import WorkCounters
+
+MAX_PROMPT_CACHE_KEY = 64  # characters; OpenAI refuses a longer key (``string_above_max_length``)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,10 @@ def validate_create(
             "conversation and previous_response_id cannot both be given",
             f"{root}conversation",
         )
+    if body.prompt_cache_key is not None:
+        error = too_long(f"{root}prompt_cache_key", body.prompt_cache_key, MAX_PROMPT_CACHE_KEY)
+        if error is not None:
+            raise error
     check_tool_choice(body, root)
     work = WorkCounters(requests_validated=1)
     items = codec.decode_items(body.input, f"{root}input", item_code)
