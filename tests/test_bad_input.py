@@ -53,7 +53,7 @@ NESTED_EVENT = (
     f'{{"type": "response.create", "model": "{MODEL}", '
     f'"text": {{"format": {{"type": "json_schema", "name": "x", "schema": {{"a": {NESTED}}}}}}}}}'
 )
-LONG_ID = "call_" + "x" * 60  # 65 characters: one past OpenAI's limit on a call_id and a prompt_cache_key
+LONG_ID = "call_" + "x" * 60  # 65 characters: one past OpenAI's limit on a call_id, a cache key, a user id
 Ctx = dict[str, Any]
 
 
@@ -169,6 +169,18 @@ LL_CASES = [
         one(with_(prompt_cache_key=LONG_ID)),
         "string_above_max_length",
         "$.prompt_cache_key",
+    ),
+    LLCase(
+        "safety_identifier_too_long",
+        one(with_(safety_identifier=LONG_ID)),
+        "string_above_max_length",
+        "$.safety_identifier",
+    ),
+    LLCase(
+        "metadata_too_many_pairs",
+        one(with_(metadata={f"k{i}": "v" for i in range(17)})),
+        "object_above_max_properties",
+        "$.metadata",
     ),
     LLCase(
         "create_call_id_too_long",
@@ -455,6 +467,12 @@ GA_CASES = [
         "prompt_cache_key",
     ),
     GACase(
+        "metadata_value_too_long",
+        ga(metadata={"k": "v" * 513}),
+        "string_above_max_length",
+        "metadata.k",
+    ),
+    GACase(
         "output_call_id_too_long",
         ga(input=[output(LONG_ID, "x")]),
         "string_above_max_length",
@@ -578,6 +596,18 @@ HTTP_CASES = [
         body(prompt_cache_key=LONG_ID),
         "string_above_max_length",
         "prompt_cache_key",
+    ),
+    HTTPCase(
+        "safety_identifier_too_long",
+        body(safety_identifier=LONG_ID),
+        "string_above_max_length",
+        "safety_identifier",
+    ),
+    HTTPCase(
+        "metadata_too_many_pairs",
+        body(metadata={f"k{i}": "v" for i in range(17)}),
+        "object_above_max_properties",
+        "metadata",
     ),
     HTTPCase(
         "output_call_id_too_long",

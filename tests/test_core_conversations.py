@@ -9,6 +9,7 @@ import pytest
 from proto.core import conversations as conv
 from proto.core.errors import ClientError
 from proto.core.items import FunctionCallOutput, InputText, Message, OutputText
+from proto.core.limits import check_metadata
 
 
 def raw(value: object) -> msgspec.Raw:
@@ -34,16 +35,22 @@ def test_stored_items_have_ids_statuses_and_parts() -> None:
 
 
 def test_metadata_limits() -> None:
-    assert conv.check_metadata(None) == {}
-    assert conv.check_metadata({f"k{i}": "v" for i in range(16)}) == {f"k{i}": "v" for i in range(16)}
+    assert check_metadata(None) == {}
+    assert check_metadata({f"k{i}": "v" for i in range(16)}) == {f"k{i}": "v" for i in range(16)}
+    with refused("object_above_max_properties", "metadata") as refusal:
+        check_metadata({f"k{i}": "v" for i in range(17)})
+    assert refusal.value.message == (  # OpenAI's words
+        "Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an "
+        "object with 17 properties instead."
+    )
     with refused("invalid_request", "metadata"):
-        conv.check_metadata({f"k{i}": "v" for i in range(17)})
-    with refused("invalid_request", "metadata"):
-        conv.check_metadata({"k" * 65: "v"})
-    with refused("invalid_request", "metadata.k"):
-        conv.check_metadata({"k": "v" * 513})
+        check_metadata({"k" * 65: "v"})
+    with refused("string_above_max_length", "metadata.k"):
+        check_metadata({"k": "v" * 513})
     with refused("invalid_request", "metadata.n"):
-        conv.check_metadata({"n": 3})
+        check_metadata({"n": 3})
+    with refused("string_above_max_length", "$.metadata.k"):  # the long-lived protocol's JSONPath
+        check_metadata({"k": "v" * 513}, "$.metadata")
 
 
 def test_list_queries() -> None:

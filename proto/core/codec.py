@@ -7,14 +7,14 @@ from typing import Any
 
 import msgspec
 
-from proto.core.errors import ClientError, param_from_validation, too_long
+from proto.core.errors import ClientError, param_from_validation
 from proto.core.events import CLIENT_EVENT_TYPES, AnyServerEvent, ClientEvent, CreateBody
 from proto.core.items import FunctionCall, FunctionCallOutput, Item, ItemReference, Message
+from proto.core.limits import MAX_CALL_ID, check_length
 
 _event_decoder = msgspec.json.Decoder(ClientEvent)
 _body_decoder = msgspec.json.Decoder(CreateBody)
 _item_decoder = msgspec.json.Decoder(Item)
-MAX_CALL_ID = 64  # characters in an input function call's or output's ``call_id`` (OpenAI refuses more)
 _message_decoder = msgspec.json.Decoder(Message)
 _reference_decoder = msgspec.json.Decoder(ItemReference)
 _any_decoder = msgspec.json.Decoder()
@@ -144,9 +144,7 @@ def decode_items(
     for index, raw in enumerate(raw_items):
         item = _decode_item(raw, f"{path}[{index}]", code)
         if isinstance(item, FunctionCall | FunctionCallOutput):  # OpenAI's limit (and the spec's)
-            error = too_long(f"{path}[{index}].call_id", item.call_id or "", MAX_CALL_ID)
-            if error is not None:
-                raise error
+            check_length(f"{path}[{index}].call_id", item.call_id, MAX_CALL_ID)
         items.append(item)
     return items
 

@@ -3,8 +3,8 @@
 OpenAI's shapes (the ``openai`` SDK's ``types/conversations``): a ``conversation`` object (``conv_…`` id,
 ``created_at``, ``metadata``), ``conversation.deleted``, and the items list (``first_id``, ``last_id``,
 ``has_more``). OpenAI's documented limits: at most 20 items per create or add, metadata of at most 16 pairs
-with keys of at most 64 characters and values of at most 512; a list's ``limit`` is 1–100 (default 20),
-its ``order`` ``asc`` or ``desc`` (default ``desc``).
+with keys of at most 64 characters and values of at most 512 (``proto/core/limits.py``); a list's
+``limit`` is 1–100 (default 20), its ``order`` ``asc`` or ``desc`` (default ``desc``).
 
 Items are decoded one by one as a create's input is (``codec.decode_items``: a bad one names its path,
 ``items[2].content``) and stored as OpenAI returns conversation items: every item has an ``id``, a
@@ -28,9 +28,6 @@ from proto.core.events import CreateBody
 from proto.core.items import InputText, Item, ItemReference, Message, OutputText, item_id_of
 
 MAX_ITEMS = 20  # per create or add (OpenAI: "You may add up to 20 items at a time")
-MAX_METADATA_PAIRS = 16
-MAX_METADATA_KEY = 64
-MAX_METADATA_VALUE = 512
 MAX_LIMIT = 100
 DEFAULT_LIMIT = 20
 
@@ -102,31 +99,6 @@ def decode(data: bytes, kind: type[Any]) -> Any:
         raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ClientError("invalid_json", "body is nested too deeply") from None
-
-
-def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
-    """OpenAI's metadata rules: at most 16 pairs, keys ≤ 64 characters, values strings of ≤ 512."""
-    metadata = dict(metadata or {})
-    if len(metadata) > MAX_METADATA_PAIRS:
-        raise ClientError(
-            "invalid_request",
-            f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed",
-            "metadata",
-        )
-    for key, value in metadata.items():
-        if not isinstance(value, str):
-            raise ClientError("invalid_request", "metadata values are strings", f"metadata.{key}")
-        if len(key) > MAX_METADATA_KEY:
-            raise ClientError(
-                "invalid_request", f"metadata keys are at most {MAX_METADATA_KEY} characters", "metadata"
-            )
-        if len(value) > MAX_METADATA_VALUE:
-            raise ClientError(
-                "invalid_request",
-                f"metadata values are at most {MAX_METADATA_VALUE} characters",
-                f"metadata.{key}",
-            )
-    return metadata
 
 
 def decode_items(raw: Sequence[msgspec.Raw], path: str = "items") -> list[Item]:

@@ -15,7 +15,7 @@ import msgspec
 
 from proto.core import codec
 from proto.core.compaction import check_compactions
-from proto.core.errors import ClientError, too_long
+from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
     CALL_ITEMS,
@@ -31,10 +31,9 @@ from proto.core.items import (
     custom_tool_names,
     function_tool_names,
 )
+from proto.core.limits import MAX_PROMPT_CACHE_KEY, MAX_SAFETY_IDENTIFIER, check_length, check_metadata
 from proto.core.openai_types import Mcp, ToolChoiceAllowed
 from proto.core.work import WorkCounters
-
-MAX_PROMPT_CACHE_KEY = 64  # characters; OpenAI refuses a longer key (``string_above_max_length``)
 
 
 @dataclass(frozen=True)
@@ -79,10 +78,9 @@ def validate_create(
             "conversation and previous_response_id cannot both be given",
             f"{root}conversation",
         )
-    if body.prompt_cache_key is not None:
-        error = too_long(f"{root}prompt_cache_key", body.prompt_cache_key, MAX_PROMPT_CACHE_KEY)
-        if error is not None:
-            raise error
+    check_length(f"{root}prompt_cache_key", body.prompt_cache_key, MAX_PROMPT_CACHE_KEY)
+    check_length(f"{root}safety_identifier", body.safety_identifier, MAX_SAFETY_IDENTIFIER)
+    check_metadata(body.metadata, f"{root}metadata")
     check_tool_choice(body, root)
     work = WorkCounters(requests_validated=1)
     items = codec.decode_items(body.input, f"{root}input", item_code)

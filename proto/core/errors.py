@@ -47,9 +47,10 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
         "invalid_request_error",
     ),  # OpenAI's code: prompt past the model's window
     "empty_array": (400, "invalid_request_error"),  # OpenAI's code for an empty list where items are required
-    # OpenAI's code for a string past its documented length (``prompt_cache_key``, an input item's
-    # ``call_id``: 64 characters), with OpenAI's message (``too_long``)
+    # OpenAI's codes for a string past its documented length and a map with too many pairs
+    # (``proto/core/limits.py``)
     "string_above_max_length": (400, "invalid_request_error"),
+    "object_above_max_properties": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "websocket_connection_limit_reached": (400, "invalid_request_error"),
     # Refused at the door, nothing started (docs/protocol.md, "Admission"): OpenAI's code and status for a
@@ -123,16 +124,3 @@ def param_from_validation(exc: msgspec.ValidationError, prefix: str = "") -> str
         return prefix or None
     path = text[at + len(marker) : text.rfind("`")]
     return f"{prefix}{path}" if prefix else f"${path}"
-
-
-def too_long(param: str, value: str, limit: int) -> ClientError | None:
-    """``string_above_max_length`` in OpenAI's words when ``value`` is longer than ``limit`` characters (its
-    API refuses such a ``prompt_cache_key`` or ``input[i].call_id``); None when it fits."""
-    if len(value) <= limit:
-        return None
-    return ClientError(
-        "string_above_max_length",
-        f"Invalid '{param}': string too long. Expected a string with maximum length {limit}, but got a "
-        f"string with length {len(value)} instead.",
-        param,
-    )

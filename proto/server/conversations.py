@@ -21,6 +21,7 @@ from starlette.routing import Route
 from proto.core import conversations as conv
 from proto.core.errors import ClientError
 from proto.core.items import Item
+from proto.core.limits import check_metadata
 from proto.core.work import WorkCounters
 from proto.server.auth import Auth, error_response
 from proto.server.pipeline import Pipeline, typed_faults
@@ -68,7 +69,7 @@ class ConversationRoutes:
     # ------------------------------------------------------------------------------ conversations
     async def create(self, request: Request, key: str) -> Response:
         body: conv.CreateConversation = conv.decode(await self.read_body(request), conv.CreateConversation)
-        metadata = conv.check_metadata(body.metadata)
+        metadata = check_metadata(body.metadata)
         items = await self._new_items(body.items or [], key, [])
         conversation = conv.Conversation(
             id=conv.new_conversation_id(), created_at=int(time.time()), metadata=metadata
@@ -83,7 +84,7 @@ class ConversationRoutes:
 
     async def update(self, request: Request, key: str) -> Response:
         body: conv.UpdateConversation = conv.decode(await self.read_body(request), conv.UpdateConversation)
-        metadata = conv.check_metadata(body.metadata)
+        metadata = check_metadata(body.metadata)
         stored = await self.store.update(_conversation_id(request), key, _encoder.encode(metadata))
         return _json(_conversation(stored))
 

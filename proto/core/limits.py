@@ -1,0 +1,62 @@
+"""OpenAI's documented size limits on a request's strings and maps, checked once for every transport and
+refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``,
+``object_above_max_properties``). The wording is the one its API returns, as agents and proxies report it:
+"Invalid 'input[149].call_id': string too long. Expected a string with maximum length 64, but got a string
+with length 86 instead."
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proto.core.errors import ClientError
+
+MAX_CALL_ID = 64  # an input function_call's or function_call_output's ``call_id``
+MAX_PROMPT_CACHE_KEY = 64
+MAX_SAFETY_IDENTIFIER = 64
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+
+def too_long(param: str, value: str, limit: int) -> ClientError | None:
+    """``string_above_max_length`` when ``value`` is longer than ``limit`` characters; None when it fits."""
+    if len(value) <= limit:
+        return None
+    return ClientError(
+        "string_above_max_length",
+        f"Invalid '{param}': string too long. Expected a string with maximum length {limit}, but got a "
+        f"string with length {len(value)} instead.",
+        param,
+    )
+
+
+def check_length(param: str, value: str | None, limit: int) -> None:
+    """Raise :func:`too_long`'s error for ``value`` (None: absent, fits)."""
+    error = None if value is None else too_long(param, value, limit)
+    if error is not None:
+        raise error
+
+
+def check_metadata(metadata: Mapping[str, Any] | None, param: str = "metadata") -> dict[str, str]:
+    """OpenAI's metadata rules: at most 16 pairs (``object_above_max_properties``), values strings of at most
+    512 characters (``string_above_max_length``, naming ``metadata.<key>``), keys of at most 64 (no OpenAI
+    wording on record: ``invalid_request``)."""
+    metadata = dict(metadata or {})
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ClientError(
+            "object_above_max_properties",
+            f"Invalid '{param}': too many properties. Expected an object with at most {MAX_METADATA_PAIRS} "
+            f"properties, but got an object with {len(metadata)} properties instead.",
+            param,
+        )
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise ClientError("invalid_request", "metadata values are strings", f"{param}.{key}")
+        if len(key) > MAX_METADATA_KEY:
+            raise ClientError(
+                "invalid_request", f"metadata keys are at most {MAX_METADATA_KEY} characters", param
+            )
+        check_length(f"{param}.{key}", value, MAX_METADATA_VALUE)
+    return metadata
