@@ -183,6 +183,12 @@ LL_CASES = [
         "$.metadata",
     ),
     LLCase(
+        "create_call_id_empty",
+        one(with_(input=[user("hi"), output("", "x")])),
+        "empty_string",
+        "$.input[1].call_id",
+    ),
+    LLCase(
         "create_call_id_too_long",
         one(with_(input=[{"type": "function_call", "call_id": LONG_ID, "name": "grep", "arguments": "{}"}])),
         "string_above_max_length",
@@ -472,6 +478,7 @@ GA_CASES = [
         "string_above_max_length",
         "metadata.k",
     ),
+    GACase("output_call_id_empty", ga(input=[output("", "x")]), "empty_string", "input[0].call_id"),
     GACase(
         "output_call_id_too_long",
         ga(input=[output(LONG_ID, "x")]),
@@ -608,6 +615,12 @@ HTTP_CASES = [
         body(metadata={f"k{i}": "v" for i in range(17)}),
         "object_above_max_properties",
         "metadata",
+    ),
+    HTTPCase(
+        "function_call_id_empty",
+        body(input=[user("hi"), {"type": "function_call", "call_id": "", "name": "grep", "arguments": "{}"}]),
+        "empty_string",
+        "input[1].call_id",
     ),
     HTTPCase(
         "output_call_id_too_long",

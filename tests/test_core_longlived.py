@@ -577,6 +577,12 @@ def test_strings_past_openais_limits_are_refused_in_its_words() -> None:
     call = {"type": "function_call", "call_id": "c" * 65, "name": "grep", "arguments": "{}"}
     actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("a"), call])
     assert (code_of(actions), error_of(actions).param) == ("string_above_max_length", "$.input[1].call_id")
+    empty = {"type": "function_call_output", "call_id": "", "output": "x"}
+    actions = pipe.client(type="response.create", model=CORE_MODEL, input=[user_message("a"), empty])
+    assert error_of(actions).code == "empty_string" and error_of(actions).message == (
+        "Invalid '$.input[1].call_id': empty string. Expected a string with minimum length 1, but got an "
+        "empty string instead."
+    )
     fits = {**call, "call_id": "c" * 64}
     answer = {"type": "function_call_output", "call_id": "c" * 64, "output": "x"}
     actions = pipe.client(

@@ -37,7 +37,6 @@ ACCEPTED: dict[str, str] = {
         "OpenAI's type-less {role, content} is a message; a part in a list of one part type needs no type"
     ),
     r"\b(phase|annotations): Incorrect type$": "null for an optional field reads as absent (OpenAI's SDK)",
-    r"\bcall_id: String smaller than minLength$": "gap: an empty input call_id is not refused",
     r"\bname: String (larger than maxLength|smaller than minLength)$": (
         "gap: the spec's lengths of an input item's name are not enforced"
     ),

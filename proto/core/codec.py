@@ -144,7 +144,7 @@ def decode_items(
     for index, raw in enumerate(raw_items):
         item = _decode_item(raw, f"{path}[{index}]", code)
         if isinstance(item, FunctionCall | FunctionCallOutput):  # OpenAI's limit (and the spec's)
-            check_length(f"{path}[{index}].call_id", item.call_id, MAX_CALL_ID)
+            check_length(f"{path}[{index}].call_id", item.call_id, MAX_CALL_ID, required=True)
         items.append(item)
     return items
 

@@ -47,9 +47,10 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
         "invalid_request_error",
     ),  # OpenAI's code: prompt past the model's window
     "empty_array": (400, "invalid_request_error"),  # OpenAI's code for an empty list where items are required
-    # OpenAI's codes for a string past its documented length and a map with too many pairs
-    # (``proto/core/limits.py``)
+    # OpenAI's codes for a string past its documented length or empty where one is required, and a map
+    # with too many pairs (``proto/core/limits.py``)
     "string_above_max_length": (400, "invalid_request_error"),
+    "empty_string": (400, "invalid_request_error"),
     "object_above_max_properties": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "websocket_connection_limit_reached": (400, "invalid_request_error"),

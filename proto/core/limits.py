@@ -1,5 +1,5 @@
 """OpenAI's documented size limits on a request's strings and maps, checked once for every transport and
-refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``,
+refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``, ``empty_string``,
 ``object_above_max_properties``). The wording is the one its API returns, as agents and proxies report it:
 "Invalid 'input[149].call_id': string too long. Expected a string with maximum length 64, but got a string
 with length 86 instead."
@@ -32,9 +32,20 @@ def too_long(param: str, value: str, limit: int) -> ClientError | None:
     )
 
 
-def check_length(param: str, value: str | None, limit: int) -> None:
-    """Raise :func:`too_long`'s error for ``value`` (None: absent, fits)."""
-    error = None if value is None else too_long(param, value, limit)
+def check_length(param: str, value: str | None, limit: int, required: bool = False) -> None:
+    """Raise :func:`too_long`'s error for ``value`` (None: absent, fits); with ``required``, an empty string
+    is ``empty_string`` as OpenAI words it ("Invalid 'input[4].call_id': empty string. Expected a string with
+    minimum length 1, but got an empty string instead.")."""
+    if value is None:
+        return
+    if required and not value:
+        raise ClientError(
+            "empty_string",
+            f"Invalid '{param}': empty string. Expected a string with minimum length 1, but got an empty "
+            "string instead.",
+            param,
+        )
+    error = too_long(param, value, limit)
     if error is not None:
         raise error
 
