@@ -183,6 +183,12 @@ LL_CASES = [
         "$.metadata",
     ),
     LLCase(
+        "tool_name_off_pattern",
+        one(with_(tools=[{"type": "function", "name": "read.file", "parameters": {}}])),
+        "invalid_value",
+        "$.tools[0].name",
+    ),
+    LLCase(
         "create_call_id_empty",
         one(with_(input=[user("hi"), output("", "x")])),
         "empty_string",
@@ -478,6 +484,12 @@ GA_CASES = [
         "string_above_max_length",
         "metadata.k",
     ),
+    GACase(
+        "tool_name_off_pattern",
+        ga(tools=[{"type": "function", "name": "read.file", "parameters": {}}]),
+        "invalid_value",
+        "tools[0].name",
+    ),
     GACase("output_call_id_empty", ga(input=[output("", "x")]), "empty_string", "input[0].call_id"),
     GACase(
         "output_call_id_too_long",
@@ -615,6 +627,18 @@ HTTP_CASES = [
         body(metadata={f"k{i}": "v" for i in range(17)}),
         "object_above_max_properties",
         "metadata",
+    ),
+    HTTPCase(
+        "tool_name_off_pattern",
+        body(tools=[{"type": "function", "name": "read.file", "parameters": {}}]),
+        "invalid_value",
+        "tools[0].name",
+    ),
+    HTTPCase(
+        "tool_name_empty",
+        body(tools=[{"type": "function", "name": "", "parameters": {}}]),
+        "empty_string",
+        "tools[0].name",
     ),
     HTTPCase(
         "function_call_id_empty",

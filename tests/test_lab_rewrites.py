@@ -275,3 +275,23 @@ def test_rewrites_bill_the_trace_in_every_mode(tmp_path: Path) -> None:
             for k, (_, cached, _) in enumerate(rounds):
                 if plans[sid].sends[k].kind == "rewrite":  # the kept prefix is served from the KV cache
                     assert cached >= cached_at_least[sid][k] - 64, (mode, sid, k, cached)
+
+
+def test_a_trace_s_tool_names_are_made_valid_as_codex_makes_them(tmp_path: Path) -> None:
+    """An MCP tool's ``server.tool`` or a 70-character name would be refused by the Responses API (and by
+    this server, ``invalid_value``): the trace's calls and the plan's tools get Codex's renaming."""
+    from proto.core.limits import check_tool_name
+
+    path = tmp_path / "mcp.jsonl"
+    names = ["github.search issues", "t" * 70]
+    row = {"session_id": "s", "round_index": 0, "input_tokens_total": 500, "prefix_tokens": 0}
+    rows = [
+        {**row, "output_tokens": 30, "tools": [{"tool_name": n, "tool_wall_latency_ms": 5} for n in names]},
+        {**row, "round_index": 1, "input_tokens_total": 600, "output_tokens": 20, "tools": []},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    [session] = read_jsonl(path).sessions
+    assert [c.name for c in session.rounds[0].calls] == ["github_search_issues", "t" * 64]
+    plan = build_plan(session, "mock-4000tps", NONCE)
+    for index, tool in enumerate(plan.tools):
+        check_tool_name(f"tools[{index}].name", tool["name"])

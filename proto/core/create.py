@@ -25,13 +25,20 @@ from proto.core.items import (
     CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
+    FunctionTool,
     Item,
     ItemReference,
     Tool,
     custom_tool_names,
     function_tool_names,
 )
-from proto.core.limits import MAX_PROMPT_CACHE_KEY, MAX_SAFETY_IDENTIFIER, check_length, check_metadata
+from proto.core.limits import (
+    MAX_PROMPT_CACHE_KEY,
+    MAX_SAFETY_IDENTIFIER,
+    check_length,
+    check_metadata,
+    check_tool_name,
+)
 from proto.core.openai_types import Mcp, ToolChoiceAllowed
 from proto.core.work import WorkCounters
 
@@ -81,6 +88,9 @@ def validate_create(
     check_length(f"{root}prompt_cache_key", body.prompt_cache_key, MAX_PROMPT_CACHE_KEY)
     check_length(f"{root}safety_identifier", body.safety_identifier, MAX_SAFETY_IDENTIFIER)
     check_metadata(body.metadata, f"{root}metadata")
+    for index, tool in enumerate(body.tools):
+        if isinstance(tool, FunctionTool):
+            check_tool_name(f"{root}tools[{index}].name", tool.name)
     check_tool_choice(body, root)
     work = WorkCounters(requests_validated=1)
     items = codec.decode_items(body.input, f"{root}input", item_code)

@@ -1,12 +1,13 @@
-"""OpenAI's documented size limits on a request's strings and maps, checked once for every transport and
-refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``, ``empty_string``,
-``object_above_max_properties``). The wording is the one its API returns, as agents and proxies report it:
-"Invalid 'input[149].call_id': string too long. Expected a string with maximum length 64, but got a string
-with length 86 instead."
+"""OpenAI's documented limits on a request's strings, maps and tool names, checked once for every transport
+and refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``,
+``empty_string``, ``object_above_max_properties``, ``invalid_value``). The wording is the one its API
+returns, as agents and proxies report it: "Invalid 'input[149].call_id': string too long. Expected a string
+with maximum length 64, but got a string with length 86 instead."
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,9 @@ MAX_SAFETY_IDENTIFIER = 64
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
+MAX_TOOL_NAME = 64
+TOOL_NAME = "^[a-zA-Z0-9_-]+$"  # a function tool's name (Codex renames MCP tools to fit it)
+_TOOL_NAME = re.compile(TOOL_NAME)
 
 
 def too_long(param: str, value: str, limit: int) -> ClientError | None:
@@ -71,3 +75,23 @@ def check_metadata(metadata: Mapping[str, Any] | None, param: str = "metadata") 
             )
         check_length(f"{param}.{key}", value, MAX_METADATA_VALUE)
     return metadata
+
+
+def check_tool_name(param: str, name: str) -> None:
+    """A function tool's name: 1–64 characters of ``TOOL_NAME``; OpenAI's ``invalid_value`` otherwise,
+    "Invalid 'tools[16].name': string does not match pattern. Expected a string that matches the pattern
+    '^[a-zA-Z0-9_-]+$'."."""
+    check_length(param, name, MAX_TOOL_NAME, required=True)
+    if _TOOL_NAME.match(name) is None:
+        raise ClientError(
+            "invalid_value",
+            f"Invalid '{param}': string does not match pattern. Expected a string that matches the pattern "
+            f"'{TOOL_NAME}'.",
+            param,
+        )
+
+
+def tool_name(name: str) -> str:
+    """``name`` made a valid function tool name as Codex makes an MCP tool's (``openai/codex`` #8694): each
+    character outside ``[a-zA-Z0-9_-]`` becomes ``_``, cut to 64."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:MAX_TOOL_NAME] or "_"

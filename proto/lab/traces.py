@@ -34,6 +34,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from proto.core.limits import tool_name
 from proto.lab import codex_rollout
 from sampler.policy import WORKLOADS, PlannedCall, Workload, load_workload, workload_names
 
@@ -259,7 +260,8 @@ def _tool_name(tool: object, where: str) -> str:
     name = str(tool["tool_name"])
     if name == "web_search":  # the hosted tool's name: the trace's tool ran on the client
         name = "web_search_local"
-    return name
+    # A name the Responses API would refuse (an MCP tool's ``server.tool``) renamed as Codex renames it.
+    return tool_name(name)
 
 
 def read_codex(path: Path) -> Replay:
