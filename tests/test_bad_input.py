@@ -216,7 +216,7 @@ LL_CASES = [
     LLCase(
         "max_output_tokens_negative",
         one(with_(max_output_tokens=-1)),
-        "invalid_request",
+        "integer_below_min_value",
         "$.max_output_tokens",
     ),
     LLCase(
@@ -532,6 +532,12 @@ GA_CASES = [
     GACase(
         "max_output_tokens_overflow", ga(max_output_tokens=10**40), "invalid_request", "max_output_tokens"
     ),
+    GACase(
+        "max_output_tokens_below_16",
+        ga(max_output_tokens=15),
+        "integer_below_min_value",
+        "max_output_tokens",
+    ),
     GACase("top_p_out_of_range", ga(top_p=-0.5), "invalid_request", "top_p"),
     GACase("deeply_nested", NESTED_EVENT, "invalid_json", None),
     GACase("lone_surrogate", ga(input=[user("\udc00 alone")]), "invalid_json", None),
@@ -688,6 +694,12 @@ HTTP_CASES = [
     ),
     HTTPCase(
         "max_output_tokens_overflow", body(max_output_tokens=10**40), "invalid_request", "max_output_tokens"
+    ),
+    HTTPCase(
+        "max_output_tokens_below_16",
+        body(max_output_tokens=10),
+        "integer_below_min_value",
+        "max_output_tokens",
     ),
     HTTPCase("temperature_out_of_range", body(temperature=2.5), "invalid_request", "temperature"),
     HTTPCase("stream_ill_typed", body(stream="yes"), "invalid_request", "stream"),

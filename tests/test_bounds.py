@@ -166,7 +166,7 @@ async def test_a_rollout_that_outgrows_the_window_fails_typed_at_that_turn_and_b
 @pytest.mark.parametrize(
     ("knobs", "fields", "expected"),
     [
-        ("", {"max_output_tokens": 1}, 1),  # the response's own limit: two ids built, one sampled
+        ("", {"max_output_tokens": 16}, 16),  # the response's own limit (16: OpenAI's floor)
         (",max-output-tokens=300", {}, 300),  # the model's max output per call
         (",max-model-len=100", {}, None),  # what is left of the window after the prompt
     ],
@@ -252,7 +252,7 @@ async def gaps_while(url: str, load: bool) -> list[float]:
             await ws.send(json.dumps({"type": "response.create", **create("word " * 800_000)}))
             while json.loads(await asyncio.wait_for(ws.recv(), GUARD))["type"] not in TERMINAL_TYPES:
                 pass
-            for fields in ({}, {"max_output_tokens": 1}, {}):
+            for fields in ({}, {"max_output_tokens": 16}, {}):
                 await ws.send(
                     json.dumps(
                         {

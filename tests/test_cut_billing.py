@@ -87,9 +87,10 @@ async def read(
 
 
 async def prompt_tokens(srv: ThreadedServer, payload: dict[str, Any]) -> int:
-    """The prompt the server bills for this input, from an uncut reference request (one token of output)."""
+    """The prompt the server bills for this input, from an uncut reference request (at most 16 tokens of
+    output)."""
     async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
-        reply = await http.post("/v1/responses", json={**payload, "max_output_tokens": 1, "store": False})
+        reply = await http.post("/v1/responses", json={**payload, "max_output_tokens": 16, "store": False})
     usage: dict[str, int] = reply.json()["usage"]
     return usage["input_tokens"]
 

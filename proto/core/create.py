@@ -35,6 +35,8 @@ from proto.core.items import (
 from proto.core.limits import (
     MAX_PROMPT_CACHE_KEY,
     MAX_SAFETY_IDENTIFIER,
+    MIN_MAX_OUTPUT_TOKENS,
+    check_at_least,
     check_length,
     check_metadata,
     check_tool_name,
@@ -88,6 +90,7 @@ def validate_create(
     check_length(f"{root}prompt_cache_key", body.prompt_cache_key, MAX_PROMPT_CACHE_KEY)
     check_length(f"{root}safety_identifier", body.safety_identifier, MAX_SAFETY_IDENTIFIER)
     check_metadata(body.metadata, f"{root}metadata")
+    check_at_least(f"{root}max_output_tokens", body.max_output_tokens, MIN_MAX_OUTPUT_TOKENS)
     for index, tool in enumerate(body.tools):
         if isinstance(tool, FunctionTool):
             check_tool_name(f"{root}tools[{index}].name", tool.name)

@@ -1,8 +1,8 @@
-"""OpenAI's documented limits on a request's strings, maps and tool names, checked once for every transport
-and refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``,
-``empty_string``, ``object_above_max_properties``, ``invalid_value``). The wording is the one its API
-returns, as agents and proxies report it: "Invalid 'input[149].call_id': string too long. Expected a string
-with maximum length 64, but got a string with length 86 instead."
+"""OpenAI's documented limits on a request's strings, maps, tool names and numbers, checked once for every
+transport and refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``,
+``empty_string``, ``object_above_max_properties``, ``invalid_value``, ``integer_below_min_value``). The
+wording is the one its API returns, as agents and proxies report it: "Invalid 'input[149].call_id': string
+too long. Expected a string with maximum length 64, but got a string with length 86 instead."
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_TOOL_NAME = 64
+MIN_MAX_OUTPUT_TOKENS = 16  # OpenAI's floor on a response's ``max_output_tokens`` (and the spec's)
 TOOL_NAME = "^[a-zA-Z0-9_-]+$"  # a function tool's name (Codex renames MCP tools to fit it)
 _TOOL_NAME = re.compile(TOOL_NAME)
 
@@ -95,3 +96,15 @@ def tool_name(name: str) -> str:
     """``name`` made a valid function tool name as Codex makes an MCP tool's (``openai/codex`` #8694): each
     character outside ``[a-zA-Z0-9_-]`` becomes ``_``, cut to 64."""
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:MAX_TOOL_NAME] or "_"
+
+
+def check_at_least(param: str, value: int | None, floor: int) -> None:
+    """``integer_below_min_value`` in OpenAI's words ("Invalid 'max_output_tokens': integer below minimum
+    value. Expected a value >= 16, but got 10 instead.") when ``value`` is below ``floor``."""
+    if value is not None and value < floor:
+        raise ClientError(
+            "integer_below_min_value",
+            f"Invalid '{param}': integer below minimum value. Expected a value >= {floor}, but got {value} "
+            "instead.",
+            param,
+        )
