@@ -62,7 +62,8 @@ async def test_uncached_store_false_is_previous_response_not_found(srv: Threaded
         events = await ga_events(ws, continue_from(first, store=False))
     assert events[-1]["type"] == "error"
     assert events[-1]["error"]["code"] == "previous_response_not_found"
-    assert events[-1]["status"] == 404 and events[-1]["error"]["type"] == "invalid_request_error"
+    assert events[-1]["status"] == 400 and events[-1]["error"]["type"] == "invalid_request_error"  # OpenAI's
+    assert events[-1]["error"]["message"] == f"Previous response with id '{first['id']}' not found."
 
 
 async def test_uncached_store_true_loads_from_the_store(srv: ThreadedServer) -> None:

@@ -111,7 +111,12 @@ async def test_store_false_is_never_persisted(srv: ThreadedServer) -> None:
         assert (await c.get(f"/v1/responses/{created['id']}")).status_code == 404
         body = {"model": MODEL, "input": outputs_for(created), "previous_response_id": created["id"]}
         follow = await c.post("/v1/responses", json=body)
-    assert follow.status_code == 404 and follow.json()["error"]["code"] == "previous_response_not_found"
+    assert follow.status_code == 400 and follow.json()["error"] == {  # OpenAI's status, code and wording
+        "type": "invalid_request_error",
+        "code": "previous_response_not_found",
+        "message": f"Previous response with id '{created['id']}' not found.",
+        "param": "previous_response_id",
+    }
 
 
 async def test_stored_responses_are_isolated_per_key(srv: ThreadedServer) -> None:

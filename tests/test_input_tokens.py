@@ -116,7 +116,7 @@ async def test_tools_and_instructions_count(http: httpx.AsyncClient) -> None:
         ),
         (
             {"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"},
-            404,
+            400,
             "previous_response_not_found",
             None,
         ),

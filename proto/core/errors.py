@@ -24,7 +24,8 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "response_already_completed": (409, "invalid_request_error"),
     "response_not_found": (404, "invalid_request_error"),
     "model_not_found": (404, "invalid_request_error"),
-    "previous_response_not_found": (404, "invalid_request_error"),
+    # OpenAI's status and wording on HTTP and WebSocket alike: 400, "Previous response with id '…' not found."
+    "previous_response_not_found": (400, "invalid_request_error"),
     "item_not_found": (404, "invalid_request_error"),
     "conversation_not_found": (404, "invalid_request_error"),
     "message_too_large": (413, "invalid_request_error"),

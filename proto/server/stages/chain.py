@@ -98,7 +98,7 @@ async def load_history(
     if chain is None:
         raise ClientError(
             "previous_response_not_found",
-            f"previous response with id {previous_response_id!r} not found",
+            f"Previous response with id '{previous_response_id}' not found.",
             "previous_response_id",
         )
     work.store_reads += len(chain)
