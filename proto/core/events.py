@@ -35,9 +35,8 @@ class CreateBody(oa.ResponseCreateParamsBase, kw_only=True):
     background: bool | None = False
     generate: bool = True
     # Ranges as OpenAI documents them; out of range is the peer's error, not a number we carry along.
-    max_output_tokens: Annotated[int, msgspec.Meta(le=2**31 - 1)] | None = (
-        None  # ≥ 16: ``proto/core/limits.py``
-    )
+    # ``max_output_tokens`` ≥ 16 is checked with OpenAI's own code (``proto/core/limits.py``).
+    max_output_tokens: Annotated[int, msgspec.Meta(le=2**31 - 1)] | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
 
