@@ -79,11 +79,13 @@ def test_items_are_at_most_twenty_and_each_valid() -> None:
 
 def test_an_id_already_in_the_conversation_is_refused() -> None:
     kept = [conv.stored_item(Message(role="user", content="a", id="msg_a"))]
-    conv.check_new_ids(kept, [Message(role="user", content="b", id="msg_b")], "items")
+    conv.check_new_ids(conv.item_ids(kept), [Message(role="user", content="b", id="msg_b")], "items")
     with refused("invalid_request", "input[1].id"):
         conv.check_new_ids(
-            kept, [Message(role="user", content="b"), Message(role="user", content="c", id="msg_a")], "input"
+            conv.item_ids(kept),
+            [Message(role="user", content="b"), Message(role="user", content="c", id="msg_a")],
+            "input",
         )
     with refused("invalid_request", "items[1].id"):
         twice = [Message(role="user", content="b", id="msg_b")] * 2
-        conv.check_new_ids([], twice, "items")
+        conv.check_new_ids(set(), twice, "items")

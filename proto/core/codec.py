@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -12,6 +12,7 @@ from proto.core.events import CLIENT_EVENT_TYPES, AnyServerEvent, ClientEvent, C
 from proto.core.items import FunctionCall, FunctionCallOutput, Item, ItemReference, Message
 from proto.core.limits import MAX_CALL_ID, check_length
 
+_T = TypeVar("_T")
 _event_decoder = msgspec.json.Decoder(ClientEvent)
 _body_decoder = msgspec.json.Decoder(CreateBody)
 _item_decoder = msgspec.json.Decoder(Item)
@@ -110,8 +111,14 @@ def _message(exc: msgspec.ValidationError) -> str:
 
 def decode_body(data: str | bytes) -> CreateBody:
     """The body of ``POST /v1/responses``; ``param`` in OpenAI's spelling (``input[0].call_id``)."""
+    return decode_request(data, _body_decoder)
+
+
+def decode_request(data: str | bytes, decoder: msgspec.json.Decoder[_T]) -> _T:
+    """A request body through ``decoder``: ``invalid_json``, or ``invalid_request`` naming the failing field
+    as OpenAI does."""
     try:
-        return _body_decoder.decode(data)
+        return decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise request_error(exc) from None
     except msgspec.DecodeError as exc:

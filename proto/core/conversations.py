@@ -15,7 +15,7 @@ Items are decoded one by one as a create's input is (``codec.decode_items``: a b
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal, get_args, get_type_hints
 
 import msgspec
@@ -89,18 +89,6 @@ def new_conversation_id() -> str:
     return "conv_" + secrets.token_hex(24)
 
 
-def decode(data: bytes, kind: type[Any]) -> Any:
-    """One request body as ``kind``; ``invalid_json`` / ``invalid_request`` with the failing field."""
-    try:
-        return msgspec.json.decode(data, type=kind)
-    except msgspec.ValidationError as exc:
-        raise codec.request_error(exc) from None
-    except msgspec.DecodeError as exc:
-        raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ClientError("invalid_json", "body is nested too deeply") from None
-
-
 def decode_items(raw: Sequence[msgspec.Raw], path: str = "items") -> list[Item]:
     """A create's or an add's items: at most 20, each a valid item (``param`` names the bad one)."""
     if len(raw) > MAX_ITEMS:
@@ -108,10 +96,14 @@ def decode_items(raw: Sequence[msgspec.Raw], path: str = "items") -> list[Item]:
     return codec.decode_items(list(raw), path)
 
 
-def check_new_ids(existing: Sequence[Item], items: Sequence[Item], path: str) -> None:
-    """An item joining a conversation brings an id no item of it has (OpenAI refuses a duplicate item);
-    ``path[i].id`` names the first that does."""
-    seen = {item_id for item in existing if (item_id := item_id_of(item)) is not None}
+def item_ids(items: Sequence[Item]) -> set[str]:
+    return {item_id for item in items if (item_id := item_id_of(item)) is not None}
+
+
+def check_new_ids(existing: Collection[str], items: Sequence[Item], path: str) -> None:
+    """An item joining a conversation brings an id none of the conversation's ``existing`` ids is (OpenAI
+    refuses a duplicate item); ``path[i].id`` names the first that does."""
+    seen = set(existing)
     for index, item in enumerate(items):
         item_id = item_id_of(item)
         if item_id is None or isinstance(item, ItemReference):

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proto.core import codec
 from proto.core import conversations as conv
 from proto.core.errors import ClientError
 from proto.core.items import Item
@@ -30,9 +31,12 @@ from proto.server.stages.conversation import encoded, not_found
 from proto.server.storage.conversations import ConversationMissing, ItemMissing, StoredConversation
 
 _encoder = msgspec.json.Encoder()
-_item_decoder = msgspec.json.Decoder(Item)
 _metadata_decoder = msgspec.json.Decoder(dict[str, str])
 JSON = "application/json"
+# Built once, as every decoder (``proto/core/codec.py``).
+_CREATE = msgspec.json.Decoder(conv.CreateConversation)
+_UPDATE = msgspec.json.Decoder(conv.UpdateConversation)
+_ADD = msgspec.json.Decoder(conv.AddItems)
 Handler = Callable[[Request, str], Awaitable[Response]]
 
 
@@ -68,9 +72,9 @@ class ConversationRoutes:
 
     # ------------------------------------------------------------------------------ conversations
     async def create(self, request: Request, key: str) -> Response:
-        body: conv.CreateConversation = conv.decode(await self.read_body(request), conv.CreateConversation)
+        body: conv.CreateConversation = codec.decode_request(await self.read_body(request), _CREATE)
         metadata = check_metadata(body.metadata)
-        items = await self._new_items(body.items or [], key, [])
+        items = await self._new_items(body.items or [], key, set())
         conversation = conv.Conversation(
             id=conv.new_conversation_id(), created_at=int(time.time()), metadata=metadata
         )
@@ -83,7 +87,7 @@ class ConversationRoutes:
         return _json(_conversation(await self.store.get(_conversation_id(request), key)))
 
     async def update(self, request: Request, key: str) -> Response:
-        body: conv.UpdateConversation = conv.decode(await self.read_body(request), conv.UpdateConversation)
+        body: conv.UpdateConversation = codec.decode_request(await self.read_body(request), _UPDATE)
         metadata = check_metadata(body.metadata)
         stored = await self.store.update(_conversation_id(request), key, _encoder.encode(metadata))
         return _json(_conversation(stored))
@@ -96,10 +100,9 @@ class ConversationRoutes:
     # ------------------------------------------------------------------------------ items
     async def add_items(self, request: Request, key: str) -> Response:
         conv.check_include(_include(request))
-        body: conv.AddItems = conv.decode(await self.read_body(request), conv.AddItems)
+        body: conv.AddItems = codec.decode_request(await self.read_body(request), _ADD)
         conversation_id = _conversation_id(request)
-        existing = [_item_decoder.decode(raw) for raw in await self.store.items(conversation_id, key)]
-        items = await self._new_items(body.items, key, existing)
+        items = await self._new_items(body.items, key, await self.store.item_ids(conversation_id, key))
         rows = encoded(items)
         await self.store.append(conversation_id, key, rows)
         return _json(conv.item_list([body for _, body in rows], has_more=False))
@@ -121,9 +124,9 @@ class ConversationRoutes:
         stored = await self.store.delete_item(_conversation_id(request), key, request.path_params["item_id"])
         return _json(_conversation(stored))
 
-    async def _new_items(self, raw: list[msgspec.Raw], key: str, existing: list[Item]) -> list[Item]:
+    async def _new_items(self, raw: list[msgspec.Raw], key: str, existing: set[str]) -> list[Item]:
         """Items joining a conversation: decoded (at most 20, each valid), references resolved, stored
-        as conversation items, their ids new to it."""
+        as conversation items, their ids new to it (``existing``: the ids it has)."""
         work = WorkCounters()
         items = conv.decode_items(raw)
         items = await resolve_references(self.pipeline, items, key, work, field="items")

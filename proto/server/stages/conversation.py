@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import structlog
 
-from proto.core.conversations import check_new_ids, conversation_id, stored_item
+from proto.core.conversations import check_new_ids, conversation_id, item_ids, stored_item
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import Item, item_id_of
@@ -47,7 +47,7 @@ async def load_conversation(
         raise not_found(wanted, f"{root}conversation") from None
     work.store_reads += 1
     history = [_item_decoder.decode(raw) for raw in stored]
-    check_new_ids(history, items, f"{root}input")
+    check_new_ids(item_ids(history), items, f"{root}input")
     return history
 
 

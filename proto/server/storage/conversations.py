@@ -159,6 +159,20 @@ class ConversationStore:
 
         return await self.store.run("conversation_items", read, write=False)
 
+    async def item_ids(self, conversation_id: str, api_key_id: str) -> set[str]:
+        """The ids of its items (what a new item's id must not be), without reading the items."""
+
+        def read(db: Connection) -> set[str]:
+            with transaction(db, write=False):
+                _owned(db, conversation_id, api_key_id)
+                rows = db.execute(
+                    "SELECT item_id FROM conversation_items WHERE conversation_id = ? AND item_id <> ''",
+                    (conversation_id,),
+                ).rows
+            return {str(row[0]) for row in rows}
+
+        return await self.store.run("conversation_item_ids", read, write=False)
+
     async def page(
         self, conversation_id: str, api_key_id: str, after: str | None, limit: int, ascending: bool
     ) -> tuple[list[bytes], bool]:
