@@ -23,24 +23,13 @@ MAX_TOOL_NAME = 64
 MIN_MAX_OUTPUT_TOKENS = 16  # OpenAI's floor on a response's ``max_output_tokens`` (and the spec's)
 TOOL_NAME = "^[a-zA-Z0-9_-]+$"  # a function tool's name (Codex renames MCP tools to fit it)
 _TOOL_NAME = re.compile(TOOL_NAME)
-
-
-def too_long(param: str, value: str, limit: int) -> ClientError | None:
-    """``string_above_max_length`` when ``value`` is longer than ``limit`` characters; None when it fits."""
-    if len(value) <= limit:
-        return None
-    return ClientError(
-        "string_above_max_length",
-        f"Invalid '{param}': string too long. Expected a string with maximum length {limit}, but got a "
-        f"string with length {len(value)} instead.",
-        param,
-    )
+_NOT_TOOL_NAME = re.compile(r"[^a-zA-Z0-9_-]")  # a character ``tool_name`` replaces
 
 
 def check_length(param: str, value: str | None, limit: int, required: bool = False) -> None:
-    """Raise :func:`too_long`'s error for ``value`` (None: absent, fits); with ``required``, an empty string
-    is ``empty_string`` as OpenAI words it ("Invalid 'input[4].call_id': empty string. Expected a string with
-    minimum length 1, but got an empty string instead.")."""
+    """``string_above_max_length`` when ``value`` is longer than ``limit`` characters (None: absent, fits);
+    with ``required``, an empty string is ``empty_string`` as OpenAI words it ("Invalid 'input[4].call_id':
+    empty string. Expected a string with minimum length 1, but got an empty string instead.")."""
     if value is None:
         return
     if required and not value:
@@ -50,9 +39,13 @@ def check_length(param: str, value: str | None, limit: int, required: bool = Fal
             "string instead.",
             param,
         )
-    error = too_long(param, value, limit)
-    if error is not None:
-        raise error
+    if len(value) > limit:
+        raise ClientError(
+            "string_above_max_length",
+            f"Invalid '{param}': string too long. Expected a string with maximum length {limit}, but got a "
+            f"string with length {len(value)} instead.",
+            param,
+        )
 
 
 def check_metadata(metadata: Mapping[str, Any] | None, param: str = "metadata") -> dict[str, str]:
@@ -95,7 +88,7 @@ def check_tool_name(param: str, name: str) -> None:
 def tool_name(name: str) -> str:
     """``name`` made a valid function tool name as Codex makes an MCP tool's (``openai/codex`` #8694): each
     character outside ``[a-zA-Z0-9_-]`` becomes ``_``, cut to 64."""
-    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:MAX_TOOL_NAME] or "_"
+    return _NOT_TOOL_NAME.sub("_", name)[:MAX_TOOL_NAME] or "_"
 
 
 def check_at_least(param: str, value: int | None, floor: int) -> None:

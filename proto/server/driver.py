@@ -46,14 +46,13 @@ from typing import Protocol
 
 import structlog
 
-from proto.core.builder import with_item_id
 from proto.core.errors import ClientError
 from proto.core.events import ServerEvent
 from proto.core.items import Item
 from proto.core.longlived import Cancel
 from proto.core.turn import TurnEncoder
 from proto.server.pipeline import Pipeline, Prepared
-from proto.server.stages.chain import persist_response
+from proto.server.stages.chain import persist_response, with_ids
 from proto.server.stages.conversation import append_response
 from proto.server.storage.ledger import LedgerError, LedgerFullError
 from proto.server.transports.timers import deadline
@@ -366,7 +365,7 @@ class ResponseDriver:
         joins = response.conversation is not None and response.status != "failed"
         if not response.store and not joins:
             return terminal
-        inputs = [with_item_id(item) for item in self.prepared.rollout.input_items]  # one id, both copies
+        inputs = with_ids(self.prepared.rollout.input_items)  # one id, both copies
         try:
             if joins:
                 await append_response(self.pipeline, response, self.api_key_id, inputs)

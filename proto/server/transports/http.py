@@ -56,7 +56,7 @@ from proto.core.longlived import Cancel
 from proto.core.response import Mode
 from proto.core.work import WorkCounters
 from proto.server.auth import Auth, error_response
-from proto.server.background import BackgroundResponses, check_background, starting_after
+from proto.server.background import BackgroundResponses, check_background, not_found, starting_after
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
@@ -379,7 +379,7 @@ class HttpResponses:
         response_id = request.path_params["response_id"]
         stored = await self.pipeline.store.get(response_id, key)
         if stored is None:
-            return error_response(_not_found(response_id))
+            return error_response(not_found(response_id))
         return Response(stored.response_json, media_type=JSON)
 
     async def delete(self, request: Request, key: str) -> Response:
@@ -390,7 +390,7 @@ class HttpResponses:
         except ClientError as exc:
             return error_response(exc)
         if not await self.pipeline.store.delete(response_id, key):
-            return error_response(_not_found(response_id))
+            return error_response(not_found(response_id))
         return Response(
             _encoder.encode({"id": response_id, "object": "response", "deleted": True}), media_type=JSON
         )
@@ -401,7 +401,7 @@ class HttpResponses:
         response_id = request.path_params["response_id"]
         raw = await self.pipeline.store.input_items(response_id, key)
         if raw is None:
-            return error_response(_not_found(response_id))
+            return error_response(not_found(response_id))
         items = _items_decoder.decode(raw)
         query = request.query_params
         if query.get("order", "desc") == "desc":
@@ -466,7 +466,7 @@ def _stream_error(exc: ClientError, sequence_number: int) -> bytes:
     event = StreamError(
         sequence_number=sequence_number, code=exc.code, message=exc.message, param=exc.param, error=detail
     )
-    return b"event: error\ndata: " + _encoder.encode(event) + b"\n\n"
+    return _sse("error", _encoder.encode(event))
 
 
 def _shutting_down() -> ClientError:
@@ -478,7 +478,3 @@ def _shutting_down() -> ClientError:
 
 def _too_large(limit: int) -> ClientError:
     return ClientError("message_too_large", f"the request body exceeds {limit} bytes (--max-frame-bytes)")
-
-
-def _not_found(response_id: str) -> ClientError:
-    return ClientError("response_not_found", f"response with id {response_id!r} not found", "response_id")

@@ -155,8 +155,8 @@ class LongLivedConnection(WebSocketConnection):
             self.timers.touch(self.clock.now())
 
     async def _prepare(self, start: Start) -> Prepared:
-        history: list[Item] = []
         items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
+        history: list[Item]
         if start.request.previous_response_id is not None:
             # Continuing a stored response: its chain is context, loaded and rendered once.
             history = await load_history(
