@@ -915,3 +915,11 @@ def test_queued_user_messages_are_capped_typed_and_the_refused_append_keeps_noth
         Message(role="user", content="two"),
     ]
     assert pipe.append(user_message("after the turn boundary")) == []  # taking them makes room
+
+
+@pytest.mark.parametrize("name", ["read.file", "grep\n", "", "t" * 65])
+def test_a_function_tool_name_off_openais_pattern_is_refused(name: str) -> None:
+    tool = {"type": "function", "name": name, "parameters": {}}
+    actions = Pipe().client(type="response.create", model=CORE_MODEL, tools=[tool])
+    assert error_of(actions).code in ("invalid_value", "empty_string", "string_above_max_length")
+    assert error_of(actions).param == "$.tools[0].name"

@@ -76,7 +76,7 @@ def check_tool_name(param: str, name: str) -> None:
     "Invalid 'tools[16].name': string does not match pattern. Expected a string that matches the pattern
     '^[a-zA-Z0-9_-]+$'."."""
     check_length(param, name, MAX_TOOL_NAME, required=True)
-    if _TOOL_NAME.match(name) is None:
+    if _TOOL_NAME.fullmatch(name) is None:  # ``$`` alone would let a trailing newline through
         raise ClientError(
             "invalid_value",
             f"Invalid '{param}': string does not match pattern. Expected a string that matches the pattern "
