@@ -48,6 +48,7 @@ from proto.lab.store import (
     label,
     shard_cells,
     sorted_shards,
+    without,
 )
 from proto.lab.sweep import sweep
 from proto.lab.timeline import write_trace
@@ -400,26 +401,13 @@ def _open_run(
     if out_given and args.out.resolve() != args.resume.resolve():
         raise SystemExit("--resume DIR writes to DIR: leave --out out (or give the same DIR)")
     run_dir = RunDir.open(args.resume)
-    given = _without(argv, "--resume")
+    given = without(argv, "--resume")
     own = [a for a in given if a.startswith("--") and a.split("=")[0] not in _RESUME_EXTRAS]
     effective = given if own else [*run_dir.data["argv"], *given]
     args = parser.parse_args([*effective, "--out", str(args.resume)])
     config = config_from_args(args)
     run_dir.resume(config, args.shard)
     return args, config, run_dir
-
-
-def _without(argv: Sequence[str], flag: str) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == flag:
-            skip = True
-        elif not arg.startswith(flag + "="):
-            out.append(arg)
-    return out
 
 
 def _cells(
@@ -493,7 +481,8 @@ def _cells(
             soft_wrap=True,
         )
         return 130
-    run_dir.data["complete"] = not [k for k in mine if k not in run_dir.done()]
+    finished = run_dir.done()
+    run_dir.data["complete"] = all(k in finished for k in mine)
     run_dir.save()
     results, timelines = assemble([run_dir])
     written = write_outputs(results, timelines, out, plots=not args.no_plots)

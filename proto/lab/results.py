@@ -101,15 +101,6 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
     return out
 
 
-def predictions(result: BenchResult, runs: list[dict[str, Any]]) -> None:
-    """Each real-clock run's cell, predicted by the fast model with the run's calibration (in place)."""
-    for cell, run in zip(result.cells, runs, strict=True):
-        if result.calibration is not None and cell.replay is not None:
-            p = cell_prediction(result.calibration, cell.replay, run, result.config)
-            if p is not None:
-                apply_prediction(run, p)
-
-
 def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], config: BenchConfig) -> Any:
     """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model,
     profile) as ``config`` runs it; None for a model the mock GPU does not know (``--url``'s)."""
@@ -220,11 +211,9 @@ def results_json(
     result: BenchResult, command: str, sweep_rows: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     config = result.config
-    runs = [run_record(cell) for cell in result.cells]
-    predictions(result, runs)
     return {
         "floor": floor_json(result.pings_ms),
-        "runs": runs,
+        "runs": [],  # the fast model alone (``--predict``); a real-clock run's come from its cell records
         "calibration": result.calibration.to_json() if result.calibration is not None else None,
         "sweep": sweep_rows or [],
         "profiles": profiles_json(config),

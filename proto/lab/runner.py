@@ -54,7 +54,6 @@ class CellResult:
 class BenchResult:
     config: BenchConfig
     pings_ms: dict[str, list[float]] = field(default_factory=dict)  # per profile
-    cells: list[CellResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     wall_s: float = 0.0
     calibration: Calibration | None = None  # when the run calibrated the fast model
@@ -352,8 +351,7 @@ async def run_bench(
                         )
                         sessions = len(w.sessions) if w.trace else config.sessions
                         cell = CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w)
-                        result.cells.append(cell)
-                        if on_done:
+                        if on_done:  # the cell's record is written there; nothing keeps its traces after
                             on_done(cell)
     result.wall_s = time.perf_counter() - t0
     return result

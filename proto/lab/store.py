@@ -157,21 +157,23 @@ def _hide_password(text: str) -> str:
     return re.sub(r"(://[^/:@\s]+):[^@/\s]*@", r"\1:***@", text)
 
 
-def redacted(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--api-key``'s value or a URL's password: a manifest is shared, keys are not."""
+def without(argv: Sequence[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value (``--flag V`` or ``--flag=V``)."""
     out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
-            continue
-        if arg == "--api-key":
+        elif arg == flag:
             skip = True
-            continue
-        if arg.startswith("--api-key="):
-            continue
-        out.append(_hide_password(arg))
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
     return out
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` without ``--api-key``'s value or a URL's password: a manifest is shared, keys are not."""
+    return [_hide_password(arg) for arg in without(argv, "--api-key")]
 
 
 @dataclass
@@ -349,9 +351,10 @@ def assemble(
     calibration, curves and scenario of the first shard (each directory's in ``shards``)."""
     first = dirs[0]
     grid = first.grid()
+    by_dir = [d.records() for d in dirs]  # each record file read and parsed once
     records: dict[CellKey, dict[str, Any]] = {}
-    for d in dirs:
-        records.update(d.records())
+    for found in by_dir:
+        records.update(found)
     keys = [k for k in grid if k in records]
     mine = {k for d in dirs for k in d.cells()}
     pings: dict[str, list[float]] = {}
@@ -393,25 +396,28 @@ def assemble(
                 "machine": d.data["machine"],
                 "started_utc": d.data["started_utc"],
                 "wall_s": d.wall_s(),
-                "cells": len(d.records()),
+                "cells": len(found),
                 "calibration": d.data["calibration"],
             }
-            for d in dirs
+            for d, found in zip(dirs, by_dir, strict=True)
         ]
     timelines = [records[k]["timeline"] for k in keys]
     if len(dirs) > 1:  # each machine's clock has its own zero: each shard's spans from its own first one
-        timelines = _rebased(dirs, records, keys)
+        timelines = _rebased(dirs, by_dir, records, keys)
     return results, timelines
 
 
 def _rebased(
-    dirs: Sequence[RunDir], records: dict[CellKey, dict[str, Any]], keys: Sequence[CellKey]
+    dirs: Sequence[RunDir],
+    by_dir: Sequence[dict[CellKey, dict[str, Any]]],
+    records: dict[CellKey, dict[str, Any]],
+    keys: Sequence[CellKey],
 ) -> list[dict[str, Any]]:
     from proto.lab.timeline import origin
 
     zero: dict[str | None, float] = {}
-    for d in dirs:
-        zero[d.data["shard"]] = origin([r["timeline"] for r in d.records().values()])
+    for d, found in zip(dirs, by_dir, strict=True):
+        zero[d.data["shard"]] = origin([r["timeline"] for r in found.values()])
     out = []
     for k in keys:
         t = records[k]["timeline"]
