@@ -109,9 +109,7 @@ def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], confi
     if run["model"] not in MODELS:
         return None
     c = config
-    return predict_run(
-        dict(run), calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale
-    )
+    return compose(run, calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale)
 
 
 def predict_run(
@@ -124,9 +122,26 @@ def predict_run(
     rollouts: int,
     tool_time_scale: float,
 ) -> Any:
-    """Compose ``run``'s cell (its mode, model, profile) with the fast model and write its prediction
-    fields (in place): what every real-clock run reports, and what ``bench repredict`` rewrites. Returns
-    the :class:`~proto.lab.predict.Prediction`."""
+    """Compose ``run``'s cell with the fast model (:func:`compose`) and write its prediction fields (in
+    place): what every real-clock run reports, and what ``bench repredict`` rewrites. Returns the
+    :class:`~proto.lab.predict.Prediction`."""
+    p = compose(run, calibration, replay, model_overrides, config, sessions, rollouts, tool_time_scale)
+    apply_prediction(run, p)
+    return p
+
+
+def compose(
+    run: dict[str, Any],
+    calibration: Any,
+    replay: Replay,
+    model_overrides: Sequence[str],
+    config: Any,
+    sessions: int,
+    rollouts: int,
+    tool_time_scale: float,
+) -> Any:
+    """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model and
+    profile), ``run`` left as it is."""
     from proto.lab.predict import predict_cell, profile_hops
     from sampler.models import MODELS
     from sampler.overrides import apply_knobs
@@ -136,7 +151,7 @@ def predict_run(
         name, _, knobs = text.partition(":")
         if name == run["model"]:
             spec = apply_knobs(spec, knobs)
-    p = predict_cell(
+    return predict_cell(
         calibration,
         run["mode"],
         replay,
@@ -146,8 +161,6 @@ def predict_run(
         rollouts=rollouts,
         tool_time_scale=tool_time_scale,
     )
-    apply_prediction(run, p)
-    return p
 
 
 def predicted_wall(p: Any, replay: Replay, config: BenchConfig) -> float:
