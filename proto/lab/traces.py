@@ -190,17 +190,24 @@ def read_csv(path: Path) -> Replay:
     )
 
 
-def read_jsonl(path: Path, lines: list[str] | None = None) -> Replay:
-    """A TraceLab round-trace JSONL: one LLM call a line (``lines``: the file's rows, derived in memory)."""
-    by_session: dict[str, list[tuple[int, dict[str, object], str]]] = {}
-    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines() if lines is None else lines, 1):
+def read_jsonl(path: Path) -> Replay:
+    """A TraceLab round-trace JSONL: one LLM call a line."""
+    rows: list[tuple[object, str]] = []
+    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not text.strip():
             continue
         where = f"{path.name}:{line}"
         try:
-            row = json.loads(text)
+            rows.append((json.loads(text), where))
         except json.JSONDecodeError as e:
             raise TraceError(f"{where}: not JSON: {e.msg}") from None
+    return _rounds(path, rows)
+
+
+def _rounds(path: Path, rows: list[tuple[object, str]]) -> Replay:
+    """The replay of round-trace rows (each with where it comes from, for its errors)."""
+    by_session: dict[str, list[tuple[int, dict[str, object], str]]] = {}
+    for row, where in rows:
         if not isinstance(row, dict):
             raise TraceError(f"{where}: a line must be a JSON object")
         for key in ("session_id", "round_index", "input_tokens_total", "output_tokens"):
@@ -268,7 +275,7 @@ def read_codex(path: Path) -> Replay:
     """A Codex CLI session file: its rounds as TraceLab derives them (``proto/lab/codex_rollout.py``), read
     as that round-trace JSONL."""
     rows = codex_rollout.derive_rounds(path)
-    replay = read_jsonl(path, [json.dumps(row) for row in rows])
+    replay = _rounds(path, [(row, f"{path.name}:{i}") for i, row in enumerate(rows, 1)])
     return replace(replay, description=codex_rollout.describe(path, rows), source=codex_rollout.SOURCE)
 
 
