@@ -219,7 +219,8 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
     tools = tuple({"type": "function", "name": n, "parameters": {"type": "object"}} for n in names)
     # The server renders the tool definitions first (``Conversation.add_tools``) and the assistant header
     # after the context: both are in every prompt, before and after everything the rounds change.
-    assistant = len(tok.header("assistant")) + tools_tokens(tools)
+    fixed = tools_tokens(tools)  # the tool definitions head every prompt
+    assistant = len(tok.header("assistant")) + fixed
     head = f"[session {nonce}]\n" + "\n".join(script_line(r, i) for i, r in enumerate(rounds)) + "\n\n"
     # Round 0: the first message's body makes the prompt.
     if session.first_tokens is not None:
@@ -264,8 +265,7 @@ def build_plan(session: Session, model: str, nonce: str, tool_time_scale: float 
             )
             continue
         target = this.input_tokens - assistant  # the items' total this round
-        # The tool definitions head every prompt: a trace's kept prefix counts them, the items do not.
-        fixed = tools_tokens(tools)
+        # A trace's kept prefix counts the tool definitions (``fixed``), the items do not.
         previous_total = sends[-1].prompt_tokens + last.output_tokens
         # CSV: the trace cut the context at ``keep`` (TraceLab's replayer keeps exactly that much).
         cut_here = this.keep is not None and this.keep < previous_total

@@ -319,7 +319,7 @@ async def run_bench(
     if not cells:
         result.wall_s = time.perf_counter() - t0
         return result
-    keys = [k for k in grid(config, workloads) if todo is None or k in todo]
+    keys = {k for k in grid(config, workloads) if todo is None or k in todo}  # looked up per cell
     needed = tuple(p for p in config.profiles if any(k[0] == p for k in keys))
     if not keys:
         result.wall_s = time.perf_counter() - t0
