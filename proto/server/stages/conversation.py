@@ -15,7 +15,7 @@ from proto.core.items import Item, item_id_of
 from proto.core.response import Response
 from proto.core.work import WorkCounters
 from proto.server.pipeline import Pipeline
-from proto.server.stages.chain import interleave
+from proto.server.stages.chain import interleave, load_history
 from proto.server.storage.conversations import ConversationMissing
 
 log = structlog.get_logger("proto.server.conversation")
@@ -49,6 +49,21 @@ async def load_conversation(
     history = [_item_decoder.decode(raw) for raw in stored]
     check_new_ids(item_ids(history), items, f"{root}input")
     return history
+
+
+async def load_context(
+    pipeline: Pipeline,
+    request: CreateBody,
+    items: list[Item],
+    api_key_id: str,
+    work: WorkCounters,
+    root: str = "",
+) -> list[Item]:
+    """The server-held history a create continues: its stored chain (``previous_response_id``), else its
+    conversation's items (``load_conversation``: [] when it names neither)."""
+    if request.previous_response_id is not None:
+        return await load_history(pipeline, request.previous_response_id, api_key_id, work)
+    return await load_conversation(pipeline, request, items, api_key_id, work, root)
 
 
 async def append_response(

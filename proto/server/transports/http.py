@@ -59,9 +59,9 @@ from proto.server.auth import Auth, error_response
 from proto.server.background import BackgroundResponses, check_background, not_found, starting_after
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
-from proto.server.stages.chain import load_history, resolve_references
+from proto.server.stages.chain import resolve_references
 from proto.server.stages.compact import compact_window
-from proto.server.stages.conversation import load_conversation
+from proto.server.stages.conversation import load_context
 from proto.server.storage.store import StoreError, StoreUnavailable
 from proto.server.transports import encoding
 
@@ -207,16 +207,12 @@ class HttpResponses:
             body, self.pipeline.engines.names(), self.limits, refuse_background=False
         )
         phases: dict[str, float] = {}
-        history: list[Item] = []
         mode: Mode = "http-cached" if cached else "http"
+        if body.previous_response_id is not None or body.conversation is not None:
+            mode = "http-prev"  # server-held history: a stored chain or a conversation, scanned in full
         with timed(phases, "store_load"):
             items = await resolve_references(self.pipeline, items, key, work)
-            if body.previous_response_id is not None:
-                mode = "http-prev"
-                history = await load_history(self.pipeline, body.previous_response_id, key, work)
-            elif body.conversation is not None:  # server-held history, as http-prev's, scanned in full
-                mode = "http-prev"
-                history = await load_conversation(self.pipeline, body, items, key, work)
+            history = await load_context(self.pipeline, body, items, key, work)
         check_outputs(history, items)
         return await self.pipeline.prepare(
             new_response_id(),
@@ -364,11 +360,7 @@ class HttpResponses:
             body, self.pipeline.engines.names(), self.limits, refuse_background=False
         )
         items = await resolve_references(self.pipeline, items, key, work)
-        history = (
-            await load_conversation(self.pipeline, body, items, key, work)
-            if body.previous_response_id is None
-            else await load_history(self.pipeline, body.previous_response_id, key, work)
-        )
+        history = await load_context(self.pipeline, body, items, key, work)
         check_outputs(history, items)
         return history + items, work
 

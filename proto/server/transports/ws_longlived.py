@@ -29,8 +29,8 @@ from proto.core.items import Item
 from proto.core.longlived import Action, Cancel, Close, EventLimits, LongLivedCore, OpenNext, Resume
 from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, typed_faults
-from proto.server.stages.chain import load_history, resolve_references
-from proto.server.stages.conversation import load_conversation
+from proto.server.stages.chain import resolve_references
+from proto.server.stages.conversation import load_context
 from proto.server.transports.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from proto.server.transports.websocket import Stopped, WebSocketConnection
 
@@ -156,16 +156,11 @@ class LongLivedConnection(WebSocketConnection):
 
     async def _prepare(self, start: Start) -> Prepared:
         items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
-        history: list[Item]
-        if start.request.previous_response_id is not None:
-            # Continuing a stored response: its chain is context, loaded and rendered once.
-            history = await load_history(
-                self.pipeline, start.request.previous_response_id, self.api_key_id, start.work
-            )
-        else:  # a conversation's items likewise, scanned with the input (docs/protocol.md, "Conversations")
-            history = await load_conversation(
-                self.pipeline, start.request, items, self.api_key_id, start.work, root="$."
-            )
+        # A stored chain or a conversation's items are context, loaded and rendered once (docs/protocol.md,
+        # "Conversations"), the conversation's scanned with the input.
+        history = await load_context(
+            self.pipeline, start.request, items, self.api_key_id, start.work, root="$."
+        )
         check_outputs(history, items, root="$.")
         return await self.pipeline.prepare(
             start.response_id,
