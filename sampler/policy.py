@@ -341,6 +341,30 @@ class RandomPolicy:
         return say(text, rng.randint(30, 300))
 
 
+CACHED_SCRIPT_CHARS = 1 << 16  # scripts up to this size are remembered (sent again every turn)
+
+
+def script_plans(script: str, parallel: bool) -> tuple[TurnPlan, ...] | None:
+    """The script's turns as the model plays them: ``parse_script``'s, one call a turn under
+    ``parallel_tool_calls: false`` (``serial``); None without a directive line. Remembered for scripts up
+    to ``CACHED_SCRIPT_CHARS``: every request of a rollout reads the same script."""
+    if len(script) <= CACHED_SCRIPT_CHARS:
+        return _cached_plans(script, parallel)
+    return _plans(script, parallel)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_plans(script: str, parallel: bool) -> tuple[TurnPlan, ...] | None:
+    return _plans(script, parallel)
+
+
+def _plans(script: str, parallel: bool) -> tuple[TurnPlan, ...] | None:
+    plans = parse_script(script)
+    if plans is None:
+        return None
+    return tuple(plans if parallel else serial(plans))
+
+
 def serial(plans: Sequence[TurnPlan]) -> list[TurnPlan]:
     """``parallel_tool_calls: false``: the model makes one call per turn, so a line of parallel calls
     becomes that many turns, in order (the line's `!tokens` / `!reason` go with its first call)."""
@@ -528,9 +552,9 @@ def _select(
     offered: Sequence[OfferedTool],
     answers_user_turn: int | None,
 ) -> Policy:
-    plans = parse_script(first_user_text)
+    plans = script_plans(first_user_text, parallel)
     if plans is not None:
-        return ScriptPolicy(plans if parallel else serial(plans))
+        return ScriptPolicy(plans)
     kind, _, arg = default.partition(":")
     policy: Policy
     if kind == "echo" and not arg:

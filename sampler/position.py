@@ -41,7 +41,7 @@ from proto.core.items import (
     WebSearchAction,
     WebSearchCall,
 )
-from sampler.policy import parse_script, serial
+from sampler.policy import CACHED_SCRIPT_CHARS, script_plans
 from sampler.tools import query_of
 
 _HOSTED = "\x00hosted"  # the key name of a hosted search: matched by its query, whatever the tool's name
@@ -63,11 +63,8 @@ class _ScriptCalls:
     by_name: dict[str, tuple[int, ...]]  # name (hosted searches: _HOSTED) → its calls' indexes, rising
 
 
-_CACHED_CHARS = 1 << 16  # scripts up to this size are remembered (a conversation sends its script each turn)
-
-
 def _script_calls(script: str, parallel: bool) -> _ScriptCalls | None:
-    if len(script) <= _CACHED_CHARS:
+    if len(script) <= CACHED_SCRIPT_CHARS:
         return _cached_script_calls(script, parallel)
     return _parse_script_calls(script, parallel)
 
@@ -80,7 +77,7 @@ def _cached_script_calls(script: str, parallel: bool) -> _ScriptCalls | None:
 def _parse_script_calls(script: str, parallel: bool) -> _ScriptCalls | None:
     """The script's calls in order, each with its line: the turns ``ScriptPolicy`` plays (a line of
     parallel calls is that many turns under ``parallel_tool_calls: false``)."""
-    plans = parse_script(script)
+    plans = script_plans(script, parallel)
     if plans is None:
         return None
     lines: list[int] = []
@@ -94,7 +91,7 @@ def _parse_script_calls(script: str, parallel: bool) -> _ScriptCalls | None:
         raw.append(written)
         canonical.append(compared)
 
-    for line, plan in enumerate(plans if parallel else serial(plans)):
+    for line, plan in enumerate(plans):
         for call in plan.calls:
             add(
                 line, call.name, call.arguments, call.arguments if call.custom else _canonical(call.arguments)
