@@ -172,11 +172,10 @@ def check_include(values: Sequence[str]) -> None:
 
 def item_list(data: Sequence[bytes], has_more: bool) -> ItemList:
     """The list shape around stored items (their JSON as stored)."""
-    ids = [_raw_id(raw) for raw in data]
     return ItemList(
         data=[msgspec.Raw(raw) for raw in data],
-        first_id=ids[0] if ids else None,
-        last_id=ids[-1] if ids else None,
+        first_id=_raw_id(data[0]) if data else None,  # only the ends are named: nothing else is decoded
+        last_id=_raw_id(data[-1]) if data else None,
         has_more=has_more,
     )
 

@@ -27,10 +27,9 @@ from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.report import print_grid, print_table, write_plots
 from proto.lab.results import (
-    cell_prediction,
     grid_predictions,
     load,
-    predicted_wall,
+    predict_cells,
     results_json,
     write_csv,
     write_grid_csv,
@@ -521,14 +520,7 @@ def _predictions(
     if calibration is None or not todo:
         return {}
     console.print(f"fast model: predicting {len(todo)} cells …")
-    out: dict[CellKey, tuple[Prediction, float]] = {}
-    for key in todo:
-        profile, workload, model, mode = key
-        replay = replays[workload]
-        p = cell_prediction(calibration, replay, {"profile": profile, "model": model, "mode": mode}, config)
-        if p is not None:
-            out[key] = (p, predicted_wall(p, replay, config))
-    return out
+    return predict_cells(calibration, todo, replays, config)
 
 
 class Eta:

@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +172,21 @@ def predicted_wall(p: Any, replay: Replay, config: BenchConfig) -> float:
     return float(sum(per) + arrival * len(per))
 
 
+def predict_cells(
+    calibration: Any, keys: Iterable[CellKey], replays: dict[str, Replay], config: BenchConfig
+) -> dict[CellKey, tuple[Any, float]]:
+    """Each cell's :class:`~proto.lab.predict.Prediction` and its real-clock wall (:func:`predicted_wall`),
+    by key; a model the mock GPU does not know has none."""
+    out: dict[CellKey, tuple[Any, float]] = {}
+    for key in keys:
+        profile, workload, model, mode = key
+        replay = replays[workload]
+        p = cell_prediction(calibration, replay, {"profile": profile, "model": model, "mode": mode}, config)
+        if p is not None:
+            out[key] = (p, predicted_wall(p, replay, config))
+    return out
+
+
 def grid_predictions(
     calibration: Any, keys: Sequence[CellKey], replays: dict[str, Replay], config: BenchConfig
 ) -> list[dict[str, Any]]:
@@ -180,7 +195,8 @@ def grid_predictions(
     in the same (profile, workload, model), its parts per rollout, and its real-clock wall (the measured
     part, :func:`predicted_wall`)."""
     rows: list[dict[str, Any]] = []
-    for profile, workload, model, mode in keys:
+    predicted = predict_cells(calibration, keys, replays, config)
+    for (profile, workload, model, mode), (p, wall) in predicted.items():
         replay = replays[workload]
         run: dict[str, Any] = {
             "profile": profile,
@@ -192,12 +208,9 @@ def grid_predictions(
             "rounds": replay.rounds,
             "tool_time_scale": config.tool_time_scale,
         }
-        p = cell_prediction(calibration, replay, run, config)
-        if p is None:
-            continue
         apply_prediction(run, p)
         del run["prediction_error"]  # nothing measured
-        run["predicted_wall_s"] = predicted_wall(p, replay, config)
+        run["predicted_wall_s"] = wall
         rows.append(run)
     for modes in cells(rows).values():
         base = modes.get(BASELINE)
