@@ -132,8 +132,11 @@ def _match(calls: _ScriptCalls, start: int, key: tuple[str, str, str | None]) ->
     return None
 
 
+_MODEL_ITEMS = (*CALL_ITEMS, WebSearchCall, Reasoning)  # besides the assistant's messages
+
+
 def _own(item: Item) -> bool:
-    return isinstance(item, (*CALL_ITEMS, WebSearchCall, Reasoning)) or (
+    return isinstance(item, _MODEL_ITEMS) or (
         isinstance(item, Message) and item.role == "assistant"
     )
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from proto.lab.bench import main as bench_main
+from proto.lab.results import load
 from proto.lab.traces import TRACELAB
 
 SOURCE = TRACELAB / "tracelab-codex-session.jsonl"
@@ -46,7 +47,7 @@ def extended(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run(path: Path, out: Path, rollouts: int, extra: list[str]) -> dict[str, dict[str, Any]]:
     flags = ["--quick", "--no-predict", "--no-plots", "--workload", str(path), "--rollouts", str(rollouts)]
     assert bench_main([*flags, "--out", str(out), *extra]) == 0
-    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    results = load(out / "results.json")
     return {f"{r['profile']} {r['mode']}": r for r in results["runs"]}
 
 
