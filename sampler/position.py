@@ -136,9 +136,7 @@ _MODEL_ITEMS = (*CALL_ITEMS, WebSearchCall, Reasoning)  # besides the assistant'
 
 
 def _own(item: Item) -> bool:
-    return isinstance(item, _MODEL_ITEMS) or (
-        isinstance(item, Message) and item.role == "assistant"
-    )
+    return isinstance(item, _MODEL_ITEMS) or (isinstance(item, Message) and item.role == "assistant")
 
 
 def count_segments(items: Sequence[Item]) -> int:
