@@ -107,7 +107,7 @@ vllm-check: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python scripts/vllm_check.py --vllm-python $(VLLM_VENV)/bin/python --out vllm-out
 
 # The mock GPU's step tables (sampler/profiles/*.json) against the package that made them (not part of
-# `make test`: aiconfigurator-core brings pandas, pyarrow and scipy, ~300 MB). --check fails when a committed
+# `make test`: aiconfigurator-core brings pandas, pyarrow and scipy, ~600 MB). --check fails when a committed
 # profile differs from the generator's output; --validate prints the evaluator's error against direct calls
 # (docs/mock-gpu.md, "Step tables").
 AIC_VENV := .venv-aic
@@ -116,7 +116,7 @@ AIC_STAMP := $(AIC_VENV)/.installed
 $(AIC_STAMP):
 	test -x $(AIC_VENV)/bin/python || $(PY) -m venv $(AIC_VENV)
 	$(AIC_VENV)/bin/python -m pip install -q --upgrade pip
-	$(AIC_VENV)/bin/python -m pip install -q aiconfigurator-core==0.12.0 pytest
+	$(AIC_VENV)/bin/python -m pip install -q aiconfigurator-core==0.12.0
 	touch $@
 
 step-tables: $(AIC_STAMP)

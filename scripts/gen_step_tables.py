@@ -6,7 +6,7 @@ NVIDIA's AIConfigurator (``aiconfigurator-core`` 0.12.0, Apache-2.0, on PyPI).
     .venv-aic/bin/python scripts/gen_step_tables.py --check    # exit 1 when a committed profile differs
     .venv-aic/bin/python scripts/gen_step_tables.py --validate # the evaluator against direct package calls
 
-The package is not a dependency of the lab (it brings pandas, pyarrow and scipy, ~300 MB): the tables are
+The package is not a dependency of the lab (it brings pandas, pyarrow and scipy, ~600 MB): the tables are
 committed and ``sampler/steptables.py`` reads them with the standard library. docs/mock-gpu.md, "Step
 tables", says what each table is and how far the evaluator is from the package.
 
