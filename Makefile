@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check bench serve lint typecheck clean postgres clients vllm-check
+.PHONY: demo test check bench serve lint typecheck clean postgres clients vllm-check step-tables replay-published
 
 # The real clients the suite runs (tests/clients/*: pinned package.json + package-lock.json), installed
 # from the npm registry into a directory this Makefile owns; npm's own cache lives there too. `npm install`
@@ -106,6 +106,28 @@ $(VLLM_STAMP):
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python scripts/vllm_check.py --vllm-python $(VLLM_VENV)/bin/python --out vllm-out
 
+# The mock GPU's step tables (sampler/profiles/*.json) against the package that made them (not part of
+# `make test`: aiconfigurator-core brings pandas, pyarrow and scipy, ~600 MB). --check fails when a committed
+# profile differs from the generator's output; --validate prints the evaluator's error against direct calls
+# (docs/mock-gpu.md, "Step tables").
+AIC_VENV := .venv-aic
+AIC_STAMP := $(AIC_VENV)/.installed
+
+$(AIC_STAMP):
+	test -x $(AIC_VENV)/bin/python || $(PY) -m venv $(AIC_VENV)
+	$(AIC_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AIC_VENV)/bin/python -m pip install -q aiconfigurator-core==0.12.0
+	touch $@
+
+step-tables: $(AIC_STAMP)
+	$(AIC_VENV)/bin/python scripts/gen_step_tables.py --check
+	$(AIC_VENV)/bin/python scripts/gen_step_tables.py --validate
+
+# Published GPU runs replayed on the mock GPU, each figure as a ratio to the published one
+# (docs/mock-gpu.md, "Against published runs").
+replay-published: $(STAMP)
+	$(BIN)/python scripts/replay_published.py
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) bench-out vllm-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AIC_VENV) bench-out vllm-out .pytest_cache .mypy_cache .ruff_cache
 	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache .cache
