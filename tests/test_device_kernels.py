@@ -65,16 +65,3 @@ def test_compare_gives_the_chip_over_the_table_for_every_shape(
     assert dk.main(["--compare", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.count("| 1.10 |") == len(rows)
-
-
-def test_the_script_times_tiny_shapes_on_a_cpu(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    dk = _script()
-    out = tmp_path / "tiny.json"
-    assert dk.main(["--tiny", "--device", "cpu", "--repeats", "3", "--out", str(out)]) == 0
-    measured = json.loads(out.read_text())
-    assert measured["device"] == "cpu"
-    assert set(measured["gemm_ms"]) == {"1", "16"}
-    assert set(measured["prefill_attention_ms"]) == {"8,0", "8,16"}
-    assert all(v > 0 for v in measured["decode_attention_ms"].values())
-    assert len(dk.compare(measured)) == 2 + 2 + 2
