@@ -852,3 +852,39 @@ async def test_http_unknown_response_id(http: httpx.AsyncClient) -> None:
     reply = await http.get("/v1/responses/resp_nope")
     assert reply.status_code == 404 and reply.json()["error"]["code"] == "response_not_found"
     await http_rollout_ok(http)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"top_logprobs": 21},
+            "Invalid 'top_logprobs': integer above maximum value. Expected a value <= 20, but got 21 "
+            "instead.",
+        ),
+        (
+            {"max_tool_calls": 0},
+            "Invalid 'max_tool_calls': integer below minimum value. Expected a value >= 1, but got 0 "
+            "instead.",
+        ),
+        (
+            {"max_output_tokens": 15},
+            "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got 15 "
+            "instead.",
+        ),
+    ],
+    ids=["top_logprobs", "max_tool_calls", "max_output_tokens"],
+)
+async def test_a_range_refusal_reads_as_openais_on_every_transport(
+    srv: ThreadedServer, http: httpx.AsyncClient, fields: dict[str, Any], message: str
+) -> None:
+    """OpenAI's wording, the field named as OpenAI names it, whatever the transport's ``param`` spelling."""
+    reply = await http.post(
+        "/v1/responses", content=body(**fields), headers={"content-type": "application/json"}
+    )
+    seen = [reply.json()["error"]["message"]]
+    for url, frame in ((srv.url, ga(**fields)), (ll_url(srv), with_(**fields))):
+        async with connect(url, max_size=None) as ws:
+            await ws.send(frame)
+            seen.append((await until(ws, {"error"}))[-1]["error"]["message"])
+    assert seen == [message] * 3

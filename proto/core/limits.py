@@ -101,8 +101,8 @@ def tool_name(name: str) -> str:
 def check_at_least(param: str, value: int | None, floor: int) -> None:
     """``integer_below_min_value`` in OpenAI's words ("Invalid 'max_output_tokens': integer below minimum
     value. Expected a value >= 16, but got 10 instead.") when ``value`` is below ``floor``."""
-    if value is not None and value < floor:
-        raise out_of_range(param, value, floor, above=False)
+    if value is not None and value < floor:  # the message names the field as OpenAI does, on every transport
+        raise out_of_range(param, value, floor, above=False, name=param.removeprefix("$."))
 
 
 def out_of_range(
