@@ -19,6 +19,8 @@ is named in the error. The rules, and where they bend (each bend says why):
   easy, input and output message): a field is required only when every member requires it.
 * ``RELAXED``: fields the spec marks required that real clients omit and the API accepts.
 * ``EXTENSIONS``: the lab's own documented extra fields (kept through a store round-trip).
+* ``ECHOED``: parts the Response echoes with every field present, defaults filled in as OpenAI's API does.
+* Every ``int`` is ``Int64`` (bounded to int64): the SDK's ``int`` is unbounded, the wire's is not.
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ EXTENSIONS: dict[str, list[tuple[str, str]]] = {
     # The mock web search's results: the rendering reads them, so a client that sends the call back
     # (HTTP, store: false) gets the same context as one that continues on the server.
     "ActionSearchSource": [("title", "str | None"), ("snippet", "str | None")],
+}
+# struct name -> {field: default source}: a part the Response echoes with every field present (encoded
+# without ``omit_defaults``), absent ones as the API fills them in. The Open Responses ``InputImageContent``
+# requires ``image_url`` (null for an image given by ``file_id``) and ``detail``; OpenAI returns both, and
+# ``detail`` defaults to "auto" (the images guide). Stored items re-encode the same way, so every echo
+# (``input_items``, conversation items, ``/responses/compact``) carries them.
+ECHOED: dict[str, dict[str, str]] = {"ResponseInputImage": {"detail": "'auto'"}}
+# struct name -> (fields, why): one of these must be set (checked in ``__post_init__``, so msgspec refuses
+# the part with its path on every decode: ``invalid_request``, docs/protocol.md, "Error codes").
+ONE_OF: dict[str, tuple[tuple[str, ...], str]] = {
+    "ResponseInputImage": (("image_url", "file_id"), "an input_image needs an image_url or a file_id"),
 }
 # Union members merged under one tag get these names (else ``Merged<Tag>``).
 MERGED_NAMES = {"message": "Message"}
@@ -142,7 +155,9 @@ class Generator:
         for leaf in leaves:
             if leaf is str:
                 parts.append("str")
-            elif leaf in (int, float, bool):
+            elif leaf is int:
+                parts.append("Int64")  # the header's: an integer of the wire is an int64
+            elif leaf in (float, bool):
                 parts.append(leaf.__name__)
             elif leaf is object or leaf is Any:
                 return "Any"
@@ -304,33 +319,48 @@ spec (RELAXED, EXTENSIONS).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 SDK_VERSION = "{version}"
+# Every integer of a request is an int64: what a typed client reads back when it is echoed (a larger one is
+# refused in OpenAI's words, ``integer_above_max_value``: proto/core/limits.py).
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 '''  # noqa: E501 (the generated file's text, kept as it is)
 
 
 def _render_struct(d: StructDef) -> str:
-    options = ["kw_only=True", "omit_defaults=True"]
+    echoed = ECHOED.get(d.name)
+    options = ["kw_only=True"] if echoed is not None else ["kw_only=True", "omit_defaults=True"]
     if d.tag is not None:
         options = [f"tag={d.tag!r}", 'tag_field="type"', *options]
     elif d.subclasses:
         options = ['tag_field="type"', *options]
     base = d.base or "msgspec.Struct"
     lines = [f"class {d.name}({base}, {', '.join(options)}):"]
+    checks: list[str] = []  # the body of ``__post_init__``
     if d.doc:
         lines.append(f'    """{d.doc}"""')
     for wire, source, required in sorted(d.fields, key=lambda f: not f[2]):
         attr = wire + "_" if keyword.iskeyword(wire) else wire
         if required:
             default = f" = msgspec.field(name={wire!r})" if attr != wire else ""
+        elif echoed is not None and wire in echoed:  # null reads as absent: the default
+            default = f" = {echoed[wire]}"
+            source += " | None"
+            checks.append(f"        if self.{attr} is None:\n            self.{attr} = {echoed[wire]}")
         else:
             if not source.endswith("None") and source != "Any":
                 source += " | None"
             default = f" = msgspec.field(name={wire!r}, default=None)" if attr != wire else " = None"
         lines.append(f"    {attr}: {source}{default}")
+    if d.name in ONE_OF:
+        names, why = ONE_OF[d.name]
+        either = " and ".join(f"self.{name} is None" for name in names)
+        checks.append(f"        if {either}:\n            raise ValueError({why!r})")
+    if checks:
+        lines += ["", "    def __post_init__(self) -> None:", *checks]
     if len(lines) == 1 or (len(lines) == 2 and d.doc):
         lines.append("    pass")
     return "\n".join(lines) + "\n"

@@ -55,6 +55,38 @@ NESTED_EVENT = (
 )
 LONG_ID = "call_" + "x" * 60  # 65 characters: one past OpenAI's limit on a call_id, a cache key, a user id
 Ctx = dict[str, Any]
+# Integers past their documented range (OpenAI's codes: docs/protocol.md, "Error codes"): top_logprobs is
+# 0..20, max_tool_calls at least 1, and every integer of a request an int64.
+OUT_OF_RANGE = [
+    ("top_logprobs", "negative", -1, "integer_below_min_value"),
+    ("top_logprobs", "above_20", 21, "integer_above_max_value"),
+    ("top_logprobs", "past_int64", 2**64, "integer_above_max_value"),
+    ("max_tool_calls", "zero", 0, "integer_below_min_value"),
+    ("max_tool_calls", "negative", -1, "integer_below_min_value"),
+    ("max_tool_calls", "past_int64", 2**64, "integer_above_max_value"),
+]
+CITE = {"type": "url_citation", "url": "https://x.test", "title": "x", "start_index": 0, "end_index": 2**63}
+# An integer nested in a tool and in an item, past int64 (the field, its value, the param it is named by).
+INT64_PAST = [
+    (
+        "tool",
+        {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"], "max_num_results": 2**64}]},
+        "tools[0].max_num_results",
+    ),
+    (
+        "item",
+        {
+            "input": [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "hi", "annotations": [CITE]}],
+                }
+            ]
+        },
+        "input[0].content[0].annotations[0].end_index",
+    ),
+]
+IMAGELESS = {"role": "user", "content": [{"type": "input_image", "detail": "low"}]}  # neither url nor file
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +242,7 @@ LL_CASES = [
     LLCase(
         "max_output_tokens_overflow",
         one(with_(max_output_tokens=10**40)),
-        "invalid_request",
+        "integer_above_max_value",
         "$.max_output_tokens",
     ),
     LLCase(
@@ -225,11 +257,41 @@ LL_CASES = [
         "invalid_request",
         "$.max_output_tokens",
     ),
+    *(
+        LLCase(f"{field}_{name}", one(with_(**{field: value})), code, f"$.{field}")
+        for field, name, value, code in OUT_OF_RANGE
+    ),
+    *(
+        LLCase(f"int64_{name}", one(with_(**fields)), "integer_above_max_value", f"$.{param}")
+        for name, fields, param in INT64_PAST
+    ),
+    LLCase("image_without_source", one(with_(input=[IMAGELESS])), "invalid_request", "$.input[0].content[0]"),
     LLCase("temperature_out_of_range", one(with_(temperature=3.5)), "invalid_request", "$.temperature"),
     LLCase("temperature_ill_typed", one(with_(temperature="hot")), "invalid_request", "$.temperature"),
     LLCase("deeply_nested", one(NESTED_EVENT), "invalid_json", None),
     LLCase("lone_surrogate", one(with_(input=[user("\ud800")])), "invalid_json", None),
     LLCase("append_no_open_response", one(append([output("call_x", "x")])), "no_open_response", None),
+    # The event is checked on its own before the state (docs/protocol.md, "Append rules"): the same error
+    # whenever it lands.
+    *(
+        LLCase(f"append_empty_{setup}", one(append([])), "empty_array", "$.input", setup=setup)
+        for setup in ("idle", "ended", "suspended", "running")
+    ),
+    LLCase(
+        "append_malformed_item_after_end",
+        one(append([{"type": "function_call_output", "call_id": "c"}])),
+        "invalid_request",
+        "$.input[0].output",
+        setup="ended",
+    ),
+    LLCase(
+        "inject_empty_after_end",
+        lambda c: [dumps({"type": "response.inject", "response_id": c["last_id"], "input": []})],
+        "empty_array",
+        None,
+        setup="ended",
+        reply="response.inject.failed",
+    ),
     LLCase("cancel_no_open_response", one('{"type": "response.cancel"}'), "no_open_response", None),
     LLCase(
         "cancel_unknown_response",
@@ -530,8 +592,20 @@ GA_CASES = [
         "previous_response_id",
     ),
     GACase(
-        "max_output_tokens_overflow", ga(max_output_tokens=10**40), "invalid_request", "max_output_tokens"
+        "max_output_tokens_overflow",
+        ga(max_output_tokens=10**40),
+        "integer_above_max_value",
+        "max_output_tokens",
     ),
+    *(
+        GACase(f"{field}_{name}", ga(**{field: value}), code, field)
+        for field, name, value, code in OUT_OF_RANGE
+    ),
+    *(
+        GACase(f"int64_{name}", ga(**fields), "integer_above_max_value", param)
+        for name, fields, param in INT64_PAST
+    ),
+    GACase("image_without_source", ga(input=[IMAGELESS]), "invalid_request", "input[0].content[0]"),
     GACase(
         "max_output_tokens_below_16",
         ga(max_output_tokens=15),
@@ -693,8 +767,21 @@ HTTP_CASES = [
         "previous_response_id",
     ),
     HTTPCase(
-        "max_output_tokens_overflow", body(max_output_tokens=10**40), "invalid_request", "max_output_tokens"
+        "max_output_tokens_overflow",
+        body(max_output_tokens=10**40),
+        "integer_above_max_value",
+        "max_output_tokens",
     ),
+    *(
+        HTTPCase(f"{field}_{name}{sse}", body(**{field: value}, **stream), code, field)
+        for field, name, value, code in OUT_OF_RANGE
+        for sse, stream in (("", {}), ("_sse", {"stream": True}))
+    ),
+    *(
+        HTTPCase(f"int64_{name}", body(**fields), "integer_above_max_value", param)
+        for name, fields, param in INT64_PAST
+    ),
+    HTTPCase("image_without_source", body(input=[IMAGELESS]), "invalid_request", "input[0].content[0]"),
     HTTPCase(
         "max_output_tokens_below_16",
         body(max_output_tokens=10),
@@ -765,3 +852,39 @@ async def test_http_unknown_response_id(http: httpx.AsyncClient) -> None:
     reply = await http.get("/v1/responses/resp_nope")
     assert reply.status_code == 404 and reply.json()["error"]["code"] == "response_not_found"
     await http_rollout_ok(http)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"top_logprobs": 21},
+            "Invalid 'top_logprobs': integer above maximum value. Expected a value <= 20, but got 21 "
+            "instead.",
+        ),
+        (
+            {"max_tool_calls": 0},
+            "Invalid 'max_tool_calls': integer below minimum value. Expected a value >= 1, but got 0 "
+            "instead.",
+        ),
+        (
+            {"max_output_tokens": 15},
+            "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got 15 "
+            "instead.",
+        ),
+    ],
+    ids=["top_logprobs", "max_tool_calls", "max_output_tokens"],
+)
+async def test_a_range_refusal_reads_as_openais_on_every_transport(
+    srv: ThreadedServer, http: httpx.AsyncClient, fields: dict[str, Any], message: str
+) -> None:
+    """OpenAI's wording, the field named as OpenAI names it, whatever the transport's ``param`` spelling."""
+    reply = await http.post(
+        "/v1/responses", content=body(**fields), headers={"content-type": "application/json"}
+    )
+    seen = [reply.json()["error"]["message"]]
+    for url, frame in ((srv.url, ga(**fields)), (ll_url(srv), with_(**fields))):
+        async with connect(url, max_size=None) as ws:
+            await ws.send(frame)
+            seen.append((await until(ws, {"error"}))[-1]["error"]["message"])
+    assert seen == [message] * 3

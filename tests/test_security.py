@@ -51,6 +51,9 @@ HTTP_ENDPOINTS = [
     ),
     ("GET", "/metrics"),
 ]
+# Open by design: vLLM's ``/health`` (its key guards only ``/v1`` paths), so a gateway built for vLLM probes
+# this server unmodified; it answers an empty body (docs/protocol.md, "Authentication").
+OPEN_ENDPOINTS = [("GET", "/health")]
 WS_PROTOCOLS = ["", "?protocol=longlived"]
 
 
@@ -65,7 +68,7 @@ def test_every_route_is_listed(make_server: Any) -> None:
         ws = {route.path for route in srv.app.routes if isinstance(route, WebSocketRoute)}
     listed = {
         (method, path.replace("resp_x", "{response_id}").replace("conv_x", "{conversation_id}"))
-        for method, path in HTTP_ENDPOINTS
+        for method, path in [*HTTP_ENDPOINTS, *OPEN_ENDPOINTS]
     }
     listed = {(method, path.replace("msg_x", "{item_id}")) for method, path in listed}
     assert {(m, p) for m, p in http if m != "HEAD"} == listed
@@ -88,6 +91,10 @@ async def test_every_endpoint_and_the_handshake_refuse_a_missing_or_wrong_key(ma
                 assert reply.status_code != 401, (method, path)
             scheme_only = await http.get("/healthz", headers={"Authorization": KEYS[0]})  # no "Bearer"
             assert scheme_only.status_code == 401
+            for method, path in OPEN_ENDPOINTS:  # vLLM's answer, with or without a key
+                for key in (None, "sk-wrong", KEYS[0]):
+                    reply = await http.request(method, path, headers=auth(key))
+                    assert (reply.status_code, reply.content) == (200, b""), (path, key)
         for query in WS_PROTOCOLS:
             for key in (None, "sk-wrong"):
                 with pytest.raises(InvalidStatus) as refused:
@@ -194,3 +201,15 @@ async def _server_log_after_traffic(tmp_path: Path, *extra: str) -> str:
             server.terminate()
             await asyncio.wait_for(server.wait(), 30)
     return log_path.read_text()
+
+
+async def test_health_answers_503_once_the_server_stops_taking_work(make_server: Any) -> None:
+    """vLLM answers 503 when its engine cannot serve; this server once it drains for shutdown."""
+    with make_server(api_key=KEYS) as srv:
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
+            assert (await http.get("/health")).status_code == 200
+            assert srv.loop is not None
+            drained = asyncio.run_coroutine_threadsafe(srv.app.state.server.drain(0), srv.loop)
+            assert await asyncio.wrap_future(drained) == 0
+            reply = await http.get("/health")
+            assert (reply.status_code, reply.content) == (503, b"")

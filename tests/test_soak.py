@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import running
 
 from proto.load.soak import main
 
@@ -70,3 +71,24 @@ def test_soak_clients_retry_creates_shed_at_the_door(tmp_path: Path) -> None:
     assert report["rollouts_ok"] == 20 and report["failed_mid_rollout"] == 0
     assert report["creates_shed"] > 0 and report["retries"] == report["creates_shed"]
     assert report["e2e_s_p99"] >= report["e2e_s_p50"] > 0
+
+
+@pytest.mark.parametrize("suffix", ["", "/v1", "/v1/responses", "/v1/responses?protocol=longlived"])
+def test_soak_takes_the_url_a_user_passes(tmp_path: Path, suffix: str) -> None:
+    """``--url`` as the server's base, the API base or the WebSocket endpoint (``bench --url``'s form)."""
+    out = tmp_path / "soak.json"
+    with running() as srv:
+        base = srv.url.removesuffix("/v1/responses") if suffix.startswith("/v1/responses") else srv.http_url
+        url = base + suffix
+        args = ["--url", url, "--connections", "2", "--turns", "2", "--http-share", "0.5", "--ramp-s", "0"]
+        code = main([*args, "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["errors"] == {} and report["rollouts_ok"] == 2, report
+
+
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:8000", "ftp://127.0.0.1:8000", "http://127.0.0.1:8000/api", "ws://127.0.0.1:8000/v2"]
+)
+def test_soak_refuses_a_url_it_cannot_use_with_what_it_takes(url: str) -> None:
+    with pytest.raises(SystemExit, match=r"expected the server's URL, as http://HOST:PORT, .*ws://HOST:PORT"):
+        main(["--url", url, "--connections", "1"])

@@ -10,7 +10,7 @@ import msgspec
 from proto.core.errors import ClientError, param_from_validation
 from proto.core.events import CLIENT_EVENT_TYPES, AnyServerEvent, ClientEvent, CreateBody
 from proto.core.items import FunctionCall, FunctionCallOutput, Item, ItemReference, Message
-from proto.core.limits import MAX_CALL_ID, check_length
+from proto.core.limits import MAX_CALL_ID, check_length, out_of_range
 
 _T = TypeVar("_T")
 _event_decoder = msgspec.json.Decoder(ClientEvent)
@@ -74,7 +74,9 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> ClientError:
     if event_type not in CLIENT_EVENT_TYPES:
         return ClientError("unknown_event_type", f"unknown event type {event_type!r}", "$.type")
     param = _param(exc)
-    return ClientError(event_fault_code(event_type, param), _message(exc), param)
+    return _range_error(exc, raw, param) or ClientError(
+        event_fault_code(event_type, param), _message(exc), param
+    )
 
 
 _ENVELOPE = frozenset({"$.type", "$.event_id", "$.stream_id"})
@@ -120,16 +122,50 @@ def decode_request(data: str | bytes, decoder: msgspec.json.Decoder[_T]) -> _T:
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise request_error(exc) from None
+        raise request_error(exc, data) from None
     except msgspec.DecodeError as exc:
         raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ClientError("invalid_json", "body is nested too deeply") from None
 
 
-def request_error(exc: msgspec.ValidationError) -> ClientError:
-    """A request body that does not fit its type: ``invalid_request`` naming the field as OpenAI does."""
-    return ClientError("invalid_request", _message(exc), body_param(_param(exc)))
+def request_error(exc: msgspec.ValidationError, data: str | bytes | None = None) -> ClientError:
+    """A request body that does not fit its type: ``invalid_request`` naming the field as OpenAI does; an
+    integer past its bound in OpenAI's code and words (``data``, the body, gives the value it names)."""
+    param = body_param(_param(exc))
+    if data is not None and (error := _range_error(exc, _raw(data), param)) is not None:
+        return error
+    return ClientError("invalid_request", _message(exc), param)
+
+
+_BOUND = re.compile(r"^Expected `int` (<=|>=) (-?\d+) - at `\$([^`]*)`$")
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+def _range_error(exc: msgspec.ValidationError, raw: Any, param: str | None) -> ClientError | None:
+    """An integer outside its documented range (``msgspec.Meta`` bounds: ``CreateBody``'s, and every
+    request integer's int64 in ``openai_types``) as OpenAI refuses it (``proto/core/limits.py``), its
+    value read back from the decoded ``raw`` at the error's path; None for any other misfit."""
+    m = _BOUND.match(str(exc))
+    if m is None or param is None:
+        return None
+    value: Any = raw
+    for name, index in _STEP.findall(m[3]):
+        try:
+            value = value[name] if name else value[int(index)]
+        except (KeyError, IndexError, TypeError):
+            value = None
+            break
+    shown = value if isinstance(value, int) and not isinstance(value, bool) else None
+    return out_of_range(param, shown, m[2], above=m[1] == "<=", name=body_param(param))
+
+
+def _raw(data: str | bytes | msgspec.Raw) -> Any:
+    """``data`` as plain JSON values (on an error path only), or None when no Python value holds it."""
+    try:
+        return _any_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 def body_param(param: str | None) -> str | None:
@@ -161,7 +197,8 @@ def _decode_item(raw: msgspec.Raw, path: str, code: str) -> Item:
         return _item_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         if "missing required field `type`" not in str(exc):
-            raise ClientError(code, _message(exc), _param(exc, path)) from None
+            param = _param(exc, path)
+            raise _range_error(exc, _raw(raw), param) or ClientError(code, _message(exc), param) from None
     except RecursionError:
         raise ClientError(code, "item is nested too deeply", path) from None
     # No ``type``: OpenAI accepts a message as ``{"role", "content"}`` and an item reference as ``{"id"}``.
@@ -174,7 +211,8 @@ def _decode_item(raw: msgspec.Raw, path: str, code: str) -> Item:
         )
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        raise ClientError(code, _message(exc), _param(exc, path)) from None
+        param = _param(exc, path)
+        raise _range_error(exc, _raw(raw), param) or ClientError(code, _message(exc), param) from None
     except RecursionError:
         raise ClientError(code, "item is nested too deeply", path) from None
 

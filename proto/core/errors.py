@@ -54,6 +54,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "empty_string": (400, "invalid_request_error"),
     "invalid_value": (400, "invalid_request_error"),  # OpenAI's: a function tool's name off its pattern
     "integer_below_min_value": (400, "invalid_request_error"),
+    "integer_above_max_value": (400, "invalid_request_error"),
     "object_above_max_properties": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "websocket_connection_limit_reached": (400, "invalid_request_error"),

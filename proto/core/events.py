@@ -13,6 +13,7 @@ import msgspec
 
 from proto.core import openai_types as oa
 from proto.core.items import Item, OutputText, Tool
+from proto.core.limits import INT64_MAX, MAX_TOP_LOGPROBS, MIN_MAX_TOOL_CALLS
 from proto.core.response import Response
 
 # ----------------------------------------------------------------------------------------------- client
@@ -35,8 +36,11 @@ class CreateBody(oa.ResponseCreateParamsBase, kw_only=True):
     background: bool | None = False
     generate: bool = True
     # Ranges as OpenAI documents them; out of range is the peer's error, not a number we carry along.
-    # ``max_output_tokens`` ≥ 16 is checked with OpenAI's own code (``proto/core/limits.py``).
+    # An integer past its bound is refused in OpenAI's code and words (``integer_above_max_value`` …:
+    # ``codec``, ``proto/core/limits.py``); ``max_output_tokens`` ≥ 16 is checked there too.
     max_output_tokens: Annotated[int, msgspec.Meta(le=2**31 - 1)] | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=MIN_MAX_TOOL_CALLS, le=INT64_MAX)] | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
 

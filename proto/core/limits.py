@@ -1,6 +1,7 @@
 """OpenAI's documented limits on a request's strings, maps, tool names and numbers, checked once for every
 transport and refused in OpenAI's words (docs/protocol.md, "Error codes": ``string_above_max_length``,
-``empty_string``, ``object_above_max_properties``, ``invalid_value``, ``integer_below_min_value``). The
+``empty_string``, ``object_above_max_properties``, ``invalid_value``, ``integer_below_min_value``,
+``integer_above_max_value``). The
 wording is the one its API returns, as agents and proxies report it: "Invalid 'input[149].call_id': string
 too long. Expected a string with maximum length 64, but got a string with length 86 instead."
 """
@@ -21,6 +22,12 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_TOOL_NAME = 64
 MIN_MAX_OUTPUT_TOKENS = 16  # OpenAI's floor on a response's ``max_output_tokens`` (and the spec's)
+MAX_TOP_LOGPROBS = 20  # ``top_logprobs`` is 0..20 (OpenAI's API reference and the spec)
+MIN_MAX_TOOL_CALLS = 1  # ``max_tool_calls`` is at least 1 (OpenAI refuses 0 with ``integer_below_min_value``)
+# Every integer of a request is an int64 (``openai_types.Int64``): what a typed client can read back when it
+# is echoed. OpenAI documents no wider integer anywhere in the API.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 TOOL_NAME = "^[a-zA-Z0-9_-]+$"  # a function tool's name (Codex renames MCP tools to fit it)
 _TOOL_NAME = re.compile(TOOL_NAME)
 _NOT_TOOL_NAME = re.compile(r"[^a-zA-Z0-9_-]")  # a character ``tool_name`` replaces
@@ -94,10 +101,21 @@ def tool_name(name: str) -> str:
 def check_at_least(param: str, value: int | None, floor: int) -> None:
     """``integer_below_min_value`` in OpenAI's words ("Invalid 'max_output_tokens': integer below minimum
     value. Expected a value >= 16, but got 10 instead.") when ``value`` is below ``floor``."""
-    if value is not None and value < floor:
-        raise ClientError(
-            "integer_below_min_value",
-            f"Invalid '{param}': integer below minimum value. Expected a value >= {floor}, but got {value} "
-            "instead.",
-            param,
-        )
+    if value is not None and value < floor:  # the message names the field as OpenAI does, on every transport
+        raise out_of_range(param, value, floor, above=False, name=param.removeprefix("$."))
+
+
+def out_of_range(
+    param: str, value: object, bound: object, above: bool, name: str | None = None
+) -> ClientError:
+    """An integer past a documented bound, in OpenAI's code and words: ``integer_above_max_value`` ("Invalid
+    'n': integer above maximum value. Expected a value <= 128, but got 130 instead.") or
+    ``integer_below_min_value``. ``name``: the field as OpenAI spells it in the message (default
+    ``param``; the long-lived protocol's ``param`` is a JSONPath); ``value`` None when it is not known."""
+    name = param if name is None else name
+    got = "" if value is None else f", but got {value} instead"
+    if above:
+        code, words, relation = "integer_above_max_value", "integer above maximum value", "<="
+    else:
+        code, words, relation = "integer_below_min_value", "integer below minimum value", ">="
+    return ClientError(code, f"Invalid '{name}': {words}. Expected a value {relation} {bound}{got}.", param)

@@ -240,16 +240,11 @@ class LongLivedCore:
             return []
         return self._start(*pending)
 
-    def _append(self, raw: list[msgspec.Raw], response_id: str | None) -> list[Action]:
-        if response_id is not None and self._open is not None and response_id != self._open.id:
-            code = "response_already_completed" if response_id == self._last_id else "response_not_found"
-            raise ClientError(code, f"response {response_id!r} is not the open response", "$.response_id")
-        if self._open is None:
-            self._check(Event.APPEND)
-        assert self._open is not None
-        if (
-            not raw
-        ):  # nothing to hand over: answered, never silently dropped (OpenAI's code for an empty array)
+    def _event_items(self, raw: list[msgspec.Raw]) -> list[Item]:
+        """An append's (or inject's) ``input`` checked on its own, before the state is consulted, so a
+        malformed event gets the same error whenever it lands (docs/protocol.md, "Append rules": the order).
+        An empty one is answered, never silently dropped (OpenAI's code for an empty array)."""
+        if not raw:
             raise ClientError(
                 "empty_array", "Invalid 'input': empty array. Expected at least one item.", "$.input"
             )
@@ -257,7 +252,18 @@ class LongLivedCore:
             raise ClientError(
                 "too_many_items", f"at most {self._limits.max_input_items} input items", "$.input"
             )
-        items = codec.decode_items(raw)
+        return codec.decode_items(raw)
+
+    def _append(self, raw: list[msgspec.Raw], response_id: str | None) -> list[Action]:
+        return self._append_items(self._event_items(raw), response_id)
+
+    def _append_items(self, items: list[Item], response_id: str | None) -> list[Action]:
+        if response_id is not None and self._open is not None and response_id != self._open.id:
+            code = "response_already_completed" if response_id == self._last_id else "response_not_found"
+            raise ClientError(code, f"response {response_id!r} is not the open response", "$.response_id")
+        if self._open is None:
+            self._check(Event.APPEND)
+        assert self._open is not None
         open_ = self._open
         outputs: dict[str, OutputItem] = {}
         messages: list[Item] = []
@@ -335,23 +341,18 @@ class LongLivedCore:
             )
 
     def _inject(self, event: ResponseInject) -> list[Action]:
-        # The beta spelling of append: acknowledged or refused with its own event types.
-        if self._open is None or event.response_id != self._open.id:
-            code = (
-                "response_already_completed" if event.response_id == self._last_id else "response_not_found"
-            )
-            return [
-                self._reply(
-                    InjectFailed(
-                        response_id=event.response_id,
-                        code=code,
-                        message=f"cannot inject into {event.response_id!r}",
-                        event_id=event.event_id,
-                    )
-                )
-            ]
+        # The beta spelling of append: acknowledged or refused with its own event types, its input checked
+        # on its own first, as an append's is.
         try:
-            actions = self._append(event.input, event.response_id)
+            items = self._event_items(event.input)
+            if self._open is None or event.response_id != self._open.id:
+                code = (
+                    "response_already_completed"
+                    if event.response_id == self._last_id
+                    else "response_not_found"
+                )
+                raise ClientError(code, f"cannot inject into {event.response_id!r}")
+            actions = self._append_items(items, event.response_id)
         except ClientError as exc:
             return [
                 self._reply(

@@ -176,7 +176,11 @@ def echo_reasoning(reasoning: oa.ReasoningReasoning | None) -> oa.ReasoningReaso
 
 
 def echo_text(text: oa.ResponseTextConfig) -> oa.ResponseTextConfig:
+    """``text`` as the Response echoes it: always with a ``format`` (OpenAI fills in ``{"type": "text"}``
+    when the request gave only ``verbosity``; the Open Responses ``TextField`` requires it)."""
     fmt = text.format
+    if fmt is None:
+        return msgspec.structs.replace(text, format=oa.Text())
     if isinstance(fmt, oa.ResponseFormatTextJSONSchemaConfig) and not isinstance(fmt, EchoedJSONSchemaFormat):
         echoed = EchoedJSONSchemaFormat(
             name=fmt.name, schema=fmt.schema, description=fmt.description, strict=bool(fmt.strict)

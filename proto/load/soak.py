@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 import httpx
 import psutil
@@ -292,6 +292,29 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+_SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
+URLS = "http://HOST:PORT, http://HOST:PORT/v1 or ws://HOST:PORT/v1/responses[?protocol=longlived]"
+URL_HELP = f"a running server on loopback (default: start one), as {URLS}"
+
+
+def http_base(url: str) -> str:
+    """The server's HTTP base (``http://HOST:PORT``) from any URL a user would pass as ``--url``: the base
+    itself (``demo --url``), the API base (``…/v1``), or the WebSocket endpoint (``ws://…/v1/responses``,
+    as ``bench --url`` takes it, with or without ``?protocol=longlived``). Anything else is refused with a
+    message that says what is accepted."""
+    parts = urlsplit(url)
+    scheme = _SCHEMES.get(parts.scheme)
+    path = parts.path.rstrip("/")
+    if (
+        scheme is None
+        or not parts.hostname
+        or path not in ("", "/v1", "/v1/responses")
+        or parts.query not in ("", "protocol=longlived")
+    ):
+        raise SystemExit(f"--url {url!r}: expected the server's URL, as {URLS}")
+    return urlunsplit((scheme, parts.netloc, "", "", ""))
+
+
 def check_loopback(url: str) -> None:
     host = urlparse(url).hostname or ""
     try:
@@ -304,7 +327,7 @@ def check_loopback(url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="responses-lab soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=None, help="a running server on loopback (default: start one)")
+    parser.add_argument("--url", default=None, help=URL_HELP)
     parser.add_argument(
         "--server-pid", type=int, default=None, help="with --url: the server's pid, for its RSS"
     )
@@ -351,9 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--turns must be at least 1")
     raise_fd_limit()
     if args.url is not None:
-        check_loopback(args.url)
+        url = http_base(args.url)
+        check_loopback(url)
         process = psutil.Process(args.server_pid) if args.server_pid else None
-        report = asyncio.run(Soak(args.url, args, process).run())
+        report = asyncio.run(Soak(url, args, process).run())
     else:
         with (
             tempfile.TemporaryDirectory() as tmp,

@@ -236,6 +236,13 @@ def create_app(
     async def healthz(request: Request, key_id: str) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def health(request: Request) -> Response:
+        """vLLM's ``GET /health``, so a gateway built for vLLM (agentic-api) probes this server unmodified:
+        200 with an empty body while it serves, 503 (empty) once it no longer takes work (shutting down:
+        vLLM's answer for a dead engine), and no key asked, as vLLM's key guards only ``/v1`` paths
+        (docs/protocol.md, "Authentication")."""
+        return Response(status_code=503 if server.http.stopping else 200)
+
     async def metrics(request: Request, key_id: str) -> Response:
         return Response(
             generate_latest(server.pipeline.metrics.registry), media_type="text/plain; version=0.0.4"
@@ -248,6 +255,7 @@ def create_app(
             *server.conversations.routes(),
             Route("/v1/models", server.auth.guard(models)),
             Route("/healthz", server.auth.guard(healthz)),
+            Route("/health", health),
             Route("/metrics", server.auth.guard(metrics)),
         ],
         lifespan=lifespan,
