@@ -21,6 +21,7 @@ import msgspec
 
 from proto.core import openai_types as oa
 from proto.core.events import (
+    CompactionCompacting,
     ContentPartAdded,
     ContentPartDone,
     CreateBody,
@@ -552,8 +553,10 @@ class CompactionStream:
 
     def added(self) -> list[ServerEvent]:
         item = msgspec.structs.replace(self.item)
+        seq = self._builder.next_sequence
         return [
-            OutputItemAdded(output_index=self.index, item=item, sequence_number=self._builder.next_sequence())
+            OutputItemAdded(output_index=self.index, item=item, sequence_number=seq()),
+            CompactionCompacting(item_id=item.id or "", output_index=self.index, sequence_number=seq()),
         ]
 
     def done(self) -> list[ServerEvent]:
