@@ -77,6 +77,7 @@ from proto.core.response import (
     TurnReport,
     Usage,
     echo_reasoning,
+    echo_service_tier,
     echo_text,
     echo_tool,
 )
@@ -135,7 +136,7 @@ class ResponseBuilder:
             truncation=request.truncation or "disabled",
             prompt_cache_key=request.prompt_cache_key,
             safety_identifier=request.safety_identifier,
-            service_tier="default" if request.service_tier in (None, "auto") else request.service_tier,
+            service_tier=echo_service_tier(request.service_tier),
             max_tool_calls=request.max_tool_calls,
             top_logprobs=0 if request.top_logprobs is None else request.top_logprobs,
             usage=Usage(),

@@ -185,6 +185,17 @@ def echo_text(text: oa.ResponseTextConfig) -> oa.ResponseTextConfig:
     return text
 
 
+# How the Response spells a requested ``service_tier`` (the SDK's ``Response.service_tier``: "The response
+# will show service_tier=priority regardless of if you specify service_tier=fast or priority"; ``auto`` is
+# the project's setting, ``default`` here). Which tier actually served it is the server's to say
+# (``proto/server/tiers.py``).
+ECHOED_TIERS = {"auto": "default", "fast": "priority"}
+
+
+def echo_service_tier(tier: str | None) -> str:
+    return ECHOED_TIERS.get(tier or "auto", tier or "auto")
+
+
 class Response(msgspec.Struct, kw_only=True):
     """Every field the Open Responses ``ResponseResource`` requires is always present, with the values
     OpenAI's API returns: defaults are echoed as values (``temperature`` 1.0, ``top_p`` 1.0, penalties 0.0,
@@ -226,7 +237,8 @@ class Response(msgspec.Struct, kw_only=True):
     # Carried through from the request as OpenAI echoes them on the Response object.
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # The tier that served the request: ``auto`` (and no request) resolve to ``default``, as OpenAI's do.
+    # The tier that served the request: ``auto`` (and no request) resolve to ``default``, ``fast`` is
+    # ``priority``, as OpenAI's do (``echo_service_tier``; the server sets the tier it used).
     service_tier: str = "default"
     max_tool_calls: int | None = None
     top_logprobs: int = 0
