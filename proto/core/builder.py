@@ -254,6 +254,7 @@ class ResponseBuilder:
             self.response,
             output=output,
             usage=self.usage.minus(self._usage_sent),
+            tool_usage=self.response.tool_usage.copy(),
             metadata=dict(self.response.metadata),
             lab=lab,
         )
@@ -290,6 +291,7 @@ class ResponseBuilder:
         self, item: WebSearchCall, index: int, sources: list[WebSearchSource]
     ) -> list[ServerEvent]:
         item.status = "completed"
+        self.response.tool_usage.web_search.num_requests += 1
         if isinstance(item.action, WebSearchAction):
             item.action.sources = sources
         return [

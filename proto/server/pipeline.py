@@ -26,6 +26,7 @@ import structlog
 
 from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
+from proto.core.create import configured
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
@@ -40,6 +41,7 @@ from proto.core.items import (
     Tool,
     WebSearchCall,
     WebSearchTools,
+    async_tool_names,
     message_text,
 )
 from proto.core.response import Mode, Response
@@ -324,11 +326,12 @@ class Pipeline:
                 functools.partial(render, conversation),
             )
         await self.api_cost(mode, len(conversation.log), phases)
+        request = configured(request, conversation.items)  # configuration_update items in effect
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
         builder.response.service_tier = served.tier
         script = script_source(conversation.items)
-        turn = script_position(conversation.items, script, request.parallel)
+        turn = script_position(conversation.items, script, request.parallel, async_tool_names(request.tools))
         newest = conversation.items[-1] if conversation.items else None
         answers_user = isinstance(newest, Message) and newest.role == "user"
         rollout = Rollout(
