@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from proto.helpfmt import HelpFormatter, apply
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-lab", description=__doc__)
+    parser = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="responses-lab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     from proto.server.config import add_arguments
@@ -16,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(serve)
     demo = commands.add_parser("demo", help="a coding-agent rollout over the long-lived protocol")
     demo.add_argument("--url", default=None, help="a running server (default: start one)")
-    demo.add_argument("--model", default="mock-1000tps")
+    demo.add_argument("--model", default="mock-1000tps", help="the mock model the rollout runs on")
     # bench's flags live in proto/lab/bench.py; everything after `bench` is handed to it.
     commands.add_parser(
         "bench",
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
 
+    apply(parser)  # serve and demo format their help as every subcommand does
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         if rest:

@@ -44,6 +44,7 @@ from proto.core.items import (
     WebSearchAction,
     WebSearchCall,
     WebSearchSource,
+    async_tool_names,
     custom_tool_names,
     function_tool_names,
     namespace_of,
@@ -145,7 +146,10 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
         for call in calls:
             if isinstance(call, WebSearchCall):
                 yield Emit(_run_hosted(rollout, call))
-        local = tuple(c for c in calls if isinstance(c, CALL_ITEMS))
+        # An ``async`` tool's call does not stop the model: it keeps working (the next turn runs) and the
+        # call's output comes in a later request (docs/protocol.md, "Newer fields").
+        later = async_tool_names(rollout.builder.response.tools)
+        local = tuple(c for c in calls if isinstance(c, CALL_ITEMS) and c.name not in later)
         if local:
             rollout.sequence.suspend()
             resumed = yield Suspend(local)

@@ -146,9 +146,13 @@ def count_segments(items: Sequence[Item]) -> int:
     return script_position(items, "")
 
 
-def script_position(items: Sequence[Item], script: str, parallel: bool = True) -> int:
+def script_position(
+    items: Sequence[Item], script: str, parallel: bool = True, async_names: frozenset[str] = frozenset()
+) -> int:
     """The turn a request whose conversation is ``items`` samples next (the module's rule): the segment
-    count, anchored on the last of the script's calls the history holds; never behind the count."""
+    count, anchored on the last of the script's calls the history holds; never behind the count. A call of
+    an ``async`` tool (``async_names``) closes its segment as a hosted call does: the model went on without
+    its output, in a turn of its own."""
     calls = _script_calls(script, parallel) if script else None
     segments = 0
     inside = False
@@ -170,7 +174,9 @@ def script_position(items: Sequence[Item], script: str, parallel: bool = True) -
                 line = segments if anchor_line < 0 else anchor_line + 1 + segments - anchor_segments
                 earliest = max(earliest, bisect.bisect_left(calls.lines, line))
             segments += 1
-        inside = not isinstance(item, WebSearchCall)
+        inside = not isinstance(item, WebSearchCall) and not (
+            isinstance(item, CALL_ITEMS) and item.name in async_names
+        )
         if calls is None:
             continue
         key = _call_key(item)

@@ -55,6 +55,7 @@ EXTENSION_EVENTS = frozenset(
         "response.web_search_call.completed",
         "response.custom_tool_call_input.delta",
         "response.custom_tool_call_input.done",
+        "response.compaction.compacting",  # a compaction turn samples its summary (no content)
     }
 )
 _item_decoder = msgspec.json.Decoder(oa.InputItem)

@@ -215,10 +215,18 @@ async def test_a_ga_chain_compacts_and_goes_on(srv: ThreadedServer) -> None:  # 
         follow = messages.continuation(body([], store=False), [*outputs(pending), TRIGGER], first["id"])
         events = await ga_events(ws, follow)
         item = compaction_only(events[-1]["response"])
-        assert [e["type"] for e in events if e["type"].startswith("response.output_item")] == [
+        # the openai SDK's lane session documents response.compaction.compacting for a compaction turn: it
+        # comes once, after the item is added and before it is done, and names the item
+        shown = ("response.output_item", "response.compaction")
+        kinds = [e["type"] for e in events if e["type"].startswith(shown)]
+        assert kinds == [
             "response.output_item.added",
+            "response.compaction.compacting",
             "response.output_item.done",
         ]
+        [compacting] = [e for e in events if e["type"] == "response.compaction.compacting"]
+        assert (compacting["item_id"], compacting["output_index"]) == (item["id"], 0)
+        assert "summary" not in compacting and "delta" not in compacting
         second = (await ga_events(ws, body([user_message(SCRIPT), item], store=False)))[-1]["response"]
     assert calls(second) == ["read_file"], second["output"]
 

@@ -160,8 +160,71 @@ async def test_the_default_lane_still_refuses_a_second_create(ws: ClientConnecti
 
 @pytest.mark.parametrize("lane", ["", "has space", "x" * 257])
 async def test_bad_stream_id(ws: ClientConnection, lane: str) -> None:
+    """The openai SDK's lane session names the code: ``invalid_stream_id``; the connection goes on."""
     await ws.send(create("!say hi", lane))
-    assert_error(await recv(ws), "invalid_event", "stream_id")
+    assert_error(await recv(ws), "invalid_stream_id", "stream_id")
+    await ws.send(create("!say still here"))
+    assert (await until(ws, TERMINAL_TYPES | {"error"}))[-1]["type"] == "response.completed"
+
+
+# ------------------------------------------------------------------------------------ the service's limits
+# As the openai SDK's lane session documents them (openai/lib/responses_websocket/README.md, "Lanes, limits
+# and connection lifetime"): 16 active responses per connection, more creates queue; 32 distinct named
+# lanes, the default lane not counted. The busy responses are slow and short (20 tokens at 65 tokens/s,
+# ~0.4 s with its prefill): long enough that every create is read before the first ends, few frames.
+SLOW = {"model": "mock-65tps"}
+
+
+async def test_32_named_lanes_then_websocket_stream_limit_reached(ws: ClientConnection) -> None:
+    for n in range(32):
+        await ws.send(create("!say ok", f"lane-{n}"))
+        done = (await until(ws, TERMINAL_TYPES | {"error"}))[-1]
+        assert done["type"] == "response.completed" and done["stream_id"] == f"lane-{n}", done
+    await ws.send(create("!say one too many", "lane-32"))
+    refused = await recv(ws)
+    assert_error(refused, "websocket_stream_limit_reached", "stream_id")
+    assert refused["stream_id"] == "lane-32"
+    # the default lane does not count, and the 32 lanes in use stay usable (a finished lane is not given back,
+    # so the 33rd distinct id is refused again)
+    for lane in (None, "lane-0", "lane-31"):
+        await ws.send(create("!say ok", lane))
+        assert (await until(ws, TERMINAL_TYPES | {"error"}))[-1]["type"] == "response.completed"
+    await ws.send(create("!say again", "lane-33"))
+    assert_error(await recv(ws), "websocket_stream_limit_reached", "stream_id")
+
+
+async def test_16_responses_in_flight_then_creates_wait_for_a_slot(ws: ClientConnection) -> None:
+    """Seventeen creates on seventeen lanes: sixteen start at once; the seventeenth starts only when one of
+    them has ended, and all seventeen complete."""
+    for n in range(17):
+        await ws.send(create(f"!tokens 20 !say lane {n}", f"slot-{n}", **SLOW))
+    frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 17)
+    created = [f["stream_id"] for f in frames if f["type"] == "response.created"]
+    first_done = next(i for i, f in enumerate(frames) if f["type"] in TERMINAL_TYPES)
+    early = [f["stream_id"] for f in frames[:first_done] if f["type"] == "response.created"]
+    assert early == [f"slot-{n}" for n in range(16)], early  # in the order sent; the 17th waits
+    assert created[16] == "slot-16" and len(created) == 17
+    assert all(t["type"] == "response.completed" for t in terminals(frames))
+    by_lane = {t["stream_id"]: text(t["response"]) for t in terminals(frames)}
+    assert by_lane["slot-16"].startswith("lane 16")
+
+
+async def test_a_lane_waiting_for_a_slot_keeps_its_order(ws: ClientConnection) -> None:
+    """Creates queued on a lane that waits for a slot start in the order sent, one at a time; the default
+    lane waiting for a slot still refuses a second create."""
+    for n in range(16):
+        await ws.send(create(f"!tokens 20 !say busy {n}", f"busy-{n}", **SLOW))
+    await ws.send(create("!say w1", "w"))
+    await ws.send(create("!say w2", "w"))
+    await ws.send(create("!say d1"))
+    await ws.send(create("!say d2"))
+    frames = await frames_until(ws, lambda fs: len(terminals(fs)) == 19)
+    [error] = [f for f in frames if f["type"] == "error"]
+    assert_error(error, "response_in_progress", None)  # d2: the default lane does not queue
+    first_done = next(i for i, f in enumerate(frames) if f["type"] in TERMINAL_TYPES)
+    assert sum(f["type"] == "response.created" for f in frames[:first_done]) == 16
+    waited = [text(t["response"]) for t in terminals(frames) if t.get("stream_id") in ("w", None)]
+    assert waited.index("w1") < waited.index("w2") and "d1" in waited
 
 
 # ------------------------------------------------------------------------------------ steering
@@ -278,7 +341,7 @@ async def test_steer_failures_return_the_input(ws: ClientConnection, case: str) 
 
 
 # ------------------------------------------------------------------------------------ the openai SDK's lanes
-# Serial: the steer must land while the right lane's 8000 tokens run. Beside another worker on 2 busy cores it
+# Serial: the steer must land while the right lane's tokens run. Beside another worker on 2 busy cores it
 # once did not, and the successor's response.created never came (a 30 s TimeoutError at the recv below).
 @pytest.mark.serial
 async def test_openai_sdk_lane_session_and_steer(srv: ThreadedServer) -> None:
@@ -299,7 +362,12 @@ async def test_openai_sdk_lane_session_and_steer(srv: ThreadedServer) -> None:
         left, right = session.lane("left"), session.lane("right")
         body = {"type": "response.create", "model": MODEL, "store": False}
         await left.send({**body, "input": f"{LONG} !say left side"})
-        await right.send({**body, "input": f"{STEERABLE} !say right side\n!say steered here"})
+        # the right lane on the 65 tokens/s model: ~3 s of decode in 200 events, so the steer lands while it
+        # runs however slowly the SDK's reader parses the left lane's 3000 deltas (openai 3.63 parses them
+        # slower than 3.57 did: at 8000 tokens/s-paced events the steer arrived after the response ended)
+        await right.send(
+            {**body, "model": "mock-65tps", "input": "!tokens 200 !say right side\n!say steered here"}
+        )
         first = await right.recv()
         while first.type != "response.created":
             first = await right.recv()

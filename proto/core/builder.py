@@ -21,6 +21,7 @@ import msgspec
 
 from proto.core import openai_types as oa
 from proto.core.events import (
+    CompactionCompacting,
     ContentPartAdded,
     ContentPartDone,
     CreateBody,
@@ -76,6 +77,7 @@ from proto.core.response import (
     TurnReport,
     Usage,
     echo_reasoning,
+    echo_service_tier,
     echo_text,
     echo_tool,
 )
@@ -134,7 +136,7 @@ class ResponseBuilder:
             truncation=request.truncation or "disabled",
             prompt_cache_key=request.prompt_cache_key,
             safety_identifier=request.safety_identifier,
-            service_tier="default" if request.service_tier in (None, "auto") else request.service_tier,
+            service_tier=echo_service_tier(request.service_tier),
             max_tool_calls=request.max_tool_calls,
             top_logprobs=0 if request.top_logprobs is None else request.top_logprobs,
             usage=Usage(),
@@ -252,6 +254,7 @@ class ResponseBuilder:
             self.response,
             output=output,
             usage=self.usage.minus(self._usage_sent),
+            tool_usage=self.response.tool_usage.copy(),
             metadata=dict(self.response.metadata),
             lab=lab,
         )
@@ -288,6 +291,7 @@ class ResponseBuilder:
         self, item: WebSearchCall, index: int, sources: list[WebSearchSource]
     ) -> list[ServerEvent]:
         item.status = "completed"
+        self.response.tool_usage.web_search.num_requests += 1
         if isinstance(item.action, WebSearchAction):
             item.action.sources = sources
         return [
@@ -552,8 +556,10 @@ class CompactionStream:
 
     def added(self) -> list[ServerEvent]:
         item = msgspec.structs.replace(self.item)
+        seq = self._builder.next_sequence
         return [
-            OutputItemAdded(output_index=self.index, item=item, sequence_number=self._builder.next_sequence())
+            OutputItemAdded(output_index=self.index, item=item, sequence_number=seq()),
+            CompactionCompacting(item_id=item.id or "", output_index=self.index, sequence_number=seq()),
         ]
 
     def done(self) -> list[ServerEvent]:

@@ -7,7 +7,7 @@ does (``input[0].call_id``), the long-lived protocol by the event's JSONPath (``
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,13 @@ from proto.core.limits import (
     check_metadata,
     check_tool_name,
 )
-from proto.core.openai_types import Mcp, ToolChoiceAllowed
+from proto.core.openai_types import (
+    Mcp,
+    ReasoningReasoning,
+    ResponseConfigurationUpdateItem,
+    ResponseTextConfig,
+    ToolChoiceAllowed,
+)
 from proto.core.work import WorkCounters
 
 
@@ -51,6 +57,44 @@ class CreateLimits:
 
     max_input_items: int = 2048
     max_tools: int = 128
+
+
+# ``background_options.completion_window`` (the SDK's ``BackgroundOptions``): "The `2h` and `8h`
+# completion windows require `background: true`, Standard processing, and `stream: false` or omitted."
+WINDOWS = frozenset({"2h", "8h"})
+STANDARD_TIERS = frozenset({None, "auto", "default"})
+
+
+def check_completion_window(body: CreateBody, root: str) -> None:
+    options = body.background_options
+    if options is None or options.completion_window not in WINDOWS:
+        return  # ``soonest`` (the default) asks for nothing
+    if not body.background or body.stream or body.service_tier not in STANDARD_TIERS:
+        raise ClientError(
+            "invalid_request",
+            f"completion_window {options.completion_window!r} requires background: true, the default "
+            "service tier, and stream: false",
+            f"{root}background_options.completion_window",
+        )
+
+
+def configured(request: CreateBody, items: Sequence[Item]) -> CreateBody:
+    """The request with the settings its context's ``configuration_update`` items put in effect: "Supply
+    reasoning, text, or both. Each setting stays in effect until a later update replaces it" (the SDK's
+    ``ResponseConfigurationUpdateItem``). The latest update of each setting in the context wins over the
+    request's own ``text`` / ``reasoning`` (docs/protocol.md, "Newer fields")."""
+    text, reasoning = request.text, request.reasoning
+    for item in items:
+        if isinstance(item, ResponseConfigurationUpdateItem):
+            if item.text is not None:
+                text = ResponseTextConfig(format=item.text.format)
+            if item.reasoning is not None:
+                base = msgspec.to_builtins(reasoning) if reasoning is not None else {}
+                update = msgspec.to_builtins(item.reasoning)
+                reasoning = msgspec.convert({**base, **update}, ReasoningReasoning)
+    if text is request.text and reasoning is request.reasoning:
+        return request
+    return msgspec.structs.replace(request, text=text, reasoning=reasoning)
 
 
 def validate_create(
@@ -95,6 +139,7 @@ def validate_create(
         if isinstance(tool, FunctionTool):
             check_tool_name(f"{root}tools[{index}].name", tool.name)
     check_tool_choice(body, root)
+    check_completion_window(body, root)
     work = WorkCounters(requests_validated=1)
     items = codec.decode_items(body.input, f"{root}input", item_code)
     work.items_validated += len(items)

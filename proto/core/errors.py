@@ -40,7 +40,10 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "too_many_tools": (400, "invalid_request_error"),
     "too_many_pending_calls": (400, "invalid_request_error"),
     "too_many_queued_items": (400, "invalid_request_error"),
-    "too_many_lanes": (400, "invalid_request_error"),
+    # GA WebSocket lanes, the codes the openai SDK's lane session names: a malformed stream_id, and a
+    # connection past its distinct named lanes
+    "invalid_stream_id": (400, "invalid_request_error"),
+    "websocket_stream_limit_reached": (400, "invalid_request_error"),
     "binary_frame_not_supported": (400, "invalid_request_error"),
     "content_policy": (400, "invalid_request_error"),
     "context_length_exceeded": (

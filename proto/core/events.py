@@ -232,6 +232,14 @@ class WebSearchCompleted(ServerEvent, tag="response.web_search_call.completed", 
     output_index: int
 
 
+class CompactionCompacting(ServerEvent, tag="response.compaction.compacting", frozen=True):
+    """A compaction turn samples its summary (the SDK's ``ResponseCompactionCompactingEvent``: "Contains no
+    summary content"); after the item's ``output_item.added``, before its tokens are decoded."""
+
+    item_id: str
+    output_index: int
+
+
 class PendingCall(msgspec.Struct):
     call_id: str
     name: str
@@ -372,6 +380,7 @@ AnyServerEvent = (
     | WebSearchInProgress
     | WebSearchSearching
     | WebSearchCompleted
+    | CompactionCompacting
     | ResponseDone
     | ResponseCompleted
     | ResponseIncomplete

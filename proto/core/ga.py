@@ -7,10 +7,15 @@ streams the same events as SSE and ends at its first local call; the client cont
 
 Lanes (``stream_id``). A create names its lane; every event of that response, and a lane's errors, echo
 the lane's ``stream_id``. Lanes run in parallel on one socket; within a lane, one response is in flight
-and further creates wait their turn, first in first out (at most ``MAX_QUEUED`` of them). The default lane
-(no ``stream_id``) keeps this mode's first rule: a second create while one is in flight is refused
-``response_in_progress``. ``previous_response_id`` is lineage, not routing: a lane may fork a response
-made on another.
+and further creates wait their turn, first in first out. The limits are the service's, as the openai SDK's
+lane session documents them (``openai/lib/responses_websocket/README.md``, "Lanes, limits and connection
+lifetime"): at most ``MAX_ACTIVE`` responses in flight per connection, further creates wait for a slot
+(lanes take freed slots in the order they started waiting); at most ``MAX_NAMED_LANES`` distinct
+``stream_id`` values per connection, the default lane not counted and a lane never given back
+(``websocket_stream_limit_reached``); a malformed ``stream_id`` is ``invalid_stream_id``. The default lane
+(no ``stream_id``) keeps this mode's first rule: a second create while one is in flight (or waits for a
+slot) is refused ``response_in_progress``. ``previous_response_id`` is lineage, not routing: a lane may
+fork a response made on another.
 
 Steering (beta ``response.steer``: ``previous_response_id`` + user input). Input for a response in flight
 is accepted (``response.steer.accepted``) and queued; at the response's next turn boundary it ends
@@ -67,8 +72,14 @@ CLOSE_LIMIT_REACHED = (
     1000  # a normal closure: the server ends the connection on purpose, the client reconnects
 )
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # what the openai SDK's lane router accepts
-MAX_LANES = 64  # lanes one connection may open
-MAX_QUEUED = 16  # creates waiting on one lane
+# The service's limits, from the openai SDK's lane session README: "The service allows 16 active responses
+# and queues additional creates. It accepts 32 distinct named IDs per connection; the default lane does
+# not count."
+MAX_ACTIVE = 16  # responses in flight on one connection, every lane together
+MAX_NAMED_LANES = 32  # distinct stream_id values one connection may use (the default lane not counted)
+# The lab's own bound on creates waiting on one connection (the service documents none): memory, not
+# policy; past it a create is refused ``too_many_queued_items``.
+MAX_QUEUED = 256
 MAX_STEERS = 16  # accepted steering submissions waiting on one response
 
 
@@ -141,7 +152,8 @@ class GaCore:
         self._limits = limits
         self._new_id = new_id
         self.deadline = opened_at + max_age_s  # same clock as ``now``
-        self._lanes: dict[str | None, _Lane] = {None: _Lane(None)}
+        self._lanes: dict[str | None, _Lane] = {None: _Lane(None)}  # every lane used; none is given back
+        self._waiting: deque[_Lane] = deque()  # lanes waiting for a slot, in the order they began to wait
         self._ended: set[str] = set()  # responses that ended on this connection (for steering refusals)
         self._steers: dict[str, list[_Steer]] = {}  # accepted, waiting on a response in flight
         self._owed: dict[str, tuple[list[_Steer], str | None]] = {}  # waiting on a response's tool outputs
@@ -149,7 +161,17 @@ class GaCore:
     # ------------------------------------------------------------------------------------ properties
     @property
     def in_flight(self) -> bool:
-        return any(lane.state is LaneState.IN_FLIGHT for lane in self._lanes.values())
+        return self.active > 0
+
+    @property
+    def active(self) -> int:
+        """Responses in flight on this connection (at most ``MAX_ACTIVE``)."""
+        return sum(lane.state is LaneState.IN_FLIGHT for lane in self._lanes.values())
+
+    @property
+    def queued(self) -> int:
+        """Creates waiting on this connection: behind their lane's response, or for a slot."""
+        return sum(len(lane.queue) for lane in self._lanes.values())
 
     def steering_due(self, response_id: str) -> bool:
         """Accepted steering input waits on this response: it should end at its next turn boundary."""
@@ -188,34 +210,40 @@ class GaCore:
         lane_id = event.stream_id
         if lane_id is not None and not STREAM_ID.fullmatch(lane_id):
             raise ClientError(
-                "invalid_event",
+                "invalid_stream_id",
                 "stream_id must be 1-256 ASCII letters, digits, '_', '-' or '.'",
                 "$.stream_id",
             )
         lane = self._lanes.get(lane_id)
         if lane is None:
-            if len(self._lanes) > MAX_LANES:
+            if len(self._lanes) - 1 >= MAX_NAMED_LANES:  # the default lane is always there, not counted
                 raise ClientError(
-                    "too_many_lanes",
-                    f"at most {MAX_LANES} lanes (stream_id values) per connection",
+                    "websocket_stream_limit_reached",
+                    f"at most {MAX_NAMED_LANES} distinct stream_id values per connection; open a new one",
                     "$.stream_id",
                 )
             lane = _Lane(lane_id)
         items, work = validate_create(event, self._models, self._limits)
         if lane_id is None:
             lane.check(LaneEvent.CREATE)  # the default lane refuses a second create, before anything changes
-        elif lane.state is LaneState.IN_FLIGHT and len(lane.queue) >= MAX_QUEUED:
+        busy = lane.state is not LaneState.IDLE or self.active >= MAX_ACTIVE
+        if busy and self.queued >= MAX_QUEUED:
             raise ClientError(
-                "too_many_queued_items", f"at most {MAX_QUEUED} creates may wait on one lane", "$.stream_id"
+                "too_many_queued_items", f"at most {MAX_QUEUED} creates may wait on one connection", None
             )
         self._lanes[lane_id] = lane
         owed = self._owed.pop(event.previous_response_id, None) if event.previous_response_id else None
         if owed is not None:  # steering input held for this parent goes first, in submission order
             items = [item for steer in owed[0] for item in steer.items] + items
         start = Start(self._new_id(), event, items, work, lane_id)
-        if lane.state is LaneState.IN_FLIGHT:
+        if lane.state is not LaneState.IDLE:  # a named lane: behind its own response, or waiting for a slot
             lane.transition(LaneEvent.QUEUE)
             lane.queue.append(start)
+            return []
+        if self.active >= MAX_ACTIVE:
+            lane.transition(LaneEvent.WAIT)
+            lane.queue.append(start)
+            self._waiting.append(lane)
             return []
         lane.transition(LaneEvent.CREATE)
         lane.current = start
@@ -319,16 +347,33 @@ class GaCore:
                             start.stream_id,
                         )
                     )
-        nxt = successor or (lane.queue.popleft() if lane.queue else None)
+        lane.current = None
         if self.closed:  # the connection is going: nothing more starts
-            nxt = None
-        if nxt is None:
             lane.transition(LaneEvent.FINISH)
-            lane.current = None
             return actions
-        lane.transition(LaneEvent.NEXT)
-        lane.current = nxt
-        return [*actions, nxt]
+        if successor is not None:  # a steered response's successor keeps its slot: it is the same work
+            lane.transition(LaneEvent.NEXT)
+            lane.current = successor
+            return [*actions, successor]
+        if lane.queue and not self._waiting:  # the lane's next create takes the slot: nobody else waits
+            lane.transition(LaneEvent.NEXT)
+            lane.current = lane.queue.popleft()
+            return [*actions, lane.current]
+        if lane.queue:  # other lanes wait for a slot: this one goes to the back of the line
+            lane.transition(LaneEvent.YIELD)
+            self._waiting.append(lane)
+        else:
+            lane.transition(LaneEvent.FINISH)
+        return [*actions, *self._admit()]
+
+    def _admit(self) -> list[Action]:
+        """A slot is free: the lane that has waited longest starts its next create."""
+        if not self._waiting or self.active >= MAX_ACTIVE:
+            return []
+        lane = self._waiting.popleft()
+        lane.transition(LaneEvent.ADMIT)
+        lane.current = lane.queue.popleft()
+        return [lane.current]
 
     def _successor(self, parent: Start, steers: list[_Steer]) -> Start:
         """The automatic successor of a steered response: its settings, continuing from it, with the

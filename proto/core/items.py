@@ -9,7 +9,7 @@ model produces messages, reasoning, function calls, custom tool calls and web se
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from proto.core import openai_types as oa
 
@@ -133,3 +133,15 @@ def item_id_of(item: Item) -> str | None:
     """The item's ``id``, when its type has one and it is set."""
     value = getattr(item, "id", None)
     return value if isinstance(value, str) else None
+
+
+def async_tool_names(tools: Sequence[Any]) -> frozenset[str]:
+    """The function and custom tools declared ``async: true`` (a namespace's by their own names): "the
+    model may keep working after issuing the call; its output comes in a later request, by its call_id"
+    (docs/protocol.md, "Newer fields")."""
+    names: set[str] = set()
+    for tool in tools:
+        for one in tool.tools if isinstance(tool, NamespaceTool) else [tool]:
+            if isinstance(one, (FunctionTool, NamespaceFunction, CustomTool)) and one.async_:
+                names.add(one.name)
+    return frozenset(names)

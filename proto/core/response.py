@@ -169,10 +169,44 @@ class EchoedReasoning(oa.ReasoningReasoning, kw_only=True, omit_defaults=True):
 
 
 def echo_reasoning(reasoning: oa.ReasoningReasoning | None) -> oa.ReasoningReasoning | None:
+    """The effective settings, as the SDK's ``Reasoning`` says the Response returns them: ``context`` the
+    context mode used (the mock renders every reasoning item it is sent, as the gpt-5.6 family's default
+    ``all_turns`` does, whatever was asked: docs/protocol.md, "Newer fields"), ``mode`` the execution mode
+    (``standard`` unless one was asked; the mock runs every mode alike)."""
     if reasoning is None or isinstance(reasoning, EchoedReasoning):
         return reasoning
     fields = {name: getattr(reasoning, name) for name in reasoning.__struct_fields__}
+    fields["context"] = "all_turns"
+    fields["mode"] = reasoning.mode or "standard"
     return EchoedReasoning(**fields)
+
+
+class ImageGenInputDetails(msgspec.Struct):
+    image_tokens: int = 0
+    text_tokens: int = 0
+
+
+class ImageGenUsage(msgspec.Struct):
+    input_tokens: int = 0
+    input_tokens_details: ImageGenInputDetails = msgspec.field(default_factory=ImageGenInputDetails)
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+class WebSearchUsage(msgspec.Struct):
+    num_requests: int = 0
+
+
+class ToolUsage(msgspec.Struct):
+    """The SDK's ``Response.tool_usage``: "Usage reported by hosted tools, separate from base model usage
+    … tool families with no recorded usage have zero counts". The mock's hosted tool is its web search
+    (each search it ran is one request); it generates no images."""
+
+    image_gen: ImageGenUsage = msgspec.field(default_factory=ImageGenUsage)
+    web_search: WebSearchUsage = msgspec.field(default_factory=WebSearchUsage)
+
+    def copy(self) -> ToolUsage:
+        return ToolUsage(web_search=WebSearchUsage(self.web_search.num_requests))
 
 
 def echo_text(text: oa.ResponseTextConfig) -> oa.ResponseTextConfig:
@@ -187,6 +221,17 @@ def echo_text(text: oa.ResponseTextConfig) -> oa.ResponseTextConfig:
         )
         return msgspec.structs.replace(text, format=echoed)
     return text
+
+
+# How the Response spells a requested ``service_tier`` (the SDK's ``Response.service_tier``: "The response
+# will show service_tier=priority regardless of if you specify service_tier=fast or priority"; ``auto`` is
+# the project's setting, ``default`` here). Which tier actually served it is the server's to say
+# (``proto/server/tiers.py``).
+ECHOED_TIERS = {"auto": "default", "fast": "priority"}
+
+
+def echo_service_tier(tier: str | None) -> str:
+    return ECHOED_TIERS.get(tier or "auto", tier or "auto")
 
 
 class Response(msgspec.Struct, kw_only=True):
@@ -230,10 +275,15 @@ class Response(msgspec.Struct, kw_only=True):
     # Carried through from the request as OpenAI echoes them on the Response object.
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # The tier that served the request: ``auto`` (and no request) resolve to ``default``, as OpenAI's do.
+    # The tier that served the request: ``auto`` (and no request) resolve to ``default``, ``fast`` is
+    # ``priority``, as OpenAI's do (``echo_service_tier``; the server sets the tier it used).
     service_tier: str = "default"
     max_tool_calls: int | None = None
     top_logprobs: int = 0
+    tool_usage: ToolUsage = msgspec.field(default_factory=ToolUsage)
+    # "Reasoning inputs withheld from the model, in input order": the mock renders every one (context mode
+    # all_turns), so none.
+    input_transformations: list[dict[str, str]] = msgspec.field(default_factory=list)
     lab: LabInfo | None = None
 
 

@@ -92,14 +92,18 @@ CLIENT_EVENTS = frozenset({Event.CREATE, Event.APPEND, Event.RESUME, Event.CANCE
 
 
 class LaneState(Enum):
-    IDLE = auto()  # no response in flight on this lane: a create starts one
+    IDLE = auto()  # no response in flight on this lane and none waiting: a create starts one
+    WAITING = auto()  # creates wait on this lane, none in flight: the connection is at its active limit
     IN_FLIGHT = auto()  # a response runs (pre-inference or sampling)
 
 
 class LaneEvent(Enum):
-    CREATE = auto()  # client: a create on an idle lane
-    QUEUE = auto()  # client: a create on a busy named lane waits its turn
+    CREATE = auto()  # client: a create on an idle lane, a slot free on the connection
+    WAIT = auto()  # client: a create on an idle lane while the connection's slots are all taken
+    QUEUE = auto()  # client: a create on a busy (or waiting) named lane waits its turn
+    ADMIT = auto()  # server: a slot freed and this waiting lane is the first in line: its next create starts
     NEXT = auto()  # server: the response ended and the lane's next one (successor or queued) starts
+    YIELD = auto()  # server: the response ended, more wait on this lane, and other lanes wait for a slot
     FINISH = auto()  # server: the response ended (or was refused) and nothing waits
 
 
@@ -107,10 +111,16 @@ class LaneEvent(Enum):
 # caused it, otherwise it is our bug (``LocalProtocolError`` naming the state and the event).
 LANE_TRANSITIONS: dict[tuple[LaneState, LaneEvent], LaneState] = {
     (LaneState.IDLE, LaneEvent.CREATE): LaneState.IN_FLIGHT,
+    (LaneState.IDLE, LaneEvent.WAIT): LaneState.WAITING,
+    (LaneState.WAITING, LaneEvent.QUEUE): LaneState.WAITING,
+    (LaneState.WAITING, LaneEvent.ADMIT): LaneState.IN_FLIGHT,
     (LaneState.IN_FLIGHT, LaneEvent.QUEUE): LaneState.IN_FLIGHT,
     (LaneState.IN_FLIGHT, LaneEvent.NEXT): LaneState.IN_FLIGHT,
+    (LaneState.IN_FLIGHT, LaneEvent.YIELD): LaneState.WAITING,
     (LaneState.IN_FLIGHT, LaneEvent.FINISH): LaneState.IDLE,
 }
 LANE_REFUSALS: dict[tuple[LaneState, LaneEvent], str] = {
-    (LaneState.IN_FLIGHT, LaneEvent.CREATE): "response_in_progress",  # the default lane does not queue
+    # the default lane does not queue: a create while its response runs or waits for a slot is refused
+    (LaneState.IN_FLIGHT, LaneEvent.CREATE): "response_in_progress",
+    (LaneState.WAITING, LaneEvent.CREATE): "response_in_progress",
 }

@@ -23,6 +23,7 @@ from proto.demo.fixture import make_repo
 from proto.demo.script import demo_request
 from proto.demo.timeline import Timeline
 from proto.demo.workspace import Workspace
+from proto.helpfmt import HelpFormatter
 
 
 async def run_demo(
@@ -74,7 +75,9 @@ async def run_demo(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="responses-lab demo", description=__doc__.splitlines()[0] if __doc__ else None
+        formatter_class=HelpFormatter,
+        prog="responses-lab demo",
+        description=__doc__.splitlines()[0] if __doc__ else None,
     )
     parser.add_argument(
         "--url", help="ws://HOST:PORT/v1/responses of a running server (default: start one on loopback)"

@@ -7,6 +7,7 @@ import argparse
 import uvicorn
 
 from proto.engine.app import create_engine_app
+from proto.helpfmt import HelpFormatter
 from proto.server.config import check_host, resolve_http, resolve_loop
 from proto.server.logs import configure
 from sampler.overrides import model_specs
@@ -15,8 +16,10 @@ DEFAULT_PORT = 8100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="bind address; without --api-key only loopback is allowed"
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port")
     parser.add_argument(
         "--model-override",
         action="append",
@@ -27,13 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key", default=None, help="require `Authorization: Bearer KEY` (as `vllm serve --api-key`)"
     )
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default="warning", help="structlog level (JSON lines)")
     parser.add_argument("--loop", default="auto", help="auto | uvloop | asyncio")
     parser.add_argument("--http", default="auto", help="auto | httptools | h11")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="responses-lab engine",
         description="the mock GPU as its own process, behind vLLM's completions API",
     )

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from proto.core.response import MODES
+from proto.helpfmt import HelpFormatter
 from proto.lab.codex_rollout import RolloutError
 from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.plan import PlanError
@@ -90,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pings", type=int, default=None, help="WebSocket pings for the floor (default 500; --quick 200)"
     )
-    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--api-key", default=None, help="bearer key for a running server given by --url")
     parser.add_argument(
         "--model-override",
         action="append",
@@ -131,7 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the HTTP modes' modelled per-request API work (vLLM 0.32: 5); with --api-cost-ms-per-1k (1.7)",
     )
-    parser.add_argument("--api-cost-ms-per-1k", type=float, default=None)
+    parser.add_argument(
+        "--api-cost-ms-per-1k",
+        type=float,
+        default=None,
+        help="the HTTP modes' modelled API work per 1 000 history tokens (vLLM 0.32: 1.7)",
+    )
     parser.add_argument(
         "--engine",
         default=None,
@@ -155,9 +161,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)"
     )
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out"),
+        help="where results.json, results.csv, the plots and trace.json go",
+    )
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
-    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
         "--resume",
         type=Path,
@@ -263,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="responses-lab bench",
         description="the latency lab (also: bench report, bench repredict, bench merge)",
     )
@@ -610,12 +622,15 @@ def merge(argv: list[str]) -> int:
     """``responses-lab bench merge DIR... --out OUT``: one results.json (CSV, plots, trace.json) from the
     run directories of shards of one run, holding exactly their cells' records."""
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="responses-lab bench merge",
         description="one results.json from the shards of one run (bench --shard I/N --out DIR)",
     )
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the merged run directory (not one of the shards)"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     args = parser.parse_args(argv)
     console = Console()
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from proto.helpfmt import HelpFormatter
 from proto.lab.predict import Calibration
 from proto.lab.results import predict_run
 from proto.lab.traces import load_replay
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="responses-lab bench repredict",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--check", action="store_true", help="print, write nothing")

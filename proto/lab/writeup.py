@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from proto.core.response import MODES
+from proto.helpfmt import HelpFormatter
 from proto.lab.markdown import TOLERANCE, change, render, value
 from proto.lab.results import cells, load
 
@@ -543,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="responses-lab bench report",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("results", type=Path, nargs="?", help="one run's results.json")
     parser.add_argument(
@@ -564,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--again", type=Path, default=None, help="a second run of the same command")
     parser.add_argument("--write", type=Path, default=None, help="replace the marked section of this file")
     parser.add_argument("--marker", default="results", help="the section's marker name")
-    parser.add_argument("--title", default="Results")
+    parser.add_argument("--title", default="Results", help="the generated document's title")
     args = parser.parse_args(argv)
     if args.lab is not None:
         write_lab(args.lab, args.out)

@@ -52,6 +52,7 @@ from proto.client.frames import decode, encode
 from proto.client.http import HttpClient
 from proto.core.errors import ERROR_CODES
 from proto.core.events import TERMINAL_TYPES
+from proto.helpfmt import HelpFormatter
 from proto.processes import ChildServer
 from sampler.tokens import Tokenizer
 
@@ -884,9 +885,11 @@ def main(argv: list[str] | None = None) -> int:
     status 1 if any invariant broke. ``--short``: the sizes of ``tests/test_chaos.py`` (one round takes ~30 s
     on 2 cores); the default sizes are :meth:`Sizes.long` (300 rollouts under injected engine failures, 200
     fuzzed frames per transport, five rounds of disconnects in every state)."""
-    parser = argparse.ArgumentParser(prog="responses-lab chaos", description=main.__doc__)
-    parser.add_argument("--minutes", type=float, default=5.0)
-    parser.add_argument("--seed", type=int, default=1)
+    parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter, prog="responses-lab chaos", description=main.__doc__
+    )
+    parser.add_argument("--minutes", type=float, default=5.0, help="how long to go on, round after round")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the scenarios' random choices")
     parser.add_argument("--short", action="store_true", help="the test suite's sizes")
     parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
     args = parser.parse_args(argv)

@@ -43,6 +43,7 @@ from proto.client.http import HttpClient
 from proto.client.longlived import LongLivedClient
 from proto.client.retry import REFUSED, retry_delay
 from proto.core.events import TERMINAL_TYPES
+from proto.helpfmt import HelpFormatter
 from proto.lab.metrics import percentile
 from proto.processes import ChildServer
 
@@ -326,7 +327,9 @@ def check_loopback(url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-lab soak", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter, prog="responses-lab soak", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--url", default=None, help=URL_HELP)
     parser.add_argument(
         "--server-pid", type=int, default=None, help="with --url: the server's pid, for its RSS"
@@ -347,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="then hold this many responses suspended at once: RSS per response",
     )
-    parser.add_argument("--model", default="mock-4000tps")
+    parser.add_argument("--model", default="mock-4000tps", help="the mock model every rollout runs on")
     parser.add_argument(
         "--max-retries",
         type=int,

@@ -48,6 +48,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from proto.helpfmt import HelpFormatter, apply
+
 Command = Callable[[argparse.Namespace], None]
 
 
@@ -59,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     from proto.perf import topology
 
     top = argparse.ArgumentParser(
-        prog="responses-lab perf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="responses-lab perf", description=__doc__, formatter_class=HelpFormatter
     )
     top.add_argument("--server-path", default=None, help="run the server from this checkout (PYTHONPATH)")
     top.add_argument(
@@ -76,51 +78,60 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = top.add_subparsers(dest="command", required=True)
     p = sub.add_parser("turn", help="per-turn overhead of a long-lived response against the ping floor")
-    p.add_argument("--contexts", type=ints, default=[1000, 100_000])
-    p.add_argument("--turns", type=int, default=50)
-    p.add_argument("--append", type=int, default=1000)
+    p.add_argument(
+        "--contexts", type=ints, default=[1000, 100_000], help="context sizes in tokens, comma list"
+    )
+    p.add_argument("--turns", type=int, default=50, help="turns measured per context")
+    p.add_argument("--append", type=int, default=1000, help="tokens appended per turn")
     p = sub.add_parser("cpu", help="server CPU per turn: long-lived against HTTP with the full history")
-    p.add_argument("--context", type=int, default=100_000)
-    p.add_argument("--turns", type=int, default=20)
-    p.add_argument("--append", type=int, default=1000)
+    p.add_argument("--context", type=int, default=100_000, help="context size in tokens")
+    p.add_argument("--turns", type=int, default=20, help="turns measured per transport")
+    p.add_argument("--append", type=int, default=1000, help="tokens appended per turn")
     p = sub.add_parser("stream", help="server CPU per streamed token against the bare stack's floor")
     p.add_argument("--tokens", type=int, default=16_000, help="per stream (the models' max output is 16 384)")
-    p.add_argument("--streams", type=ints, default=[1, 32])
+    p.add_argument("--streams", type=ints, default=[1, 32], help="concurrent streams, comma list")
     p.add_argument(
         "--models",
         type=lambda s: s.split(","),
         default=["flat-out", "4000", "1000"],
         help="paces: flat-out or tok/s",
     )
-    p.add_argument("--loop", default="asyncio")
+    p.add_argument("--loop", default="asyncio", help="the server's event loop: asyncio or uvloop")
     p = sub.add_parser("capacity", help="N long-lived streams at once: achieved rate and gaps")
-    p.add_argument("--streams", type=ints, default=[64, 96, 128, 160, 192, 256])
-    p.add_argument("--rate", type=float, default=1000.0)
-    p.add_argument("--seconds", type=float, default=8.0)
-    p.add_argument("--loop", default="asyncio")
+    p.add_argument(
+        "--streams",
+        type=ints,
+        default=[64, 96, 128, 160, 192, 256],
+        help="levels of concurrent streams, comma list",
+    )
+    p.add_argument("--rate", type=float, default=1000.0, help="each stream's pace in tokens/s")
+    p.add_argument("--seconds", type=float, default=8.0, help="how long each level runs")
+    p.add_argument("--loop", default="asyncio", help="the server's event loop: asyncio or uvloop")
     p.add_argument("--tries", type=int, default=4, help="runs of a level at most, while the box is contended")
     p.add_argument(
         "--max-wait", type=float, default=0.05, help="the server's run-queue wait share a run may have"
     )
     p = sub.add_parser("rss", help="server RSS per suspended long-lived response, by context")
-    p.add_argument("--contexts", type=ints, default=[1000, 10_000, 100_000])
-    p.add_argument("--count", type=int, default=12)
+    p.add_argument(
+        "--contexts", type=ints, default=[1000, 10_000, 100_000], help="context sizes in tokens, comma list"
+    )
+    p.add_argument("--count", type=int, default=12, help="suspended responses held per context")
     p = sub.add_parser(
         "deflate", help="server CPU per token and bytes per frame, permessage-deflate on or off"
     )
-    p.add_argument("--tokens", type=int, default=16_000)
+    p.add_argument("--tokens", type=int, default=16_000, help="tokens per stream")
     p.add_argument("--rate", action="store_true", help="at the model's 4 000 tok/s instead of flat out")
     p = sub.add_parser(
         "topology",
         help="streams per second: in process, behind an engine, two workers",
         description=topology.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     topology.add_arguments(p)
     p = sub.add_parser("profile", help="summarise py-spy raw output written by --profile")
     p.add_argument("files", nargs="+")
-    p.add_argument("--top", type=int, default=40)
-    return top
+    p.add_argument("--top", type=int, default=40, help="frames listed")
+    return apply(top)
 
 
 def command(name: str) -> Command:

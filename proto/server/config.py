@@ -91,15 +91,37 @@ class Settings:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every field a flag, in its group (``proto/server/flags.py``), its help ending with its default and
+    its environment variable. The flags' own defaults stay ``None``: unset, the variable or the field's
+    default applies (``from_args``)."""
+    from proto.server.flags import GROUPS
+
+    defaults = Settings()
+    where = {name: title for title, helps in GROUPS.items() for name in helps}
+    groups = {title: parser.add_argument_group(title) for title in GROUPS}
     for f in dataclasses.fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
+        title = where.get(f.name)
+        group = groups[title] if title else groups.setdefault("other", parser.add_argument_group("other"))
+        text = GROUPS[title][f.name].replace("%", "%%") if title else ""  # argparse formats help with %
+        shown = _shown(getattr(defaults, f.name))
+        env = "RESPONSES_LAB_" + f.name.upper()
+        helped = f"{text} (default: {shown}; env {env})" if text else ""
         if kind == "bool":
-            parser.add_argument(flag, action="store_true", default=None)
+            group.add_argument(flag, action="store_true", default=None, help=helped)
         elif kind.startswith("list"):
-            parser.add_argument(flag, action="append", default=None)
+            group.add_argument(flag, action="append", default=None, help=helped, metavar=f.name.upper())
         else:
-            parser.add_argument(flag, type=_CONVERT[kind], default=None)
+            group.add_argument(flag, type=_CONVERT[kind], default=None, help=helped)
+
+
+def _shown(value: object) -> str:
+    if value is True or value is False:
+        return "on" if value else "off"
+    if value == "" or value == []:
+        return "none"
+    return str(value).replace("%", "%%")
 
 
 _CONVERT: dict[str, Any] = {"str": str, "int": int, "float": float}

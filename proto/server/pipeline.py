@@ -26,6 +26,7 @@ import structlog
 
 from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
+from proto.core.create import configured
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
@@ -40,6 +41,7 @@ from proto.core.items import (
     Tool,
     WebSearchCall,
     WebSearchTools,
+    async_tool_names,
     message_text,
 )
 from proto.core.response import Mode, Response
@@ -53,6 +55,7 @@ from proto.server.stages.safety import SafetyScanner
 from proto.server.storage.conversations import ConversationStore
 from proto.server.storage.ledger import LedgerRow, UsageLedger
 from proto.server.storage.store import ResponseStore, StoreUnavailable
+from proto.server.tiers import serve
 from sampler.clock import Clock, RealClock
 from sampler.engine import Engine
 from sampler.gpu import MockGPU
@@ -286,8 +289,9 @@ class Pipeline:
         it was; without one, the response is admitted here (docs/protocol.md, "Admission").
         """
         phases = phases if phases is not None else {}
+        served = serve(request.model, request.service_tier, self.engines.names())  # the tier's engine
         if ticket is None:
-            self.admission.check(request.model)
+            self.admission.check(served.engine)
         flags = await self.scan(
             history + new_items if scan_history else new_items,
             work,
@@ -296,7 +300,7 @@ class Pipeline:
             cache_scope,
         )
         if gpu is None:
-            gpu = await self.resolve(request.model, work, phases, cache_scope)
+            gpu = await self.resolve(served.engine, work, phases, cache_scope)
         tokenizer = (
             self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
         )
@@ -322,10 +326,12 @@ class Pipeline:
                 functools.partial(render, conversation),
             )
         await self.api_cost(mode, len(conversation.log), phases)
+        request = configured(request, conversation.items)  # configuration_update items in effect
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
+        builder.response.service_tier = served.tier
         script = script_source(conversation.items)
-        turn = script_position(conversation.items, script, request.parallel)
+        turn = script_position(conversation.items, script, request.parallel, async_tool_names(request.tools))
         newest = conversation.items[-1] if conversation.items else None
         answers_user = isinstance(newest, Message) and newest.role == "user"
         rollout = Rollout(
@@ -354,7 +360,7 @@ class Pipeline:
         builder.lab.phases_ms = dict(phases)
         if ticket is None:
             try:  # last, so that no failure of the work above holds a place
-                ticket = self.admission.admit(request.model)
+                ticket = self.admission.admit(served.engine)
             except ClientError:
                 rollout.sequence.close()
                 raise

@@ -31,7 +31,7 @@ from proto.core.actions import Reply, Start
 from proto.core.builder import ResponseBuilder
 from proto.core.create import CreateLimits, check_outputs
 from proto.core.errors import ClientError
-from proto.core.events import ResponseCompleted, ServerEvent, TerminalEvent
+from proto.core.events import CreateBody, ResponseCompleted, ServerEvent, TerminalEvent
 from proto.core.ga import Action, Close, GaCore, Outcome, SteerReply, lane_frame
 from proto.core.items import CALL_ITEMS, Item, Tool, item_type
 from proto.core.longlived import Cancel
@@ -41,6 +41,7 @@ from proto.server.driver import ResponseDriver
 from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
 from proto.server.stages.conversation import load_conversation
+from proto.server.tiers import serve
 from proto.server.transports.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
 from proto.server.transports.websocket import Stop, Stopped, WebSocketConnection
 from sampler.engine import Engine
@@ -56,7 +57,7 @@ class Cached:
     response_id: str
     conversation: Conversation  # every item so far, rendered and tokenized
     gpu: Engine  # the resolved engine
-    model: str
+    model: str  # the engine's name: the model at its service tier (``proto/server/tiers.py``)
     instructions: str | None
     tools: list[Tool]
 
@@ -209,7 +210,7 @@ class GaConnection(WebSocketConnection):
                     start.response_id,
                     prepared.rollout.conversation,
                     prepared.gpu,
-                    request.model,
+                    self._engine(request),
                     request.instructions,
                     list(request.tools),
                 )
@@ -224,7 +225,7 @@ class GaConnection(WebSocketConnection):
     async def _prepare(self, start: Start) -> Prepared:
         """Admitted first: a continuation refused at the door leaves its lane's cache entry in place, so
         that its retry finds it (docs/protocol.md, "Admission")."""
-        ticket = self.pipeline.admission.admit(start.request.model)
+        ticket = self.pipeline.admission.admit(self._engine(start.request))
         try:
             return await self._prepare_admitted(start, ticket)
         except BaseException:
@@ -251,7 +252,7 @@ class GaConnection(WebSocketConnection):
         if cached is not None:
             check_outputs(cached.conversation.items, items)
             if cached.instructions == request.instructions and cached.tools == request.tools:
-                gpu = cached.gpu if cached.model == request.model else None
+                gpu = cached.gpu if cached.model == self._engine(request) else None
                 return await prepare(
                     [], items, work, "ws", scan_history=False, conversation=cached.conversation, gpu=gpu
                 )
@@ -263,6 +264,9 @@ class GaConnection(WebSocketConnection):
             history = await load_history(self.pipeline, previous, self.api_key_id, work)
         check_outputs(history, items)
         return await prepare(history, items, work, "ws", scan_history=False)
+
+    def _engine(self, request: CreateBody) -> str:
+        return serve(request.model, request.service_tier, self.pipeline.engines.names()).engine
 
     def _cached_for(self, lane: str | None, previous: str | None, work: WorkCounters) -> Cached | None:
         """This lane's entry is taken (a failure leaves it evicted); another lane's is forked."""
