@@ -51,3 +51,23 @@ def test_every_run_records_the_rules_of_its_profiles() -> None:
         "safety_placement": "beside",
         "safety_classify": "new",
     }
+
+
+def test_the_timeline_draws_the_classifier_beside_the_prefill_not_before_it() -> None:
+    from proto.lab.metrics import RoundTimes
+    from proto.lab.timeline import _server
+
+    report = {
+        "prefill_ms": 100.0,
+        "queue_wait_ms": 0.0,
+        "decode_ms": 10.0,
+        "phases_ms": {"safety": 1.0, "safety_hop": 300.0, "safety_wait": 200.0},
+    }
+    spans = {s["name"]: (s["start"], s["end"]) for s in _server(RoundTimes(0.0, 1.0, 1.01, 1.02), report)}
+    assert spans["prefill"] == pytest.approx((0.7, 0.8))  # it ended when the first token began to wait
+    assert spans["safety_hop"] == pytest.approx((0.7, 1.0))  # from the prefill's start, beside it
+    assert spans["safety_wait"] == pytest.approx((0.8, 1.0))
+    assert spans["safety"] == pytest.approx((0.699, 0.7))  # the local scan, before both
+    serial = dict(report, phases_ms={"safety": 1.0, "safety_hop": 300.0})
+    spans = {s["name"]: (s["start"], s["end"]) for s in _server(RoundTimes(0.0, 1.0, 1.01, 1.02), serial)}
+    assert spans["prefill"] == pytest.approx((0.9, 1.0)) and spans["safety_hop"] == pytest.approx((0.6, 0.9))
