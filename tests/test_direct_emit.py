@@ -17,8 +17,9 @@ from proto.core import codec
 from proto.core.events import OutputTextDelta, OutputTextDone, ServerEvent
 from proto.core.work import WorkCounters
 from proto.server.config import Settings
+from proto.server.designs import DESIGNS
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline
+from proto.server.pipeline import Context, Pipeline
 from proto.server.transports.http import _OneRequest
 from sampler.clock import loop_timer
 from sampler.engine import PacedSequence
@@ -61,13 +62,9 @@ async def stream(
     try:
         body = codec.decode_body(json.dumps({"model": MODEL, "input": f"Say it.\n{script}"}))
         prepared = await pipeline.prepare(
-            "resp_direct",
-            body,
-            [],
-            codec.decode_items(body.input),
-            WorkCounters(),
-            "longlived",
-            scan_history=False,
+            Context(
+                "resp_direct", body, DESIGNS["longlived"], codec.decode_items(body.input), WorkCounters(), {}
+            )
         )
         if not paced:
             prepared.rollout.sequence = Unpaced(prepared.rollout.sequence)  # type: ignore[assignment]
@@ -170,13 +167,9 @@ async def test_a_cancel_that_lands_before_a_due_call_in_the_same_loop_turn_stops
     try:
         body = codec.decode_body(json.dumps({"model": MODEL, "input": "Say it.\n!tokens 5000"}))
         prepared = await pipeline.prepare(
-            "resp_race",
-            body,
-            [],
-            codec.decode_items(body.input),
-            WorkCounters(),
-            "longlived",
-            scan_history=False,
+            Context(
+                "resp_race", body, DESIGNS["longlived"], codec.decode_items(body.input), WorkCounters(), {}
+            )
         )
         sink = Recording(1_000)
         task = asyncio.create_task(ResponseDriver(pipeline, prepared, sink, "key").run())
@@ -212,13 +205,9 @@ async def test_a_bug_on_the_timer_fails_the_response_in_its_task() -> None:
     try:
         body = codec.decode_body(json.dumps({"model": MODEL, "input": f"Say it.\n!say {TEXT}"}))
         prepared = await pipeline.prepare(
-            "resp_bug",
-            body,
-            [],
-            codec.decode_items(body.input),
-            WorkCounters(),
-            "longlived",
-            scan_history=False,
+            Context(
+                "resp_bug", body, DESIGNS["longlived"], codec.decode_items(body.input), WorkCounters(), {}
+            )
         )
         terminal = await ResponseDriver(pipeline, prepared, Raising(1_000), "key").run()
         assert tag(terminal) == "response.failed"

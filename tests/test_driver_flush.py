@@ -17,8 +17,9 @@ from proto.core.items import Item
 from proto.core.longlived import Cancel
 from proto.core.work import WorkCounters
 from proto.server.config import Settings
+from proto.server.designs import DESIGNS
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline
+from proto.server.pipeline import Context, Pipeline
 
 MODEL = "mock-4000tps"
 
@@ -78,7 +79,7 @@ async def test_every_emitted_event_is_written_before_the_response_is_stored(
         body = codec.decode_body(f'{{"model": "{MODEL}", "input": "Answer.\\n!tokens 3 !say all done"}}')
         work = WorkCounters()
         prepared = await pipeline.prepare(
-            "resp_flush", body, [], codec.decode_items(body.input), work, "http", scan_history=True
+            Context("resp_flush", body, DESIGNS["http"], codec.decode_items(body.input), work, {})
         )
         terminal = await ResponseDriver(pipeline, prepared, transport, "key").run()
         assert type(terminal).__struct_config__.tag == "response.completed"

@@ -81,6 +81,31 @@ def test_one_session_is_the_sum_of_its_parts() -> None:
     )
 
 
+def test_beside_the_prefill_the_classifier_costs_only_what_outlasts_it() -> None:
+    spec = MODELS["mock-1000tps"]
+    replay = Replay("r", "", (session(),), trace=False)
+    cal = calibration(http=flat(10.0, 4.0))
+    plan = build_plan(replay.sessions[0], spec.name, "000000000000")
+    prefill = spec.prefill_overhead_ms + plan.sends[0].prompt_tokens * spec.prefill_time_per_token_ms
+    for safety in (prefill / 2, prefill * 3):  # shorter than the first prefill, then longer
+        serial = predict_cell(cal, "http", replay, spec, Hops(safety, 2.0), tool_time_scale=1.0)
+        beside = predict_cell(cal, "http", replay, spec, Hops(safety, 2.0, beside=True), tool_time_scale=1.0)
+        assert serial.ttft_ms[0] == pytest.approx(4.0 + 2.0 + safety + prefill, abs=0.01)
+        assert beside.ttft_ms[0] == pytest.approx(4.0 + 2.0 + max(safety, prefill), abs=0.01)
+
+
+def test_a_chain_load_pays_the_store_hop_per_link() -> None:
+    spec = MODELS["mock-1000tps"]
+    replay = Replay("r", "", (session(),), trace=False)
+    cal = calibration(**{"http-prev": flat(10.0, 4.0)})
+    free = predict_cell(cal, "http-prev", replay, spec, Hops(), tool_time_scale=1.0)
+    priced = predict_cell(cal, "http-prev", replay, spec, Hops(store_ms=5.0), tool_time_scale=1.0)
+    plan = build_plan(replay.sessions[0], spec.name, "000000000000")
+    links = sum(chains("http-prev", plan))
+    assert links == 0 + 1 + 2
+    assert priced.e2e_s[0] - free.e2e_s[0] == pytest.approx(links * 5.0 / 1e3, abs=1e-6)
+
+
 def test_lock_step_sessions_share_the_server_core_every_round() -> None:
     spec = MODELS["mock-4000tps"]
     replay = Replay("r", "", (session(4, 0.1),), trace=False)
@@ -245,7 +270,7 @@ def test_predict_predicts_every_cell_of_the_grid_without_running_it(
     assert results["runs"] == [] and results["calibration_from"] == str(kept)
     assert [(r["profile"], r["model"], r["mode"]) for r in rows] == [
         (p, m, mode)
-        for p in ("local", "production-like")
+        for p in ("local", "production-like", "production-like-beside")
         for m in ("mock-4000tps", "mock-65tps")
         for mode in ("http", "longlived")
     ]
@@ -281,7 +306,7 @@ def test_predict_predicts_every_cell_of_the_grid_without_running_it(
     best = min((r for r in rows if r["mode"] == "longlived"), key=lambda r: r["predicted_e2e_vs_http"])
     text = "\n".join(grid_section(results))
     assert f"**{best['predicted_e2e_vs_http'] * 100:+.1f} %** (longlived, production-like" in text
-    assert "Cells at or beyond the seed's -40 %: **0** of 4." in text and text.count("| mock-") == 2
+    assert "Cells at or beyond the seed's -40 %: **0** of 6." in text and text.count("| mock-") == 2
     # --shard: the cells that shard would run, so each shard's real-clock wall is known before it runs
     shard = ["--modes", "http", "--shard", "2/2", "--no-plots", "--out", str(tmp_path / "s")]
     assert main([*argv[:7], *argv[9:], *shard]) == 0
@@ -290,6 +315,7 @@ def test_predict_predicts_every_cell_of_the_grid_without_running_it(
     assert [(r["profile"], r["model"]) for r in second["grid"]] == [
         ("local", "mock-65tps"),
         ("production-like", "mock-65tps"),
+        ("production-like-beside", "mock-65tps"),
     ]  # the groups sorted by name, every second from the second
     with pytest.raises(SystemExit, match="--predict only"):
         main(["--calibration", str(kept), "--out", str(tmp_path / "x")])

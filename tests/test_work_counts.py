@@ -89,6 +89,8 @@ def test_longlived_and_ws_process_each_input_once(runs: dict[str, list[dict[str,
         assert total(runs["ws"], counter) == total(runs["longlived"], counter), counter
     assert total(runs["longlived"], "model_resolutions") == 1
     assert total(runs["ws"], "model_resolutions") == 1  # the cache hit reuses the resolved engine
+    # The same safety rule: an append of tool outputs calls the classifier as a create of them does.
+    assert total(runs["longlived"], "safety_hops") == total(runs["ws"], "safety_hops") == 9
     assert total(runs["ws"], "store_reads") == 0
     # Each ws continuation tokenizes exactly its new items (the outputs it carries), nothing old.
     tokenizer = Tokenizer()

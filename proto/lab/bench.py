@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.codex_rollout import RolloutError
-from proto.lab.config import PROFILES, BenchConfig
+from proto.lab.config import PROFILES, BenchConfig, profile_named
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.report import print_grid, print_table, write_plots
@@ -72,7 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", type=_csv, default=None, help="comma list (default: mock-1000tps; --quick: mock-4000tps)"
     )
-    parser.add_argument("--profile", type=_csv, default=None, help="local,production-like (default: both)")
+    parser.add_argument(
+        "--profile",
+        type=_csv,
+        default=None,
+        help=f"the rules factor: presets {','.join(PROFILES)} or hops:SAFETY/RESOLVE/STORE[:before|beside]"
+        "[:user|new|all] (default: local,production-like,production-like-beside)",
+    )
     parser.add_argument(
         "--sessions", type=int, default=None, help="concurrent rollouts per mode (default 4; --quick 2)"
     )
@@ -229,12 +235,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     for name, value in changes.items():
         if value is not None:
             setattr(config, name, value)
-    bad = [m for m in config.modes if m not in MODES] + [p for p in config.profiles if p not in PROFILES]
+    bad = [m for m in config.modes if m not in MODES]
     if bad:
-        raise SystemExit(
-            f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: "
-            f"{', '.join(PROFILES)})"
-        )
+        raise SystemExit(f"unknown mode: {', '.join(bad)} (modes: {', '.join(MODES)})")
+    for name in config.profiles:
+        try:
+            profile_named(name)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     if config.url and (config.model_overrides or config.engine or config.workers > 1):
         raise SystemExit(
             "--model-override, --engine and --workers apply to the servers the lab starts; with --url, start "

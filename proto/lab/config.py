@@ -12,23 +12,85 @@ from sampler.policy import PlannedCall
 
 @dataclass(frozen=True)
 class Profile:
-    """Hop latencies of the remote services the seed's design removed or shortened (server flags)."""
+    """The rules a cell's server runs under, alike for every design (docs/lab.md, "Equal rules"): the
+    latencies of the remote services the seed's design removed or shortened, where the safety classifier's
+    hop sits (``before`` the prefill, or ``beside`` it: the overlap) and what it classifies. A factor of
+    the experiment: a named preset, or any point of hop ms × placement × content (``profile``)."""
 
     name: str
     safety_hop_ms: float
     resolve_hop_ms: float
+    store_hop_ms: float = 0.0
+    placement: str = "before"  # --safety-placement: before | beside
+    classify: str = "new"  # --safety-classify: user | new | all
+
+    def flags(self) -> list[str]:
+        """The ``responses-lab serve`` flags that set it."""
+        return [
+            "--safety-hop-ms",
+            str(self.safety_hop_ms),
+            "--resolve-hop-ms",
+            str(self.resolve_hop_ms),
+            "--store-hop-ms",
+            str(self.store_hop_ms),
+            "--safety-placement",
+            self.placement,
+            "--safety-classify",
+            self.classify,
+        ]
+
+    def factors(self) -> dict[str, float | str]:
+        """What a run's results record of it: every rule its cells ran under."""
+        return {
+            "safety_hop_ms": self.safety_hop_ms,
+            "resolve_hop_ms": self.resolve_hop_ms,
+            "store_hop_ms": self.store_hop_ms,
+            "safety_placement": self.placement,
+            "safety_classify": self.classify,
+        }
 
 
 # Values argued in docs/lab.md, "Profiles": a BERT-scale safety classifier behind an in-region RPC
-# (10–50 ms per check in published guardrail budgets; we take 20 ms), and one in-region RPC to a
-# routing/config service for model resolution (inter-AZ RTT 1.3–2.1 ms measured on EC2; we take 2 ms).
+# (10–50 ms per check in published guardrail budgets; we take 20 ms), and one in-region RPC each to a
+# routing/config service for model resolution and to the response store (inter-AZ RTT 1.3–2.1 ms measured
+# on EC2; we take 2 ms). `local` — measured work only — is the primary profile.
 PROFILES: dict[str, Profile] = {
     "local": Profile("local", 0.0, 0.0),
-    "production-like": Profile("production-like", 20.0, 2.0),
+    "production-like": Profile("production-like", 20.0, 2.0, 2.0),
+    # The same hops with the classifier beside the prefill, as async moderation runs it.
+    "production-like-beside": Profile("production-like-beside", 20.0, 2.0, 2.0, "beside"),
     # The hop curve's third real-clock point: a safety classifier at the top of the published 10-50 ms
-    # range, and the resolve hop at a tenth of it as in production-like (docs/lab.md, "Profiles").
-    "remote": Profile("remote", 50.0, 5.0),
+    # range, and the resolve and store hops at a tenth of it as in production-like (docs/lab.md,
+    # "Profiles").
+    "remote": Profile("remote", 50.0, 5.0, 5.0),
 }
+PLACEMENTS = ("before", "beside")
+CLASSIFY = ("user", "new", "all")
+
+
+def profile_named(name: str) -> Profile:
+    """A preset, or a point of the parametric factor named ``hops:SAFETY/RESOLVE/STORE[:PLACEMENT]
+    [:CLASSIFY]`` (ms; e.g. ``hops:20/2/2:beside:user``). ``ValueError`` names what is wrong."""
+    if name in PROFILES:
+        return PROFILES[name]
+    kind, _, spec = name.partition(":")
+    if kind != "hops" or not spec:
+        raise ValueError(f"unknown profile {name!r} (presets: {', '.join(PROFILES)}; or hops:S/R/ST[:…])")
+    hops, *rest = spec.split(":")
+    try:
+        safety, resolve, store = (float(part) for part in hops.split("/"))
+    except ValueError:
+        raise ValueError(f"profile {name!r}: hops are SAFETY/RESOLVE/STORE in ms, e.g. hops:20/2/2") from None
+    placements = [r for r in rest if r in PLACEMENTS]
+    contents = [r for r in rest if r in CLASSIFY]
+    known = len(placements) + len(contents) == len(rest)
+    if not known or len(placements) > 1 or len(contents) > 1 or min(safety, resolve, store) < 0:
+        raise ValueError(
+            f"profile {name!r}: after the hops, a placement ({'|'.join(PLACEMENTS)}) and a content rule "
+            f"({'|'.join(CLASSIFY)}), each at most once; hops >= 0"
+        )
+    placement = placements[0] if placements else "before"
+    return Profile(name, safety, resolve, store, placement, contents[0] if contents else "new")
 
 
 @dataclass
@@ -36,7 +98,8 @@ class BenchConfig:
     modes: tuple[str, ...] = ("http", "http-cached", "http-prev", "ws", "longlived")
     workloads: tuple[str, ...] = ("coding-agent",)
     models: tuple[str, ...] = ("mock-1000tps",)
-    profiles: tuple[str, ...] = ("local", "production-like")
+    # `local` first: measured work only is the primary result; both placements of the classifier's hop.
+    profiles: tuple[str, ...] = ("local", "production-like", "production-like-beside")
     sessions: int = 4
     rollouts: int = 2  # measured, per session
     warmup: int = 1  # per session, before the measured ones
@@ -66,7 +129,8 @@ class BenchConfig:
     @classmethod
     def quick_preset(cls) -> BenchConfig:
         """< 3 min on 2 cores: 15 of coding-agent's 30 turns (history 6 k → 31 k tokens), mock-4000tps,
-        tool waits ×0.1, 2 sessions × 1 measured rollout, 200 pings. Tool waits are identical in every mode
+        tool waits ×0.1, 2 sessions × 1 measured rollout, 200 pings, two profiles (the classifier before
+        the prefill only). Tool waits are identical in every mode
         and only dilute E2E ratios; the full run keeps them as recorded."""
         return cls(
             models=("mock-4000tps",),
@@ -77,6 +141,7 @@ class BenchConfig:
             pings=200,
             quick=True,
             calibration_rounds=120,
+            profiles=("local", "production-like"),
         )
 
 

@@ -61,6 +61,7 @@ def header(results: dict[str, Any]) -> list[str]:
             "Profiles: "
             + "; ".join(
                 f"`{p}` safety hop {v['safety_hop_ms']:g} ms, resolve hop {v['resolve_hop_ms']:g} ms"
+                + _rules(v)
                 for p, v in results["profiles"].items()
             )
             + "."
@@ -208,3 +209,14 @@ def render(results: dict[str, Any], again: dict[str, Any] | None, title: str = "
             "",
         ]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _rules(profile: dict[str, Any]) -> str:
+    """The safety rules and store hop a profile ran under (docs/lab.md, "Equal rules"); nothing for a run
+    kept before they were recorded (its classifier ran before the prefill, on creates only)."""
+    if "safety_classify" not in profile:
+        return ""
+    return (
+        f", store hop {profile['store_hop_ms']:g} ms, classifier {profile['safety_placement']} the prefill "
+        f"on `{profile['safety_classify']}` content"
+    )

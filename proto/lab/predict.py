@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from proto.lab.clients import make_client
-from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce
+from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce, profile_named
 from proto.lab.metrics import Trace, round_times
 from proto.lab.plan import RolloutPlan, build_plan
 from proto.lab.traces import Replay, Round, Session
@@ -60,7 +60,7 @@ CALIBRATION_OVERRIDE = (
 )
 _FEATURES = ("1", "H", "A", "chain", "O")
 # latency knobs: the server sleeps, its core is free
-_SLEPT = frozenset({"safety_hop", "resolve_hop", "api_cost"})
+_SLEPT = frozenset({"safety_hop", "resolve_hop", "store_hop", "safety_wait", "api_cost"})
 
 
 # ---- the calibration workload ------------------------------------------------------------------
@@ -417,10 +417,19 @@ class Hops:
     resolve_ms: float = 0.0
     api_cost_ms: float = 0.0  # the HTTP modes' modelled API work (Settings.api_cost_ms)
     api_cost_ms_per_1k: float = 0.0
+    store_ms: float = 0.0  # per store read (a chain link loaded: ``chains``)
+    beside: bool = False  # the classifier's hop runs beside the prefill: the first token waits for the later
 
     @classmethod
     def of(cls, profile: Profile, api_cost_ms: float = 0.0, api_cost_ms_per_1k: float = 0.0) -> Hops:
-        return cls(profile.safety_hop_ms, profile.resolve_hop_ms, api_cost_ms, api_cost_ms_per_1k)
+        return cls(
+            profile.safety_hop_ms,
+            profile.resolve_hop_ms,
+            api_cost_ms,
+            api_cost_ms_per_1k,
+            profile.store_hop_ms,
+            profile.placement == "beside",
+        )
 
     def api(self, mode: str, history: int) -> float:
         if mode in ("http", "http-prev"):
@@ -493,11 +502,10 @@ async def _session(
             f = cal.get(mode, send.kind)
             c = f.at(f.c, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3
             o = min(f.at(f.o, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, c)
+            classifier = f.safety_hops * hops.safety_ms / 1e3
             hop = (
-                f.safety_hops * hops.safety_ms
-                + f.resolutions * hops.resolve_ms
-                + hops.api(mode, send.prompt_tokens)
-            ) / 1e3
+                f.resolutions * hops.resolve_ms + chain * hops.store_ms + hops.api(mode, send.prompt_tokens)
+            ) / 1e3 + (0.0 if hops.beside else classifier)
             sent = clock.now()
             work = min(
                 f.at(f.busy, send.prompt_tokens, send.appended_tokens, chain, send.output_tokens) / 1e3, o
@@ -510,13 +518,16 @@ async def _session(
             prompt = context[:kept] + _ids(rng, send.prompt_tokens - min(kept, len(context)))
             prompt = prompt[: send.prompt_tokens]
             output = _ids(rng, send.output_tokens)
+            # Beside the prefill, the classifier started with it; tokens due before it answers leave then.
+            gate = clock.now() + (classifier if hops.beside else 0.0)
             async with contextlib.aclosing(sequence.run_turn(prompt, output)) as ticks:
                 first = None
                 async for _ in ticks:
                     if first is None:
-                        first = clock.now()
+                        first = max(clock.now(), gate)
             report = sequence.last_report
             assert report is not None
+            await clock.sleep_until(gate)
             out.ttft_ms.append(((first if first is not None else clock.now()) - sent) * 1e3)
             await clock.sleep_until(clock.now() + (c - o))
             context = prompt + output
@@ -608,7 +619,10 @@ def _run_in_thread(factory: Callable[[], Any]) -> None:
 
 def profile_hops(name: str, config: BenchConfig) -> Hops:
     """The hops and API-cost knobs a run's server had for ``name`` (its profile and server flags)."""
-    profile = PROFILES.get(name, PROFILES["local"])
+    try:
+        profile = profile_named(name)
+    except ValueError:  # ``external``: a server the lab did not start
+        profile = PROFILES["local"]
     flags = list(config.server_flags)
     cost = _flag(flags, "--api-cost-ms")
     per_1k = _flag(flags, "--api-cost-ms-per-1k")

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from proto.lab.config import PROFILES, BenchConfig
+from proto.lab.config import BenchConfig, profile_named
 from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.runner import BenchResult, CellKey, CellResult
 from proto.lab.traces import Replay
@@ -263,14 +263,8 @@ def floor_json(pings_ms: dict[str, list[float]]) -> dict[str, Any]:
 
 
 def profiles_json(config: BenchConfig) -> dict[str, Any]:
-    return {
-        name: {
-            "safety_hop_ms": PROFILES[name].safety_hop_ms,
-            "resolve_hop_ms": PROFILES[name].resolve_hop_ms,
-        }
-        for name in config.profiles
-        if name in PROFILES and not config.url
-    }
+    """Every rule each profile's cells ran under (docs/lab.md, "Equal rules")."""
+    return {name: profile_named(name).factors() for name in config.profiles if not config.url}
 
 
 def config_json(config: BenchConfig) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import psutil
 from websockets.asyncio.client import connect
 
 from proto.lab.clients import RolloutClient, make_client
-from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce
+from proto.lab.config import WARM, BenchConfig, Profile, nonce, profile_named
 from proto.lab.metrics import Trace
 from proto.lab.plan import build_plan
 from proto.lab.predict import Calibration, calibrate
@@ -229,7 +229,7 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
                 # is one process's.
                 shared = pairs > 1 or config.workers > 1
                 db = config.db or (f"{scratch}/{name}.sqlite3" if shared else ":memory:")
-                flags = server_flags(PROFILES[name], config, engine_url)
+                flags = server_flags(profile_named(name), config, engine_url)
                 started.append([ChildServer(flags, api_key=config.api_key, db=db) for _ in range(pairs)])
             for group in started:
                 for server in group:
@@ -258,16 +258,9 @@ def _cpu_sum(servers: list[ChildServer], engine: ChildEngine | None = None) -> f
 
 
 def server_flags(profile: Profile, config: BenchConfig, engine_url: str | None = None) -> list[str]:
-    """``responses-lab serve`` flags for one profile's server: its hops, quiet logs, the model overrides
-    (which an engine elsewhere ignores: they are that engine's flags), its engine and workers."""
-    flags = [
-        "--safety-hop-ms",
-        str(profile.safety_hop_ms),
-        "--resolve-hop-ms",
-        str(profile.resolve_hop_ms),
-        "--log-level",
-        "warning",
-    ]
+    """``responses-lab serve`` flags for one profile's server: its rules and hops, quiet logs, the model
+    overrides (which an engine elsewhere ignores: they are that engine's flags), its engine and workers."""
+    flags = [*profile.flags(), "--log-level", "warning"]
     for override in config.model_overrides:
         flags += ["--model-override", override]
     if engine_url:

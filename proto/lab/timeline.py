@@ -27,6 +27,7 @@ from proto.lab.runner import CellResult
 
 PHASE_ORDER = (
     "store_load",
+    "store_hop",
     "safety",
     "safety_hop",
     "resolve_model",
@@ -76,14 +77,24 @@ def spans(trace: Trace) -> list[dict[str, Any]]:
 def _server(t: RoundTimes, report: dict[str, Any]) -> list[dict[str, Any]]:
     prefill, queue, decode = (float(report[k]) / 1e3 for k in ("prefill_ms", "queue_wait_ms", "decode_ms"))
     first = t.first
+    phases = dict(report.get("phases_ms") or {})
+    # The classifier beside the prefill (docs/lab.md, "Equal rules"): its hop ran from the queue's start,
+    # and the first token waited ``safety_wait`` for it after the prefill ended.
+    waited = phases.pop("safety_wait", None)
+    beside = float(phases.pop("safety_hop", 0.0)) / 1e3 if waited is not None else 0.0
+    wait = float(waited or 0.0) / 1e3
+    done = first - wait  # the prefill's end
     gpu = [
-        ("queue", first - prefill - queue, first - prefill),
-        ("prefill", first - prefill, first),
+        ("queue", done - prefill - queue, done - prefill),
+        ("prefill", done - prefill, done),
         ("decode", first, first + decode),
     ]
     out = [{"name": name, "cat": "gpu", "start": a, "end": b, "args": {}} for name, a, b in gpu if b > a]
-    phases = report.get("phases_ms") or {}
-    cursor = first - prefill - queue
+    start = done - prefill - queue
+    for name, a, b in (("safety_hop", start, start + beside), ("safety_wait", done, first)):
+        if b > a:
+            out.append({"name": name, "cat": "server", "start": a, "end": b, "args": {"ms": (b - a) * 1e3}})
+    cursor = start
     for name in reversed([n for n in PHASE_ORDER if n in phases] + sorted(set(phases) - set(PHASE_ORDER))):
         dur = float(phases[name]) / 1e3
         out.append(

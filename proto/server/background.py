@@ -195,7 +195,7 @@ class _Background:
         items = self.prepared.rollout.input_items
 
         async def write() -> None:
-            await persist_response(pipeline, response, self.api_key_id, items)
+            await persist_response(pipeline.store, response, self.api_key_id, items)
 
         try:
             await self.writes.run(write)
@@ -265,7 +265,7 @@ class BackgroundResponses:
         rollout.input_items[:] = with_ids(rollout.input_items)  # stored three times, with the same ids
         row = table.insert(response.id, api_key_id, self.me, stream)
         try:
-            await persist_response(self.pipeline, response, api_key_id, rollout.input_items, also=row)
+            await persist_response(self.pipeline.store, response, api_key_id, rollout.input_items, also=row)
         except BaseException:
             rollout.sequence.close()  # the driver never ran: nothing else releases its engine sequence
             prepared.ticket.release()  # nor its admission place (docs/protocol.md, "Admission")

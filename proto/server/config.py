@@ -45,6 +45,16 @@ class Settings:
     engine_connections: int = 1024  # the keep-alive pool: one connection per stream in flight
     resolve_hop_ms: float = 0.0  # modelled remote routing service (the hop the seed removed)
     safety_hop_ms: float = 0.0  # modelled remote safety classifier
+    # The safety rules, alike for every design (docs/lab.md, "Equal rules"): what the classifier sees —
+    # user (user messages only) | new (all new content: tool outputs too; an append pays what a create
+    # pays) | all (the whole input, history included) — and whether its hop runs before the prefill or
+    # beside it (the first token waits for whichever ends last, as async moderation does).
+    safety_classify: str = "new"
+    safety_placement: str = "before"
+    # Modelled store round trip, paid per store read a request's context makes (each link of a
+    # previous_response_id chain, a conversation, a GA WebSocket cache miss's chain): an in-process SQLite
+    # read is not what a networked store costs (docs/lab.md, "Profiles").
+    store_hop_ms: float = 0.0
     # Modelled per-request API cost of the HTTP modes (docs/lab.md, "Profiles"): vLLM 0.32's own /v1/responses
     # work
     # before its engine measured ~5 ms + ~1.7 ms per 1 k history tokens. Added on top of this server's real

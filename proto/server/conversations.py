@@ -129,7 +129,7 @@ class ConversationRoutes:
         as conversation items, their ids new to it (``existing``: the ids it has)."""
         work = WorkCounters()
         items = conv.decode_items(raw)
-        items = await resolve_references(self.pipeline, items, key, work, field="items")
+        items = await resolve_references(self.pipeline.store, items, key, work, field="items")
         stored = [conv.stored_item(item) for item in items]
         conv.check_new_ids(existing, stored, "items")
         return stored

@@ -137,6 +137,10 @@ class ResponseDriver:
         self._progress_due = (
             0.0  # time.monotonic() after which a streaming turn reports again: its first token does
         )
+        # The classifier's hops beside the prefill (``--safety-placement beside``, docs/lab.md, "Equal
+        # rules"): started as a turn's input is ingested, awaited before its first token leaves, cancelled
+        # on every way out of ``_sample``.
+        self._beside: list[asyncio.Task[None]] = []
 
     @property
     def response_id(self) -> str:
@@ -259,6 +263,37 @@ class ResponseDriver:
             log.warning("ledger.progress_refused", response_id=self.response_id, error=str(exc))
 
     async def _sample(self) -> None:
+        try:
+            self._classify_beside(self.prepared.beside_ms)
+            await self._steps()
+        finally:
+            for task in self._beside:
+                task.cancel()
+            self._beside.clear()
+
+    def _classify_beside(self, ms: float) -> None:
+        if ms > 0:
+            rollout = self.prepared.rollout
+            self._beside.append(asyncio.create_task(self.pipeline.beside(rollout, ms), name="safety-beside"))
+
+    async def _first_token(self) -> None:
+        """The turn's first token waits for the classifier running beside its prefill, if any."""
+        if not self._beside:
+            return
+        tasks, self._beside = self._beside, []
+        phases = self.prepared.rollout.pending_phases
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()  # a no-op once done; the way out when this wait was cancelled
+        waited = (time.perf_counter() - started) * 1e3
+        phases["safety_wait"] = phases.get("safety_wait", 0.0) + waited
+        lab = self.prepared.rollout.builder.lab
+        lab.phases_ms["safety_wait"] = lab.phases_ms.get("safety_wait", 0.0) + waited
+
+    async def _steps(self) -> None:
         rollout = self.prepared.rollout
         async with aclosing(sample(rollout)) as steps:
             reply: list[Item] | None = None
@@ -272,8 +307,10 @@ class ResponseDriver:
                 match step:
                     case Emit(events):
                         sampled = True
+                        await self._first_token()
                         await self._send(events)
                     case Wait(pacing, turn):
+                        await self._first_token()
                         await self._stream(pacing, turn)
                     case Boundary(final):
                         self._progress()  # a turn boundary: the turn before it is booked
@@ -355,7 +392,7 @@ class ResponseDriver:
 
     async def _ingest(self, items: list[Item]) -> list[Item]:
         if items:
-            await self.pipeline.ingest(self.prepared.rollout, items)
+            self._classify_beside(await self.pipeline.ingest(self.prepared.rollout, items))
         return items
 
     async def _persist(self, terminal: ServerEvent) -> ServerEvent:
@@ -368,9 +405,9 @@ class ResponseDriver:
         inputs = with_ids(self.prepared.rollout.input_items)  # one id, both copies
         try:
             if joins:
-                await append_response(self.pipeline, response, self.api_key_id, inputs)
+                await append_response(self.pipeline.conversations, response, self.api_key_id, inputs)
             if response.store:
-                await persist_response(self.pipeline, response, self.api_key_id, inputs)
+                await persist_response(self.pipeline.store, response, self.api_key_id, inputs)
         except Exception as exc:  # a store fault ends this response typed; the connection serves on
             log.warning("store.write_failed", response_id=builder.response.id, error=type(exc).__name__)
             return builder.failed("store_unavailable", f"the response could not be stored: {exc}")

@@ -2,13 +2,15 @@
 
     authenticate → parse + validate → safety scan → render + tokenize → resolve model → sample → bill
 
-What a transport *redoes* per turn is the transport's business (it decides what it hands to
-``prepare``); the stages themselves are here, once. Latency knobs (``resolve_hop_ms``, ``safety_hop_ms``,
-``api_cost_ms`` + ``api_cost_ms_per_1k``) model the remote services the seed removed and a real Python
-Responses server's own per-request work; they are 0 by default, documented in docs/lab.md, "Profiles",
-and slept on the precise clock (``sampler.clock.RealClock``) so a modelled 20 ms is 20 ms, not uvloop's
-nearest millisecond. The work a hop stands for is counted whatever its configured latency
-(``work.safety_hops``, ``work.model_resolutions``), so the lab's fast model can price any hop profile.
+What each design redoes per turn is its row in ``proto.server.designs`` (a transport hands ``prepare`` one
+``Context`` naming it); the stages themselves are here, once, and the safety rules (what the classifier
+sees, where its hop sits) are settings every design obeys alike (docs/lab.md, "Equal rules"). Latency
+knobs (``resolve_hop_ms``, ``safety_hop_ms``, ``store_hop_ms``, ``api_cost_ms`` + ``api_cost_ms_per_1k``)
+model the remote services the seed removed and a real Python Responses server's own per-request work;
+they are 0 by default, documented in docs/lab.md, "Profiles", and slept on the precise clock
+(``sampler.clock.RealClock``) so a modelled 20 ms is 20 ms, not uvloop's nearest millisecond. The work a
+hop stands for is counted whatever its configured latency (``work.safety_hops``,
+``work.model_resolutions``, ``work.store_reads``), so the lab's fast model can price any hop profile.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -44,11 +46,12 @@ from proto.core.items import (
     async_tool_names,
     message_text,
 )
-from proto.core.response import Mode, Response
+from proto.core.response import Response
 from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
 from proto.server.admission import Admission, Ticket
 from proto.server.config import Settings
+from proto.server.designs import Design
 from proto.server.metrics import PipelineMetrics
 from proto.server.stages.item_cache import ItemCache
 from proto.server.stages.safety import SafetyScanner
@@ -186,15 +189,59 @@ class Engines:
         return engine
 
 
+# Where a create's ``history`` came from: its safety scan depends on it. A stored chain and the connection's
+# previous response were classified when they were new; a conversation's items are classified with the input
+# (items may join a conversation through its own API).
+Source = Literal["none", "chain", "conversation", "connection"]
+Classify = Literal["user", "new", "all"]
+CLASSIFY: tuple[Classify, ...] = ("user", "new", "all")
+Placement = Literal["before", "beside"]
+PLACEMENTS: tuple[Placement, ...] = ("before", "beside")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a transport hands ``Pipeline.prepare`` for one response."""
+
+    response_id: str
+    request: CreateBody
+    design: Design  # the mode's row of ``proto.server.designs``
+    new_items: list[Item]  # what the request adds (HTTP without a chain: its whole input)
+    work: WorkCounters
+    phases: dict[str, float]  # the transport's own timed work so far (``store_load``)
+    history: list[Item] = field(default_factory=list)  # context it continues from, rendered before
+    source: Source = "none"
+    # A GA WebSocket cache hit: the previous response's rendering (only ``new_items`` are tokenized onto
+    # it; handed over, it is mutated) and its resolved engine (None: resolved again).
+    conversation: Conversation | None = None
+    gpu: Engine | None = None
+    api_key_id: str = ""  # the item cache's scope (``design.reuse == "item-cache"``)
+    # The caller's place in admission, taken before it touched state a refusal must leave as it was;
+    # without one, the response is admitted in ``prepare`` (docs/protocol.md, "Admission").
+    ticket: Ticket | None = None
+
+
 @dataclass
 class Prepared:
     rollout: Rollout
     gpu: Engine
     ticket: Ticket  # its place in admission: given back when the response ends (ResponseDriver.run)
+    # The classifier hop owed beside the first prefill (``--safety-placement beside``): the driver runs it
+    # as a task its first token waits for.
+    beside_ms: float = 0.0
 
 
 class Pipeline:
     def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+        # a bad rule fails at start-up (before anything is opened), not per request
+        if settings.safety_classify not in CLASSIFY:
+            raise ValueError(f"--safety-classify must be one of {CLASSIFY}, not {settings.safety_classify!r}")
+        if settings.safety_placement not in PLACEMENTS:
+            raise ValueError(
+                f"--safety-placement must be one of {PLACEMENTS}, not {settings.safety_placement!r}"
+            )
+        self.classify: Classify = settings.safety_classify
+        self.placement: Placement = settings.safety_placement
         self.settings = settings
         # The clock of the server's own limits (idle, age, tool and send timeouts): tests run them on
         # virtual time. The mock GPU keeps its own real clock.
@@ -223,19 +270,39 @@ class Pipeline:
         await self.store.aclose()
 
     # ---------------------------------------------------------------------------------- stages
+    def classified(self, items: list[Item], context: Sequence[Item], instructions: str | None) -> list[str]:
+        """The texts the classifier sees of a turn that adds ``items`` to ``context`` (what the response
+        holds already), under ``--safety-classify`` (docs/lab.md, "Equal rules"): ``user`` — the user
+        messages among ``items``; ``new`` — all of ``items`` (tool outputs too) and the instructions;
+        ``all`` — the whole input, ``context`` included."""
+        chosen: Sequence[Item]
+        if self.classify == "user":
+            chosen = [item for item in items if isinstance(item, Message) and item.role == "user"]
+        elif self.classify == "all":
+            chosen = [*context, *items]
+        else:
+            chosen = items
+        texts = [text for item in chosen for text in text_segments(item)]
+        if instructions and self.classify != "user":
+            texts.append(instructions)
+        return texts
+
     async def scan(
         self,
-        items: list[Item],
+        texts: list[str],
         work: WorkCounters,
         phases: dict[str, float],
-        instructions: str | None = None,
         cache_scope: str | None = None,
-    ) -> list[str]:
+    ) -> tuple[list[str], float]:
+        """``texts`` through the safety stage: the local rules (``content_policy`` when blocking), then the
+        remote classifier's hop when any text is new to it. Returns the rules found and the hop owed beside
+        the prefill (ms; 0 when it was paid here, before it)."""
+        if not texts:
+            return [], 0.0
         with timed(phases, "safety"):
-            texts = [text for item in items for text in text_segments(item)]
-            if instructions:
-                texts.append(instructions)
-            if cache_scope is None:
+            # Under ``all`` the classifier judges the whole input each turn: no verdict is per body, so
+            # the item cache does not stand in for it.
+            if cache_scope is None or self.classify == "all":
                 result = await off_loop(
                     sum(map(len, texts)), lambda: self.scanner.enforce(self.scanner.scan_many(texts))
                 )
@@ -244,10 +311,24 @@ class Pipeline:
             else:
                 result, remote = self.item_cache.scan(self.scanner, cache_scope, texts, work)
                 self.scanner.enforce(result)
+        owed = 0.0
         if remote:  # http-cached: texts the cache has classified already need no remote call
             work.safety_hops += 1
-            await knob(phases, "safety_hop", self.settings.safety_hop_ms)
-        return list(result.rules)
+            if self.placement == "beside":
+                owed = self.settings.safety_hop_ms
+            else:
+                await knob(phases, "safety_hop", self.settings.safety_hop_ms)
+        return list(result.rules), owed
+
+    async def beside(self, rollout: Rollout, ms: float) -> None:
+        """The classifier's hop beside the prefill (``--safety-placement beside``): run by the response's
+        driver as a task that its next turn's first token waits for; booked on that turn."""
+        phases: dict[str, float] = {}
+        await knob(phases, "safety_hop", ms)
+        for name, spent in phases.items():
+            rollout.pending_phases[name] = rollout.pending_phases.get(name, 0.0) + spent
+            lab = rollout.builder.lab
+            lab.phases_ms[name] = lab.phases_ms.get(name, 0.0) + spent
 
     async def resolve(
         self, model: str, work: WorkCounters, phases: dict[str, float], cache_scope: str | None = None
@@ -264,40 +345,25 @@ class Pipeline:
             self.item_cache.remember_model(cache_scope, model, gpu)
         return gpu
 
-    async def prepare(
-        self,
-        response_id: str,
-        request: CreateBody,
-        history: list[Item],
-        new_items: list[Item],
-        work: WorkCounters,
-        mode: Mode,
-        scan_history: bool,
-        phases: dict[str, float] | None = None,
-        conversation: Conversation | None = None,
-        gpu: Engine | None = None,
-        cache_scope: str | None = None,
-        ticket: Ticket | None = None,
-    ) -> Prepared:
-        """Pre-inference work for one response. ``history`` is context the response continues from
-        (a stored chain, or HTTP's re-sent items); only what the transport says is new is scanned unless
-        ``scan_history``. A GA WebSocket cache hit passes the previous response's ``conversation`` (its
-        rendered tokens: only ``new_items`` are tokenized onto it; the caller hands it over, it is
-        mutated) and its resolved ``gpu`` (no model resolution). ``cache_scope`` (``http-cached``: the API
-        key id) scans, tokenizes and resolves through the item cache (``proto/server/stages/item_cache.py``).
-        ``ticket``: the caller's place in admission, taken before it touched state a refusal must leave as
-        it was; without one, the response is admitted here (docs/protocol.md, "Admission").
-        """
-        phases = phases if phases is not None else {}
+    async def prepare(self, context: Context) -> Prepared:
+        """Pre-inference work for one response, as its design (``context.design``) says: the store round
+        trips its context cost, the safety stage on what ``--safety-classify`` selects, the model resolved
+        (unless a cache hit hands its engine over) on the engine the request's ``service_tier`` maps to
+        ("Service tiers"), the rendering (onto a cache hit's ``conversation``, or through the item cache),
+        the API cost, then admission unless the caller holds a ``ticket``."""
+        request, work, phases, design = context.request, context.work, context.phases, context.design
+        history, new_items = context.history, context.new_items
+        conversation, gpu, ticket = context.conversation, context.gpu, context.ticket
         served = serve(request.model, request.service_tier, self.engines.names())  # the tier's engine
         if ticket is None:
             self.admission.check(served.engine)
-        flags = await self.scan(
-            history + new_items if scan_history else new_items,
-            work,
-            phases,
-            request.instructions,
-            cache_scope,
+        # One modelled round trip per store read the context made (a chain's links, a conversation).
+        await knob(phases, "store_hop", self.settings.store_hop_ms * work.store_reads)
+        cache_scope = context.api_key_id if design.reuse == "item-cache" else None
+        held = conversation.items if conversation is not None else history
+        scanned = history + new_items if context.source == "conversation" else new_items
+        flags, beside_ms = await self.scan(
+            self.classified(scanned, held, request.instructions), work, phases, cache_scope
         )
         if gpu is None:
             gpu = await self.resolve(served.engine, work, phases, cache_scope)
@@ -325,9 +391,9 @@ class Pipeline:
                 lambda: texts,
                 functools.partial(render, conversation),
             )
-        await self.api_cost(mode, len(conversation.log), phases)
+        await self.api_cost(design, len(conversation.log), phases)
         request = configured(request, conversation.items)  # configuration_update items in effect
-        builder = ResponseBuilder(response_id, request, mode, work)
+        builder = ResponseBuilder(context.response_id, request, design.mode, work)
         builder.lab.safety_flags = flags
         builder.response.service_tier = served.tier
         script = script_source(conversation.items)
@@ -337,8 +403,8 @@ class Pipeline:
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
-            # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
-            sequence=gpu.open(keep_warm=mode == "longlived"),
+            # Only a design that resumes a response after a tool call pins its prefix.
+            sequence=gpu.open(keep_warm=design.keep_warm),
             policy=select_policy(
                 script,
                 self.settings.default_policy,
@@ -364,26 +430,28 @@ class Pipeline:
             except ClientError:
                 rollout.sequence.close()
                 raise
-        return Prepared(rollout, gpu, ticket)
+        return Prepared(rollout, gpu, ticket, beside_ms)
 
-    async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
+    async def api_cost(self, design: Design, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
         ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in docs/lab.md, "Profiles"),
-        paid by
-        every HTTP request: ``http`` and ``http-prev`` in full, ``http-cached`` the base only (its cache does
-        the per-token rendering vLLM spends that part on). The WebSocket modes never pay it: this is what a
-        per-request server costs, which is what they remove."""
-        if mode in ("http", "http-prev"):
+        as the design's row says: in full (``http``, ``http-prev``), the base only (``http-cached``: its
+        cache does the per-token rendering vLLM spends that part on), or not at all (the WebSocket designs:
+        this is what a per-request server costs, which is what they remove)."""
+        if design.api_cost == "full":
             ms = self.settings.api_cost_ms + self.settings.api_cost_ms_per_1k * history_tokens / 1000.0
-        elif mode == "http-cached":
+        elif design.api_cost == "base":
             ms = self.settings.api_cost_ms
         else:
             return
         await knob(phases, "api_cost", ms)
 
-    async def ingest(self, rollout: Rollout, items: list[Item]) -> None:
-        """Items appended to an open response: scanned, rendered and tokenized once, on arrival (when large,
-        the scan on a worker thread, ``off_loop``, and the tokenization a slice at a time, ``tokenized``)."""
+    async def ingest(self, rollout: Rollout, items: list[Item]) -> float:
+        """Items appended to an open response: through the safety stage under the same rules as a create
+        (an append of tool outputs pays the classifier's hop as a GA WebSocket create of them does), then
+        rendered and tokenized once, on arrival (when large, the scan on a worker thread, ``off_loop``, and
+        the tokenization a slice at a time, ``tokenized``). Returns the hop owed beside the next prefill
+        (ms; ``--safety-placement beside``)."""
         phases = rollout.pending_phases
         lab = rollout.builder.lab
         work = lab.work
@@ -391,12 +459,10 @@ class Pipeline:
             lab.input_positions = [0] * len(rollout.input_items)
         lab.input_positions.extend([len(rollout.builder.response.output)] * len(items))
         rollout.input_items.extend(items)
-        with timed(phases, "safety"):
-            texts = [text for item in items for text in text_segments(item)]
-            chars = sum(map(len, texts))
-            result = await off_loop(chars, lambda: self.scanner.enforce(self.scanner.scan_many(texts)))
-            work.chars_scanned += result.chars_scanned
-            rollout.builder.lab.safety_flags.extend(result.rules)
+        flags, owed = await self.scan(self.classified(items, rollout.conversation.items, None), work, phases)
+        lab.safety_flags.extend(flags)
+        texts = [text for item in items for text in text_segments(item)]
+        chars = sum(map(len, texts))
         with timed(phases, "render_tokenize"):
             await tokenized(
                 rollout.conversation.tokenizer,
@@ -406,6 +472,7 @@ class Pipeline:
             )
         for name, ms in phases.items():
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
+        return owed
 
     def bill(self, builder: ResponseBuilder, api_key_id: str, created: float) -> None:
         """Post-inference, once per response: one ledger row (written off the hot path)."""

@@ -16,8 +16,8 @@ from proto.core.errors import ClientError
 from proto.core.items import Item, ItemReference, item_id_of
 from proto.core.response import Response
 from proto.core.work import WorkCounters
-from proto.server.pipeline import Pipeline
 from proto.server.storage.database import Connection
+from proto.server.storage.store import ResponseStore
 
 _items_decoder = msgspec.json.Decoder(list[Item])
 _item_decoder = msgspec.json.Decoder(Item)
@@ -26,7 +26,7 @@ _encoder = msgspec.json.Encoder()
 
 
 async def persist_response(
-    pipeline: Pipeline,
+    store: ResponseStore,
     response: Response,
     api_key_id: str,
     input_items: list[Item],
@@ -42,7 +42,7 @@ async def persist_response(
         for item in (*inputs, *response.output)
         if (item_id := item_id_of(item))
     ]
-    await pipeline.store.put(
+    await store.put(
         response.id,
         api_key_id,
         _encoder.encode(response),
@@ -61,7 +61,7 @@ def with_ids(items: list[Item]) -> list[Item]:
 
 
 async def resolve_references(
-    pipeline: Pipeline,
+    store: ResponseStore,
     items: list[Item],
     api_key_id: str,
     work: WorkCounters,
@@ -74,7 +74,7 @@ async def resolve_references(
     wanted = [item.id for item in items if isinstance(item, ItemReference)]
     if not wanted:
         return items
-    found = await pipeline.store.find_items(wanted, api_key_id)
+    found = await store.find_items(wanted, api_key_id)
     resolved: list[Item] = []
     for index, item in enumerate(items):
         if not isinstance(item, ItemReference):
@@ -90,11 +90,11 @@ async def resolve_references(
 
 
 async def load_history(
-    pipeline: Pipeline, previous_response_id: str, api_key_id: str, work: WorkCounters
+    store: ResponseStore, previous_response_id: str, api_key_id: str, work: WorkCounters
 ) -> list[Item]:
     """The stored chain ending at ``previous_response_id`` as one item list: for each response, oldest
     first, its input items then its output items. ``previous_response_not_found`` when any link is gone."""
-    chain = await pipeline.store.chain(previous_response_id, api_key_id)
+    chain = await store.chain(previous_response_id, api_key_id)
     if chain is None:
         raise ClientError(
             "previous_response_not_found",

@@ -14,9 +14,8 @@ from proto.core.events import CreateBody
 from proto.core.items import Item, item_id_of
 from proto.core.response import Response
 from proto.core.work import WorkCounters
-from proto.server.pipeline import Pipeline
 from proto.server.stages.chain import interleave, load_history
-from proto.server.storage.conversations import ConversationMissing
+from proto.server.storage.conversations import ConversationMissing, ConversationStore
 
 log = structlog.get_logger("proto.server.conversation")
 _item_decoder = msgspec.json.Decoder(Item)
@@ -28,7 +27,7 @@ def not_found(conversation: str, param: str) -> ClientError:
 
 
 async def load_conversation(
-    pipeline: Pipeline,
+    conversations: ConversationStore,
     request: CreateBody,
     items: list[Item],
     api_key_id: str,
@@ -42,7 +41,7 @@ async def load_conversation(
     if wanted is None:
         return []
     try:
-        stored = await pipeline.conversations.items(wanted, api_key_id)
+        stored = await conversations.items(wanted, api_key_id)
     except ConversationMissing:
         raise not_found(wanted, f"{root}conversation") from None
     work.store_reads += 1
@@ -52,7 +51,7 @@ async def load_conversation(
 
 
 async def load_context(
-    pipeline: Pipeline,
+    conversations: ConversationStore,
     request: CreateBody,
     items: list[Item],
     api_key_id: str,
@@ -62,12 +61,12 @@ async def load_context(
     """The server-held history a create continues: its stored chain (``previous_response_id``), else its
     conversation's items (``load_conversation``: [] when it names neither)."""
     if request.previous_response_id is not None:
-        return await load_history(pipeline, request.previous_response_id, api_key_id, work)
-    return await load_conversation(pipeline, request, items, api_key_id, work, root)
+        return await load_history(conversations.store, request.previous_response_id, api_key_id, work)
+    return await load_conversation(conversations, request, items, api_key_id, work, root)
 
 
 async def append_response(
-    pipeline: Pipeline, response: Response, api_key_id: str, inputs: list[Item]
+    conversations: ConversationStore, response: Response, api_key_id: str, inputs: list[Item]
 ) -> None:
     """The response's input items (``inputs``, with the ids its stored copy has) and output items, in the
     order they entered its context, appended to its conversation (``ConversationMissing`` if it was
@@ -75,7 +74,7 @@ async def append_response(
     assert response.conversation is not None
     items = [stored_item(item) for item in interleave(inputs, response)]
     try:
-        await pipeline.conversations.append(response.conversation.id, api_key_id, encoded(items))
+        await conversations.append(response.conversation.id, api_key_id, encoded(items))
     except ConversationMissing:  # deleted while the response ran: nothing to join, the response stands
         log.warning("conversation.gone", response_id=response.id, conversation_id=response.conversation.id)
 

@@ -57,8 +57,17 @@ from proto.core.response import Mode
 from proto.core.work import WorkCounters
 from proto.server.auth import Auth, error_response
 from proto.server.background import BackgroundResponses, check_background, not_found, starting_after
+from proto.server.designs import DESIGNS
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, count_input_tokens, timed, typed_faults
+from proto.server.pipeline import (
+    Context,
+    Pipeline,
+    Prepared,
+    Source,
+    count_input_tokens,
+    timed,
+    typed_faults,
+)
 from proto.server.stages.chain import resolve_references
 from proto.server.stages.compact import compact_window
 from proto.server.stages.conversation import load_context
@@ -208,22 +217,26 @@ class HttpResponses:
         )
         phases: dict[str, float] = {}
         mode: Mode = "http-cached" if cached else "http"
+        source: Source = "none"
         if body.previous_response_id is not None or body.conversation is not None:
-            mode = "http-prev"  # server-held history: a stored chain or a conversation, scanned in full
+            mode = "http-prev"  # server-held history: a stored chain or a conversation
+            source = "chain" if body.previous_response_id is not None else "conversation"
         with timed(phases, "store_load"):
-            items = await resolve_references(self.pipeline, items, key, work)
-            history = await load_context(self.pipeline, body, items, key, work)
+            items = await resolve_references(self.pipeline.store, items, key, work)
+            history = await load_context(self.pipeline.conversations, body, items, key, work)
         check_outputs(history, items)
         return await self.pipeline.prepare(
-            new_response_id(),
-            body,
-            history,
-            items,
-            work,
-            mode,
-            scan_history=body.previous_response_id is None,
-            phases=phases,
-            cache_scope=key if mode == "http-cached" else None,
+            Context(
+                new_response_id(),
+                body,
+                DESIGNS[mode],
+                items,
+                work,
+                phases,
+                history=history,
+                source=source,
+                api_key_id=key,
+            )
         )
 
     def _stream(self, prepared: Prepared, key: str, created: float) -> Response:
@@ -359,8 +372,8 @@ class HttpResponses:
         items, work = validate_create(
             body, self.pipeline.engines.names(), self.limits, refuse_background=False
         )
-        items = await resolve_references(self.pipeline, items, key, work)
-        history = await load_context(self.pipeline, body, items, key, work)
+        items = await resolve_references(self.pipeline.store, items, key, work)
+        history = await load_context(self.pipeline.conversations, body, items, key, work)
         check_outputs(history, items)
         return history + items, work
 

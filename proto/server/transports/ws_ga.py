@@ -37,8 +37,9 @@ from proto.core.items import CALL_ITEMS, Item, Tool, item_type
 from proto.core.longlived import Cancel
 from proto.core.work import WorkCounters
 from proto.server.admission import Ticket
+from proto.server.designs import DESIGNS
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, timed, typed_faults
+from proto.server.pipeline import Context, Pipeline, Prepared, Source, timed, typed_faults
 from proto.server.stages.chain import load_history, resolve_references
 from proto.server.stages.conversation import load_conversation
 from proto.server.tiers import serve
@@ -239,31 +240,41 @@ class GaConnection(WebSocketConnection):
         previous = request.previous_response_id
         cached = self._cached_for(start.stream_id, previous, work)
         phases: dict[str, float] = {}
-        prepare = functools.partial(
-            self.pipeline.prepare, start.response_id, request, phases=phases, ticket=ticket
+        context = functools.partial(
+            Context,
+            start.response_id,
+            request,
+            DESIGNS["ws"],
+            work=work,
+            phases=phases,
+            api_key_id=self.api_key_id,
+            ticket=ticket,
         )
         with timed(phases, "store_load"):
-            items = await resolve_references(self.pipeline, start.items, self.api_key_id, work)
+            items = await resolve_references(self.pipeline.store, start.items, self.api_key_id, work)
         if previous is None:
             with timed(phases, "store_load"):  # a conversation is read from the store, never the cache
-                history = await load_conversation(self.pipeline, request, items, self.api_key_id, work)
+                history = await load_conversation(
+                    self.pipeline.conversations, request, items, self.api_key_id, work
+                )
             check_outputs(history, items)
-            return await prepare(history, items, work, "ws", scan_history=True)
+            source: Source = "conversation" if request.conversation is not None else "none"
+            return await self.pipeline.prepare(context(items, history=history, source=source))
         if cached is not None:
             check_outputs(cached.conversation.items, items)
             if cached.instructions == request.instructions and cached.tools == request.tools:
                 gpu = cached.gpu if cached.model == self._engine(request) else None
-                return await prepare(
-                    [], items, work, "ws", scan_history=False, conversation=cached.conversation, gpu=gpu
+                return await self.pipeline.prepare(
+                    context(items, source="connection", conversation=cached.conversation, gpu=gpu)
                 )
             # New instructions or tools head the prompt: the items are in memory, their rendering is not
             # reusable.
             history = list(cached.conversation.items)
-            return await prepare(history, items, work, "ws", scan_history=False)
+            return await self.pipeline.prepare(context(items, history=history, source="connection"))
         with timed(phases, "store_load"):
-            history = await load_history(self.pipeline, previous, self.api_key_id, work)
+            history = await load_history(self.pipeline.store, previous, self.api_key_id, work)
         check_outputs(history, items)
-        return await prepare(history, items, work, "ws", scan_history=False)
+        return await self.pipeline.prepare(context(items, history=history, source="chain"))
 
     def _engine(self, request: CreateBody) -> str:
         return serve(request.model, request.service_tier, self.pipeline.engines.names()).engine

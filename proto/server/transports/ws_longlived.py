@@ -27,8 +27,9 @@ from proto.core.errors import ClientError
 from proto.core.events import ServerEvent
 from proto.core.items import Item
 from proto.core.longlived import Action, Cancel, Close, EventLimits, LongLivedCore, OpenNext, Resume
+from proto.server.designs import DESIGNS
 from proto.server.driver import ResponseDriver
-from proto.server.pipeline import Pipeline, Prepared, typed_faults
+from proto.server.pipeline import Context, Pipeline, Prepared, Source, typed_faults
 from proto.server.stages.chain import resolve_references
 from proto.server.stages.conversation import load_context
 from proto.server.transports.timers import CLOSE_IDLE, IDLE_REASON, ConnectionTimers, deadline
@@ -155,21 +156,33 @@ class LongLivedConnection(WebSocketConnection):
             self.timers.touch(self.clock.now())
 
     async def _prepare(self, start: Start) -> Prepared:
-        items = await resolve_references(self.pipeline, start.items, self.api_key_id, start.work, root="$.")
+        request = start.request
+        items = await resolve_references(
+            self.pipeline.store, start.items, self.api_key_id, start.work, root="$."
+        )
         # A stored chain or a conversation's items are context, loaded and rendered once (docs/protocol.md,
         # "Conversations"), the conversation's scanned with the input.
         history = await load_context(
-            self.pipeline, start.request, items, self.api_key_id, start.work, root="$."
+            self.pipeline.conversations, request, items, self.api_key_id, start.work, root="$."
         )
         check_outputs(history, items, root="$.")
+        source: Source = "none"
+        if request.previous_response_id is not None:
+            source = "chain"
+        elif request.conversation is not None:
+            source = "conversation"
         return await self.pipeline.prepare(
-            start.response_id,
-            start.request,
-            history,
-            items,
-            start.work,
-            "longlived",
-            scan_history=start.request.conversation is not None,
+            Context(
+                start.response_id,
+                request,
+                DESIGNS["longlived"],
+                items,
+                start.work,
+                {},
+                history=history,
+                source=source,
+                api_key_id=self.api_key_id,
+            )
         )
 
     # --------------------------------------------------------------------------------- EventSink
