@@ -111,6 +111,7 @@ async def append_to_first_event(placement: str) -> tuple[float, dict[str, Any]]:
     return waited, first.data["response"]
 
 
+@pytest.mark.serial  # an upper bound on the real clock (250 ms of slack): run alone
 async def test_beside_the_prefill_the_first_token_waits_for_the_longer_not_the_sum() -> None:
     before, serial = await append_to_first_event("before")
     beside, overlapped = await append_to_first_event("beside")
