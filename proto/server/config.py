@@ -150,8 +150,21 @@ def _installed(module: str) -> bool:
 
 
 def check_bind(settings: Settings) -> None:
-    """An open server (no API keys) may only listen on loopback."""
+    """An open server (no API keys) may only listen on loopback; a key that is empty is no key."""
+    check_keys(settings.api_key)
     check_host(settings.host, bool(settings.api_key))
+
+
+def check_keys(keys: list[str]) -> None:
+    """An empty or blank API key is a configuration error, never a key: ``--api-key "$KEY"`` with ``KEY``
+    unset would otherwise count as keyed (the non-loopback guard passes) and match a blank bearer token
+    (docs/operations.md, "API keys")."""
+    for key in keys:
+        if not key.strip():
+            raise SystemExit(
+                f"refusing to start: --api-key (or RESPONSES_LAB_API_KEY) holds an empty key ({key!r});"
+                " give each key a value, or none to run open on loopback"
+            )
 
 
 def check_host(host: str, keyed: bool) -> None:
