@@ -78,7 +78,14 @@ async def test_every_emitted_event_is_written_before_the_response_is_stored(
         body = codec.decode_body(f'{{"model": "{MODEL}", "input": "Answer.\\n!tokens 3 !say all done"}}')
         work = WorkCounters()
         prepared = await pipeline.prepare(
-            "resp_flush", body, [], codec.decode_items(body.input), work, "http", scan_history=True
+            "resp_flush",
+            body,
+            [],
+            codec.decode_items(body.input),
+            work,
+            "http",
+            scan_history=True,
+            tenant="key",
         )
         terminal = await ResponseDriver(pipeline, prepared, transport, "key").run()
         assert type(terminal).__struct_config__.tag == "response.completed"

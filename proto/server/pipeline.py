@@ -270,6 +270,8 @@ class Pipeline:
         work: WorkCounters,
         mode: Mode,
         scan_history: bool,
+        *,
+        tenant: str,
         phases: dict[str, float] | None = None,
         conversation: Conversation | None = None,
         gpu: Engine | None = None,
@@ -283,7 +285,9 @@ class Pipeline:
         mutated) and its resolved ``gpu`` (no model resolution). ``cache_scope`` (``http-cached``: the API
         key id) scans, tokenizes and resolves through the item cache (``proto/server/stages/item_cache.py``).
         ``ticket``: the caller's place in admission, taken before it touched state a refusal must leave as
-        it was; without one, the response is admitted here (docs/protocol.md, "Admission").
+        it was; without one, the response is admitted here (docs/protocol.md, "Admission"). ``tenant``:
+        the caller's ``api_key_id``, the scope of the engine's prefix cache (docs/mock-gpu.md, "Prefix
+        cache per tenant"): another key's prompt never hits, so ``cached_tokens`` tells nothing about it.
         """
         phases = phases if phases is not None else {}
         if ticket is None:
@@ -332,7 +336,7 @@ class Pipeline:
             builder=builder,
             conversation=conversation,
             # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
-            sequence=gpu.open(keep_warm=mode == "longlived"),
+            sequence=gpu.open(keep_warm=mode == "longlived", salt=tenant),
             policy=select_policy(
                 script,
                 self.settings.default_policy,

@@ -222,6 +222,7 @@ class HttpResponses:
             work,
             mode,
             scan_history=body.previous_response_id is None,
+            tenant=key,
             phases=phases,
             cache_scope=key if mode == "http-cached" else None,
         )
