@@ -68,6 +68,7 @@ async def stream(
             WorkCounters(),
             "longlived",
             scan_history=False,
+            tenant="key",
         )
         if not paced:
             prepared.rollout.sequence = Unpaced(prepared.rollout.sequence)  # type: ignore[assignment]
@@ -177,6 +178,7 @@ async def test_a_cancel_that_lands_before_a_due_call_in_the_same_loop_turn_stops
             WorkCounters(),
             "longlived",
             scan_history=False,
+            tenant="key",
         )
         sink = Recording(1_000)
         task = asyncio.create_task(ResponseDriver(pipeline, prepared, sink, "key").run())
@@ -219,6 +221,7 @@ async def test_a_bug_on_the_timer_fails_the_response_in_its_task() -> None:
             WorkCounters(),
             "longlived",
             scan_history=False,
+            tenant="key",
         )
         terminal = await ResponseDriver(pipeline, prepared, Raising(1_000), "key").run()
         assert tag(terminal) == "response.failed"

@@ -42,7 +42,7 @@ from proto.core.items import (
     WebSearchTools,
     message_text,
 )
-from proto.core.response import Mode, Response
+from proto.core.response import Mode, Response, Usage
 from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
 from proto.server.admission import Admission, Ticket
@@ -290,7 +290,8 @@ class Pipeline:
         cache per tenant"): another key's prompt never hits, so ``cached_tokens`` tells nothing about it.
         """
         phases = phases if phases is not None else {}
-        if ticket is None:
+        if ticket is None:  # a caller with a ticket checked the ledger when it took it
+            self.check_ledger()
             self.admission.check(request.model)
         flags = await self.scan(
             history + new_items if scan_history else new_items,
@@ -364,6 +365,16 @@ class Pipeline:
                 raise
         return Prepared(rollout, gpu, ticket)
 
+    def check_ledger(self) -> None:
+        """No response starts while the ledger cannot write (docs/operations.md, "Databases"): refused at
+        the door, typed, on every transport — not served and left unbilled. Reads a flag; never waits."""
+        why = self.ledger.unwritable
+        if why is not None:
+            raise ClientError(
+                "ledger_unavailable",
+                f"usage cannot be recorded ({why}); no response is served until the database takes writes",
+            )
+
     async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
         ``--api-cost-ms-per-1k`` per 1 000 history tokens; vLLM 0.32's figures in docs/lab.md, "Profiles"),
@@ -405,10 +416,12 @@ class Pipeline:
         for name, ms in phases.items():
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
 
-    def bill(self, builder: ResponseBuilder, api_key_id: str, created: float) -> None:
-        """Post-inference, once per response: one ledger row (written off the hot path)."""
+    def bill(self, builder: ResponseBuilder, api_key_id: str, created: float, delivered: bool = True) -> None:
+        """Post-inference, once per response: one ledger row (written off the hot path). ``delivered``
+        False: the client got none of it (a JSON reply answered by an error body): the row records how it
+        ended, with no tokens (docs/decisions/0012-bill-what-was-delivered.md)."""
         response = builder.response
-        usage = builder.usage
+        usage = builder.usage if delivered else Usage()
         builder.lab.work.ledger_rows += 1
         self.totals.merge(builder.lab.work)
         self.metrics.observe(builder)

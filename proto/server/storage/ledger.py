@@ -42,6 +42,11 @@ Policies:
 - Duplicate ``response_id`` (billing a response twice is a bug): the row is refused by the primary key,
   the first row stays, ``duplicates`` counts it and the id is logged (``duplicate_ids`` keeps the last 100).
   A duplicate is not a write error: it is never retried.
+- A database that cannot take writes (read-only, disk full, I/O error, PostgreSQL gone: anything but a lock
+  held by another writer) is ``unwritable`` from the writer's first failed attempt to its first success
+  (it keeps retrying, so that is within ``retry_max`` of the cause going away); the server refuses new
+  responses meanwhile. A lock wait is not: the rows wait in the buffer and are written once it goes.
+  ``migrate`` writes at construction, so a database that cannot take writes fails ``UsageLedger()``.
 - Pending buffer full (``max_pending`` operations not yet durable: the disk has been failing or slow for a
   long time): the call raises ``LedgerFullError`` at once and ``overflow`` counts it. Nothing waits.
   A ``progress()`` coalesced into an update already pending never overflows.
@@ -378,6 +383,10 @@ class UsageLedger:
         self.duplicates = 0
         self.reconciled = 0
         self.duplicate_ids: deque[str] = deque(maxlen=100)
+        # Why the database cannot take writes now (read-only, disk full, I/O error, server gone): the
+        # writer's last attempt failed other than waiting on a lock; None once one succeeds. The server
+        # starts no response meanwhile (``ledger_unavailable``): nothing is served that could not be billed.
+        self.unwritable: str | None = None
 
     @property
     def owner(self) -> str:
@@ -524,6 +533,10 @@ class UsageLedger:
         attempts = 0
         while True:
             error = self._commit(self._inflight)
+            # A plain attribute store: the loop reads it without a lock (the GIL orders it).
+            self.unwritable = (
+                None if error is None or self._db.is_lock_wait(error) else self._db.describe(error)
+            )
             if error is None:
                 if attempts:
                     log.warning("ledger.write_recovered", attempts=attempts + 1, pending=self.pending)
