@@ -16,12 +16,13 @@ Two tables, three facts per response:
 At start-up, before serving, ``reconcile()`` turns every open row left by a dead process into a usage row
 with status ``incomplete``, reason ``server_crashed`` (the ``reason`` column, which for every other row holds
 the terminal event's ``incomplete_details.reason`` or error code) and the open row's last progress
-figures. Who is dead: on SQLite (one server
-process per database file) every other ledger object; on PostgreSQL (many servers, many hosts) a ledger
-whose database session has ended (each holds an advisory lock for as long as it lives: see
+figures. Who is dead: a ledger whose owner lock is free — on SQLite a ``flock`` on a file named after its
+owner id, on PostgreSQL (many servers, many hosts) an advisory lock held by its database session; each is
+held for as long as the ledger lives and released by the system when its process dies (see
 ``proto.server.storage.database``), so a server that starts never bills the responses another one is serving.
 
-Guarantees (one server process per SQLite file; any number of servers on one PostgreSQL database):
+Guarantees (one server process per SQLite file, enforced by the server's claim on it; any number of servers
+on one PostgreSQL database):
 - Never twice: the ``usage`` primary key refuses a second row for an id, whoever writes it, on whichever
   server (a retried batch, a buggy caller, ``reconcile()`` racing another server's).
 - A response whose ``record()`` returned is billed exactly once unless the process dies (or ``close()``'s
@@ -649,9 +650,8 @@ class UsageLedger:
         progress, else ``created_at``).
         Open rows that already have a usage row are deleted. Returns how many rows it billed.
 
-        Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``). Dead: on SQLite,
-        every open row not written by this ledger object is taken for a dead process's; on PostgreSQL,
-        only those of ledgers whose database session has ended (a live server's are left alone). One
+        Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``). Dead: only the
+        owners whose lock is free (a live ledger's rows, in this process or another, are left alone). One
         reconcile runs at a time on a database, whichever server calls it. Retries a busy database up to
         ``timeout`` seconds, then raises ``LedgerError``."""
         deadline = time.monotonic() + timeout
