@@ -1,4 +1,4 @@
-"""An empty key is no key (docs/operations.md, "API keys"): refused at start-up, on the command line and in
+"""An empty key is no key (docs/operations.md, "Security"): refused at start-up, on the command line and in
 the environment alike, so that ``--api-key "$KEY"`` with ``KEY`` unset cannot open a public bind; and a
 blank bearer token is never a match, on any route or the WebSocket upgrade."""
 

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import MODEL, clean_env, cli_command, create, outputs, running, serve_process, until
+from helpers import MODEL, clean_env, cli_command, create, outputs, running, serve_process, state, until
 from websockets.asyncio.client import connect
 
 from proto.core.events import TERMINAL_TYPES
@@ -27,6 +27,25 @@ def test_a_second_server_in_process_on_the_same_file_is_refused(tmp_path: Path) 
         pass
     with running(db=db):  # the first one stopped: its claim went with it
         pass
+
+
+async def test_servers_sharing_a_file_on_purpose_never_bill_each_others_live_responses(
+    tmp_path: Path,
+) -> None:
+    """``--db-shared`` (the lab's reconnect pairs): no claim, and the second server's start-up reconcile
+    leaves the first one's suspended response alone; it ends and is billed as it ended."""
+    db = str(tmp_path / "lab.db")
+    with running(db=db) as first:
+        async with connect(first.url + "?protocol=longlived") as ws:
+            await ws.send(json.dumps(create()))
+            done = (await until(ws, {"response.done"}))[-1]
+            with running(db=db, db_shared=True) as second:
+                assert state(second).pipeline.ledger.reconciled == 0
+            await ws.send(json.dumps({"type": "response.append", "input": outputs(done["pending_calls"])}))
+            assert (await until(ws, TERMINAL_TYPES))[-1]["type"] == "response.completed"
+        ledger = state(first).pipeline.ledger
+        await asyncio.to_thread(ledger.flush)
+        assert [(row.status, row.reason) for row in ledger.rows()] == [("completed", "")]
 
 
 def test_reconcile_leaves_a_live_ledgers_rows_alone(tmp_path: Path) -> None:

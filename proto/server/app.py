@@ -198,7 +198,7 @@ def create_app(
     refused (``DatabaseInUse``) before it touches it (docs/operations.md, "Databases")."""
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
-    claim = claim_file(settings.db) if reconcile else None
+    claim = claim_file(settings.db) if reconcile and not settings.db_shared else None
     try:
         server = Server(settings, clock)
     except BaseException:

@@ -53,7 +53,7 @@ def serve_workers(settings: Settings) -> None:
     # One server per SQLite file: this supervisor claims it for its workers, before it starts anything,
     # and holds it for as long as it runs (docs/operations.md, "Databases").
     with start_up_refusals():
-        claim = claim_file(settings.db)
+        claim = None if settings.db_shared else claim_file(settings.db)
     engine = None
     try:
         if not settings.engine:
