@@ -801,7 +801,7 @@ async def round_of_chaos(seed: int, sizes: Sizes, workdir: Path | None = None) -
                 ("load", lambda book, rng: load(target, book, rng, sizes.load_rollouts)),
                 ("db_lock", lambda book, rng: db_lock(target, book, rng, sizes.lock_rollouts)),
                 ("crash", lambda book, rng: crash(target, book, rng)),
-                *chaos_store.scenarios(target, sizes.lock_rollouts),
+                *chaos_store.scenarios(target, sizes.lock_rollouts, BUSY_S),
             ]
             for name, scenario in scenarios:
                 rng = random.Random(f"{seed}:{name}")

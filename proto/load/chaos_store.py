@@ -26,32 +26,62 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import httpx
 from websockets.asyncio.client import connect
 
+from proto.client import messages
+from proto.client.frames import decode, encode
 from proto.core.events import TERMINAL_TYPES
 from proto.processes import ChildServer
 
-if TYPE_CHECKING:
-    from proto.load.chaos import Book, Target
 
-Scenario = Callable[["Book", random.Random], Awaitable[None]]
+class Book(Protocol):
+    """What these scenarios record in ``proto.load.chaos.Book`` (not imported: chaos imports this)."""
+
+    cases: int
+    blind: int
+
+    def answered(self, how: str) -> None: ...
+
+    def violate(self, what: str) -> None: ...
+
+    def note(self, transport: str, event: dict[str, Any], current: str | None) -> str | None: ...
+
+
+class Target(Protocol):
+    """What they use of ``proto.load.chaos.Target``: its database file and its server."""
+
+    db: Path
+
+    @property
+    def child(self) -> ChildServer: ...
+
+
+Scenario = Callable[[Any, random.Random], Awaitable[None]]
+FAST = "mock-4000tps"  # the chaos target overrides it to a 1 ms prefill
+TOOLS = [{"type": "function", "name": "grep"}]
+GUARD = 15.0  # seconds: against a hang only
 KEY = "sk-chaos-0123456789abcdef"
 BLANK_TOKENS = ("Bearer ", "Bearer  ", "Bearer \t", "Bearer \xa0", "bearer \xa0 \xa0")
 ROUTES = (("POST", "/v1/responses"), ("GET", "/v1/models"), ("GET", "/healthz"), ("GET", "/v1/responses/r"))
 START_S = 60.0  # a refused start ends in about a second; one still running after this started
 
 
-def scenarios(target: Target, burst: int) -> list[tuple[str, Scenario]]:
-    """This module's scenarios, bound to ``target`` (``burst``: stored creates behind the lock)."""
+def scenarios(target: Target, burst: int, busy_s: float) -> list[tuple[str, Scenario]]:
+    """This module's scenarios, bound to ``target`` (``burst``: stored creates behind the lock;
+    ``busy_s``: the target's ``--db-busy-timeout-s``)."""
     return [
         ("blank_keys", lambda book, rng: blank_keys(book, rng)),
         ("second_server", lambda book, rng: second_server(target, book, rng)),
         ("read_only", lambda book, rng: read_only(target, book, rng)),
-        ("db_locked", lambda book, rng: db_locked(target, book, rng, burst)),
+        ("db_locked", lambda book, rng: db_locked(target, book, rng, burst, busy_s)),
     ]
+
+
+def body(script: str, **fields: Any) -> dict[str, Any]:
+    return messages.body(FAST, [messages.user_message(script)], tools=TOOLS, **fields)
 
 
 async def refused_start(book: Book, what: str, flags: list[str], env: dict[str, str], expect: str) -> None:
@@ -132,21 +162,30 @@ async def _expect(
 
 # ------------------------------------------------------------------------------------------- second server
 async def second_server(target: Target, book: Book, rng: random.Random) -> None:
-    from proto.load.chaos import CALLS, create, frame_text, outputs, ws_until, ws_url
-
-    stops = TERMINAL_TYPES | {"response.done"}
-    async with connect(ws_url(target, "longlived"), max_size=None) as ws:
-        await ws.send(create(CALLS))
-        last, current = await ws_until(ws, book, "longlived", stops)
+    calls = 'Work.\n!call grep {"q": 1}\n!tokens 20 !say done'
+    async with connect(target.child.ws_url + "?protocol=longlived", max_size=None) as ws:
+        await ws.send(encode(messages.create(body(calls))).decode())
+        last, current = await _until_end(ws, book, None)
         await refused_start(
             book, "a second server on the file", ["--db", str(target.db)], _env(), "another live process"
         )
         while last.get("type") == "response.done":  # the response a second server would bill crashed
-            append = {"type": "response.append", "input": outputs(last.get("pending_calls", []))}
-            await ws.send(frame_text(append))
-            last, current = await ws_until(ws, book, "longlived", stops, current)
+            answers = [
+                messages.function_call_output(c["call_id"], "ok") for c in last.get("pending_calls", [])
+            ]
+            await ws.send(encode({"type": "response.append", "input": answers}).decode())
+            last, current = await _until_end(ws, book, current)
         if last.get("type") != "response.completed":
             book.violate(f"second_server: the first server's response ended {last}")
+
+
+async def _until_end(ws: Any, book: Book, current: str | None) -> tuple[dict[str, Any], str | None]:
+    """Frames into ``book`` up to a suspension, a terminal event or an error; the last one."""
+    while True:
+        event: dict[str, Any] = decode(await asyncio.wait_for(ws.recv(decode=False), GUARD))
+        current = book.note("longlived", event, current)
+        if event.get("type") in TERMINAL_TYPES | {"response.done", "error"}:
+            return event, current
 
 
 # ------------------------------------------------------------------------------------------- read-only
@@ -177,14 +216,12 @@ def _chattr(path: Path, flag: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- locked
-async def db_locked(target: Target, book: Book, rng: random.Random, burst: int) -> None:
-    from proto.load.chaos import BUSY_S, FAST, GUARD, body
-
+async def db_locked(target: Target, book: Book, rng: random.Random, burst: int, busy_s: float) -> None:
     async with httpx.AsyncClient(base_url=target.child.http_url, timeout=GUARD) as http:
 
         async def one(store: bool) -> tuple[float, int, str]:
             started = time.monotonic()
-            reply = await http.post("/v1/responses", json=body("!say stored", FAST, store=store))
+            reply = await http.post("/v1/responses", json=body("!say stored", store=store))
             code = reply.json().get("error", {}).get("code", "") if reply.status_code != 200 else ""
             if reply.status_code == 200:
                 book.note("json", {"type": "response.completed", "response": reply.json()}, None)
@@ -204,10 +241,10 @@ async def db_locked(target: Target, book: Book, rng: random.Random, burst: int) 
             if (status, code) != (503, "store_unavailable"):
                 book.violate(f"db_locked: a stored create answered {status} {code}")
         slowest = max(elapsed for elapsed, _, _ in results)
-        # Each waits at most its own busy timeout; one after another would be burst x BUSY_S.
-        if slowest > floor + 2 * BUSY_S + 0.25:
+        # Each waits at most its own busy timeout; one after another would be burst x busy_s.
+        if slowest > floor + 2 * busy_s + 0.25:
             book.violate(
                 f"db_locked: the slowest of {burst} refusals took {slowest:.2f} s (unlocked burst "
-                f"{floor:.2f} s, busy timeout {BUSY_S} s): the waits add up"
+                f"{floor:.2f} s, busy timeout {busy_s} s): the waits add up"
             )
         book.answered(f"slowest {slowest:.2f} s vs floor {floor:.2f} s")
