@@ -132,8 +132,9 @@ class PacedSequence(Protocol):
 
 
 class Engine(Protocol):
-    def open(self, keep_warm: bool = True) -> EngineSequence:
+    def open(self, keep_warm: bool = True, salt: str = "") -> EngineSequence:
         """A sequence for one response. ``keep_warm``: the response may resume after a tool call, so its
         prefix is worth holding between turns (an engine in another process is asked to pin it; the
-        in-process mock GPU holds it anyway, as its ``pin-suspended`` knob says)."""
+        in-process mock GPU holds it anyway, as its ``pin-suspended`` knob says). ``salt``: its tenant;
+        cached prefixes are shared only between sequences of one salt (vLLM's ``cache_salt``)."""
         ...

@@ -33,7 +33,7 @@ from typing import cast
 from sampler.batch import BatchSlots
 from sampler.clock import Clock, RealClock, Timer
 from sampler.engine import EngineFailure, EngineReport, Pacing
-from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, tokens_from
+from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, salt_key, tokens_from
 from sampler.models import ModelLimits, ModelSpec, check_prompt
 from sampler.timing import Timing
 
@@ -88,10 +88,11 @@ class MockGPU:
             steps.append(steps[-1] + self.timing.itl_s(self.slots.running))
         return steps[bisect.bisect_left(steps, at)]
 
-    def open(self, keep_warm: bool = True) -> GpuSequence:
+    def open(self, keep_warm: bool = True, salt: str = "") -> GpuSequence:
         """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
-        holds its blocks between turns anyway, as ``pin-suspended`` says."""
-        return GpuSequence(self)
+        holds its blocks between turns anyway, as ``pin-suspended`` says. ``salt``: the tenant's cache
+        scope (docs/mock-gpu.md, "Prefix cache per tenant")."""
+        return GpuSequence(self, salt_key(salt))
 
     def metrics(self) -> dict[str, float]:
         c = self.cache
@@ -108,8 +109,9 @@ class MockGPU:
 
 
 class GpuSequence:
-    def __init__(self, gpu: MockGPU) -> None:
+    def __init__(self, gpu: MockGPU, seed: BlockKey = 0) -> None:
         self._gpu = gpu
+        self._seed = seed  # the tenant's salt: the parent of the chain's first block
         self.last_report: EngineReport | None = None
         # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
         # output so far): what a turn cut short still bills. Reset when the next turn starts.
@@ -265,7 +267,7 @@ class GpuSequence:
             self._stale.extend(keys[reuse : self._held])
             self._held = reuse
         del keys[reuse:]
-        keys.extend(chain_keys(tokens_from(prompt, reuse * bs), bs, keys[-1] if reuse else 0))
+        keys.extend(chain_keys(tokens_from(prompt, reuse * bs), bs, keys[-1] if reuse else self._seed))
         if isinstance(prompt, Prompt):
             self._anchor, self._anchor_length, self._anchor_rewrites = (
                 prompt.log,
@@ -283,7 +285,7 @@ class GpuSequence:
         bs, cache, keys = self._gpu.spec.block_size, self._gpu.cache, self._keys
         rest = tokens_from(prompt_ids, len(keys) * bs)  # the prompt's last, partial block
         rest.extend(output_ids)
-        keys.extend(chain_keys(rest, bs, keys[-1] if keys else 0))
+        keys.extend(chain_keys(rest, bs, keys[-1] if keys else self._seed))
         if self._anchor is not None:
             self._tail.extend(output_ids)
         # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0.

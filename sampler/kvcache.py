@@ -8,6 +8,7 @@ block pinned) still runs, it just leaves nothing behind — we do not model pree
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from array import array
 from collections import OrderedDict
@@ -15,6 +16,16 @@ from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 from typing import overload
 
 BlockKey = int
+
+
+def salt_key(salt: str) -> BlockKey:
+    """The parent of a prompt's first block for a tenant: the key chain starts from it, so two tenants
+    never share a block (vLLM's ``cache_salt``, mixed into its first block's hash: docs/mock-gpu.md,
+    "Prefix cache per tenant"). ``""``: unsalted, the chain starts from 0 as before. blake2b, not
+    ``hash()``: a str's hash changes per process, and an engine in another process must agree."""
+    if not salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def block_keys(tokens: Sequence[int], block_size: int, known: Sequence[BlockKey] = ()) -> list[BlockKey]:

@@ -5,6 +5,7 @@ leaves a live server's responses alone."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -222,16 +223,18 @@ def test_reconcile_bills_abandoned_open_rows_incomplete_with_their_last_progress
     restarted.started("resp_mine", "key_a", "m", "ws", 1e9 + 3)  # this ledger's own open row is never billed
     restarted.start()
     restarted.flush()
-    if backend.server is not None:
-        # Many servers share PostgreSQL: while `crashed` lives (its session holds its lock), its
-        # responses are another server's in flight and stay open. Its session ending is its death.
-        assert restarted.reconcile() == 0 and len(restarted.open_responses()) == 3
+    # While `crashed` lives (it holds its owner lock), its responses are another server's in flight and
+    # stay open; the lock's release is its death.
+    assert restarted.reconcile() == 0 and len(restarted.open_responses()) == 3
+    if backend.server is not None:  # PostgreSQL: its session ends
         with backend.server.connect() as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
                 (f"responses-lab owner {crashed._owner} %",),
             )
         backend.server.wait_owner_gone(crashed._owner)
+    else:  # SQLite: its file lock goes, as the kernel drops it when a process dies
+        fcntl.flock(crashed._db._owner_held[1], fcntl.LOCK_UN)  # type: ignore[attr-defined]
     with capture_logs() as logs:
         assert restarted.reconcile() == 2
     assert restarted.reconciled == 2 and restarted.rows_written == 2
@@ -348,6 +351,7 @@ async def test_metrics_export_the_ledger_counters(path: str) -> None:
         if m.name.startswith("responses_lab_ledger")
     }  # type: ignore[arg-type]
     assert values == {
+        "responses_lab_ledger_unwritable": 0,
         "responses_lab_ledger_rows_written": 0,
         "responses_lab_ledger_rows_retried": 0,
         "responses_lab_ledger_pending": 1,

@@ -65,7 +65,8 @@ async def test_a_read_does_not_wait_behind_a_write_stuck_on_a_lock(path: str, lo
     store = ResponseStore(path, busy_timeout=GUARD)  # the stuck write waits until the lock goes
     await store.put("resp_1", KEY, *payload("resp_1"), None, "m")
     stuck = threading.Event()
-    store._db.trace = lambda sql: stuck.set() if "INSERT" in sql else None
+    # The writer waits for the lock at its transaction's start (every store write runs in one).
+    store._db.trace = lambda sql: stuck.set() if sql == "BEGIN IMMEDIATE" or "INSERT" in sql else None
     holder = lock()
     put = asyncio.create_task(store.put("resp_2", KEY, *payload("resp_2"), "resp_1", "m"))
     assert await asyncio.to_thread(stuck.wait, GUARD)  # the writer is at its INSERT, waiting on the lock

@@ -111,6 +111,13 @@ async def test_a_database_locked_past_the_busy_timeout_fails_each_response_typed
         for response_id in failed:
             assert (rows[response_id].status, rows[response_id].reason) == ("failed", "store_unavailable")
         assert sum(row.reason == "store_unavailable" for row in rows.values()) == 4  # the JSON one too
+        # Bill what was delivered (docs/decisions/0012-bill-what-was-delivered.md): the streams were read
+        # to their failure, the JSON client got a 503 body and none of the response, so no token.
+        (json_row,) = [
+            r for r in rows.values() if r.reason == "store_unavailable" and r.response_id not in failed
+        ]
+        assert (json_row.status, json_row.input_tokens, json_row.output_tokens) == ("failed", 0, 0), json_row
+        assert all(rows[response_id].output_tokens > 0 for response_id in failed)
         for terminal in served:
             assert rows[terminal["response"]["id"]].status == "completed"
 

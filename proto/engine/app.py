@@ -107,6 +107,7 @@ class Lease:
     expires_at: float
     busy: bool = False  # a request is running on it
     deleted: bool = False  # DELETE came while it was busy: the running request must not pin it again
+    salt: str = ""  # its cache_salt: a later request on it must send the same
 
 
 class MockEngine:
@@ -171,11 +172,12 @@ class MockEngine:
 
     def sequence_for(self, request: CompletionRequest, gpu: MockGPU) -> tuple[GpuSequence, Lease | None]:
         lab = request.responses_lab
+        salt = request.cache_salt or ""
         if lab is None or lab.sequence_id is None:
-            return gpu.open(), None
+            return gpu.open(salt=salt), None
         lease = self.leases.get(lab.sequence_id)
         if lease is None:
-            lease = self.leases[lab.sequence_id] = Lease(request.model, gpu.open(), 0.0)
+            lease = self.leases[lab.sequence_id] = Lease(request.model, gpu.open(salt=salt), 0.0, salt=salt)
         else:
             self.check_lease(request)
         lease.busy = True
@@ -191,6 +193,8 @@ class MockEngine:
             raise RequestError(
                 400, f"sequence {sid!r} belongs to model {lease.model!r}", "responses_lab.sequence_id"
             )
+        if lease.salt != (request.cache_salt or ""):  # its blocks are another tenant's
+            raise RequestError(400, f"sequence {sid!r} belongs to another cache_salt", "cache_salt")
         if lease.busy:
             raise RequestError(409, f"sequence {sid!r} has a request running", "responses_lab.sequence_id")
 

@@ -234,9 +234,13 @@ class RemoteModel:
         self.limits = limits or ModelLimits()
         self.capacity = capacity
 
-    def open(self, keep_warm: bool = True) -> RemoteSequence:
+    def open(self, keep_warm: bool = True, salt: str = "") -> RemoteSequence:
         return RemoteSequence(
-            self.engine, self.name, pin=keep_warm and self.engine.lab_extension, limits=self.limits
+            self.engine,
+            self.name,
+            pin=keep_warm and self.engine.lab_extension,
+            limits=self.limits,
+            salt=salt,
         )
 
 
@@ -244,11 +248,17 @@ class RemoteSequence:
     """One response's turns on the engine: ``sampler.engine.EngineSequence``."""
 
     def __init__(
-        self, engine: RemoteEngine, model: str, pin: bool, limits: ModelLimits | None = None
+        self,
+        engine: RemoteEngine,
+        model: str,
+        pin: bool,
+        limits: ModelLimits | None = None,
+        salt: str = "",
     ) -> None:
         self.engine = engine
         self.model = model
         self.pin = pin
+        self.salt = salt  # vLLM's cache_salt: sent with every turn, omitted when empty
         self.limits = limits or ModelLimits()
         self.sequence_id = "seq_" + secrets.token_hex(12)
         self.last_report: EngineReport | None = None
@@ -374,6 +384,7 @@ class RemoteSequence:
             # that cost is part of its hop.
             stream_options=StreamOptions(include_usage=True),
             return_token_ids=True,
+            cache_salt=self.salt or None,
             responses_lab=lab,
         )
         return _encode(request)

@@ -8,7 +8,7 @@ import uvicorn
 
 from proto.engine.app import create_engine_app
 from proto.helpfmt import HelpFormatter
-from proto.server.config import check_host, resolve_http, resolve_loop
+from proto.server.config import check_host, check_keys, resolve_http, resolve_loop
 from proto.server.logs import configure
 from sampler.overrides import model_specs
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
+    check_keys([args.api_key] if args.api_key is not None else [])
     check_host(args.host, bool(args.api_key))
     configure(args.log_level)
     try:

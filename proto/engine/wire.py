@@ -53,6 +53,9 @@ class CompletionRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = None
+    # vLLM's per-request prefix-cache scope: cached blocks are shared only between requests of one salt
+    # (an API tier sends its tenant's; absent: the shared, unsalted cache, as before).
+    cache_salt: str | None = None
     responses_lab: LabRequest | None = None
 
 

@@ -230,6 +230,8 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
                 shared = pairs > 1 or config.workers > 1
                 db = config.db or (f"{scratch}/{name}.sqlite3" if shared else ":memory:")
                 flags = server_flags(profile_named(name), config, engine_url)
+                if pairs > 1 or config.db:  # several of its servers on one file, on purpose
+                    flags.append("--db-shared")
                 started.append([ChildServer(flags, api_key=config.api_key, db=db) for _ in range(pairs)])
             for group in started:
                 for server in group:

@@ -13,7 +13,8 @@ Scenarios:
 * ``load`` — concurrent multi-turn rollouts over every transport on a model with injected engine failures
   (``--model-override NAME:fail-rate=…``);
 * ``db_lock`` — the database locked past the busy timeout while rollouts store their responses;
-* ``crash`` — SIGKILL with responses in flight on every transport, a restart on the same file.
+* ``crash`` — SIGKILL with responses in flight on every transport, a restart on the same file;
+* credentials and the database file (blank keys, a second server, read-only, locked): ``chaos_store``.
 
 Invariants, after each scenario, read from ``/metrics`` and the database file:
 
@@ -53,6 +54,7 @@ from proto.client.http import HttpClient
 from proto.core.errors import ERROR_CODES
 from proto.core.events import TERMINAL_TYPES
 from proto.helpfmt import HelpFormatter
+from proto.load import chaos_store
 from proto.processes import ChildServer
 from sampler.tokens import Tokenizer
 
@@ -800,6 +802,7 @@ async def round_of_chaos(seed: int, sizes: Sizes, workdir: Path | None = None) -
                 ("load", lambda book, rng: load(target, book, rng, sizes.load_rollouts)),
                 ("db_lock", lambda book, rng: db_lock(target, book, rng, sizes.lock_rollouts)),
                 ("crash", lambda book, rng: crash(target, book, rng)),
+                *chaos_store.scenarios(target, sizes.lock_rollouts, BUSY_S),
             ]
             for name, scenario in scenarios:
                 rng = random.Random(f"{seed}:{name}")
@@ -856,7 +859,7 @@ async def rounds_for(minutes: float, seed: int, sizes: Sizes) -> list[Outcome]:
     round_seed = seed
     while True:
         outcomes += await round_of_chaos(round_seed, sizes)
-        print(table(outcomes[-5:]), flush=True)
+        print(table([o for o in outcomes if o.seed == round_seed]), flush=True)
         round_seed += 1
         if time.monotonic() >= deadline:
             return outcomes
@@ -895,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     outcomes = asyncio.run(rounds_for(args.minutes, args.seed, Sizes() if args.short else Sizes.long()))
-    print(f"\n{len(outcomes) // 5} rounds in {time.monotonic() - started:.0f} s")
+    print(f"\n{len({o.seed for o in outcomes})} rounds in {time.monotonic() - started:.0f} s")
     print(totals(outcomes))
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1))

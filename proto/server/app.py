@@ -28,6 +28,7 @@ from proto.server.logs import configure as configure_logs
 from proto.server.model_list import models_list
 from proto.server.pipeline import Pipeline
 from proto.server.stages.item_cache import ItemCache
+from proto.server.storage.database import claim_file
 from proto.server.transports.http import HttpResponses
 from proto.server.transports.websocket import SHUTDOWN
 from proto.server.transports.ws_ga import GaConnection
@@ -110,6 +111,11 @@ class ServerCollector(Collector):
         )
         ledger = pipeline.ledger
         yield GaugeMetricFamily(
+            "responses_lab_ledger_unwritable",
+            "1 while the database refuses the ledger's writes (new responses: ledger_unavailable)",
+            value=int(ledger.unwritable is not None),
+        )
+        yield GaugeMetricFamily(
             "responses_lab_ledger_rows_written", "usage rows written", value=ledger.rows_written
         )
         yield GaugeMetricFamily(
@@ -187,10 +193,18 @@ def create_app(
     ``FakeClock`` to run them on virtual time. ``reconcile``: bill, before serving, the responses a dead
     process left open in the ledger (on SQLite one process per database does it: ``--workers N``
     reconciles in the parent, before the workers start, never in a worker — it would bill its live
-    siblings' responses; on PostgreSQL every worker does, as it knows who is alive)."""
+    siblings' responses; on PostgreSQL every worker does, as it knows who is alive). The app that
+    reconciles a SQLite file claims it first, for as long as it runs: a second server on the same file is
+    refused (``DatabaseInUse``) before it touches it (docs/operations.md, "Databases")."""
     settings = settings or Settings()
     configure_logs(settings.log_level)  # before anything logs: JSON lines, redacted, at this level
-    server = Server(settings, clock)
+    claim = claim_file(settings.db) if reconcile and not settings.db_shared else None
+    try:
+        server = Server(settings, clock)
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
     server.pipeline.metrics.registry.register(ServerCollector(server))
     server.pipeline.metrics.registry.register(ItemCacheCollector(server.pipeline.item_cache))
     server.pipeline.metrics.registry.register(AdmissionCollector(server.pipeline.admission))
@@ -205,6 +219,8 @@ def create_app(
             yield
         finally:
             await server.pipeline.aclose()
+            if claim is not None:
+                claim.release()  # last: every write of this server is done
 
     async def responses_ws(ws: WebSocket) -> None:
         key_id = server.auth.identify(ws.headers)

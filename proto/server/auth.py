@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proto.core.errors import ClientError, HttpErrorEnvelope, retry_headers
+from proto.server.config import check_keys
 from proto.server.storage.ledger import fingerprint_api_key
 
 KeyedEndpoint = Callable[[Request, str], Awaitable[Response]]
@@ -33,7 +34,8 @@ def unauthorized() -> ClientError:
 
 class Auth:
     def __init__(self, keys: list[str]) -> None:
-        self._keys = [key.encode() for key in keys]
+        check_keys(keys)  # a blank key would match a blank token: refused before anything serves
+        self._keys = [key.strip().encode() for key in keys]
 
     @property
     def open(self) -> bool:
@@ -43,15 +45,16 @@ class Auth:
         """The caller's ``api_key_id`` (a fingerprint, never the key), or None when refused."""
         if self.open:
             return fingerprint_api_key(None)
-        scheme, _, token = headers.get("authorization", "").partition(" ")
+        scheme, _, raw = headers.get("authorization", "").partition(" ")
+        token = raw.strip()  # stripped before the emptiness check: a blank token is no token
         if scheme.lower() != "bearer" or not token:
             return None
-        given = token.strip().encode()
+        given = token.encode()
         # Compare against every key in constant time: no early exit that leaks which prefix matched.
         matched = False
         for key in self._keys:
             matched |= hmac.compare_digest(given, key)
-        return fingerprint_api_key(token.strip()) if matched else None
+        return fingerprint_api_key(token) if matched else None
 
     def guard(self, endpoint: KeyedEndpoint) -> Callable[[Request], Awaitable[Response]]:
         """An HTTP endpoint that runs only for a known key, and is handed that key's ``api_key_id``."""

@@ -172,6 +172,7 @@ class _Background:
         return True
 
     suspends = False  # as over HTTP: a response ends at its first local call
+    error_replaces_failure = False  # its failed Response is stored and polled as it is
 
     def queued(self) -> list[Item]:
         return []

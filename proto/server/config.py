@@ -24,6 +24,10 @@ class Settings:
     # ends its response `store_unavailable`; the ledger retries with backoff (docs/operations.md,
     # "Databases").
     db_busy_timeout_s: float = 10.0
+    # Several servers on this SQLite file on purpose (the lab's reconnect pairs): no claim on the file.
+    # Without it a second server on a file another live process serves is refused (docs/operations.md,
+    # "Databases"); either way reconcile bills only owners that are provably dead.
+    db_shared: bool = False
     progress_interval_s: float = 1.0  # a streaming turn updates its crash trace (ledger progress) this often
     workers: int = 1
     # auto | uvloop | asyncio — auto: uvloop when installed
@@ -182,8 +186,21 @@ def _installed(module: str) -> bool:
 
 
 def check_bind(settings: Settings) -> None:
-    """An open server (no API keys) may only listen on loopback."""
+    """An open server (no API keys) may only listen on loopback; a key that is empty is no key."""
+    check_keys(settings.api_key)
     check_host(settings.host, bool(settings.api_key))
+
+
+def check_keys(keys: list[str]) -> None:
+    """An empty or blank API key is a configuration error, never a key: ``--api-key "$KEY"`` with ``KEY``
+    unset would otherwise count as keyed (the non-loopback guard passes) and match a blank bearer token
+    (docs/operations.md, "Security")."""
+    for key in keys:
+        if not key.strip():
+            raise SystemExit(
+                f"refusing to start: --api-key (or RESPONSES_LAB_API_KEY) holds an empty key ({key!r});"
+                " give each key a value, or none to run open on loopback"
+            )
 
 
 def check_host(host: str, keyed: bool) -> None:

@@ -94,6 +94,12 @@ class EventSink(Protocol):
         """What a local tool call means. True: the response is suspended (``response.done``) and waits
         for ``ResponseDriver.resume``; False: the response ends there, its calls in its output."""
 
+    @property
+    def error_replaces_failure(self) -> bool:
+        """True: nothing reaches the client before the end, and a *failed* response is answered by an
+        error body instead of itself (a JSON reply): it delivered nothing, so it bills nothing
+        (docs/decisions/0012-bill-what-was-delivered.md). False: its events were the delivery."""
+
     def queued(self) -> list[Item]:
         """Items the client appended for the next turn boundary (taken: each is handed over once)."""
 
@@ -420,8 +426,9 @@ class ResponseDriver:
             return None
         self._billed = True
         builder = self.prepared.rollout.builder
+        void = builder.response.status == "failed" and self.transport.error_replaces_failure
         try:
-            self.pipeline.bill(builder, self.api_key_id, self.created)
+            self.pipeline.bill(builder, self.api_key_id, self.created, delivered=not void)
         except LedgerError as exc:  # full (or closed under a shutdown past its grace)
             log.error("ledger.refused", response_id=builder.response.id, error=str(exc))
             return builder.failed("ledger_unavailable", "usage could not be recorded; the response is void")

@@ -46,7 +46,7 @@ from proto.core.items import (
     async_tool_names,
     message_text,
 )
-from proto.core.response import Response
+from proto.core.response import Response, Usage
 from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
 from proto.server.admission import Admission, Ticket
@@ -215,7 +215,7 @@ class Context:
     # it; handed over, it is mutated) and its resolved engine (None: resolved again).
     conversation: Conversation | None = None
     gpu: Engine | None = None
-    api_key_id: str = ""  # the item cache's scope (``design.reuse == "item-cache"``)
+    api_key_id: str = ""  # the caller's key: the item cache's scope and the prefix cache's salt
     # The caller's place in admission, taken before it touched state a refusal must leave as it was;
     # without one, the response is admitted in ``prepare`` (docs/protocol.md, "Admission").
     ticket: Ticket | None = None
@@ -355,7 +355,8 @@ class Pipeline:
         history, new_items = context.history, context.new_items
         conversation, gpu, ticket = context.conversation, context.gpu, context.ticket
         served = serve(request.model, request.service_tier, self.engines.names())  # the tier's engine
-        if ticket is None:
+        if ticket is None:  # a caller with a ticket checked the ledger when it took it
+            self.check_ledger()
             self.admission.check(served.engine)
         # One modelled round trip per store read the context made (a chain's links, a conversation).
         await knob(phases, "store_hop", self.settings.store_hop_ms * work.store_reads)
@@ -403,8 +404,9 @@ class Pipeline:
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
-            # Only a design that resumes a response after a tool call pins its prefix.
-            sequence=gpu.open(keep_warm=design.keep_warm),
+            # Only a design that resumes a response after a tool call pins its prefix; the prefix cache is
+            # the key's own (docs/mock-gpu.md, "Prefix cache per tenant").
+            sequence=gpu.open(keep_warm=design.keep_warm, salt=context.api_key_id),
             policy=select_policy(
                 script,
                 self.settings.default_policy,
@@ -431,6 +433,16 @@ class Pipeline:
                 rollout.sequence.close()
                 raise
         return Prepared(rollout, gpu, ticket, beside_ms)
+
+    def check_ledger(self) -> None:
+        """No response starts while the ledger cannot write (docs/operations.md, "Databases"): refused at
+        the door, typed, on every transport — not served and left unbilled. Reads a flag; never waits."""
+        why = self.ledger.unwritable
+        if why is not None:
+            raise ClientError(
+                "ledger_unavailable",
+                f"usage cannot be recorded ({why}); no response is served until the database takes writes",
+            )
 
     async def api_cost(self, design: Design, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
@@ -474,10 +486,12 @@ class Pipeline:
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
         return owed
 
-    def bill(self, builder: ResponseBuilder, api_key_id: str, created: float) -> None:
-        """Post-inference, once per response: one ledger row (written off the hot path)."""
+    def bill(self, builder: ResponseBuilder, api_key_id: str, created: float, delivered: bool = True) -> None:
+        """Post-inference, once per response: one ledger row (written off the hot path). ``delivered``
+        False: the client got none of it (a JSON reply answered by an error body): the row records how it
+        ended, with no tokens (docs/decisions/0012-bill-what-was-delivered.md)."""
         response = builder.response
-        usage = builder.usage
+        usage = builder.usage if delivered else Usage()
         builder.lab.work.ledger_rows += 1
         self.totals.merge(builder.lab.work)
         self.metrics.observe(builder)

@@ -27,6 +27,9 @@ from proto.processes import free_port
 from proto.server.app import create_app
 from proto.server.config import Settings, check_bind, resolve_http, resolve_loop
 from proto.server.logs import configure
+from proto.server.storage.database import DatabaseInUse
+from proto.server.storage.ledger import LedgerError
+from proto.server.storage.store import StoreUnavailable
 from proto.server.transports.websocket import FRAMES_EXTENSION
 from sampler.clock import Clock
 
@@ -206,11 +209,23 @@ class LabServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+@contextlib.contextmanager
+def start_up_refusals() -> Iterator[None]:
+    """A database the server cannot use (unreachable, read-only, another server's) ends the start with
+    its reason and exit code 1, not a traceback (docs/operations.md, "Databases")."""
+    try:
+        yield
+    except (LedgerError, StoreUnavailable, DatabaseInUse) as exc:
+        raise SystemExit(f"refusing to start: {exc}") from None
+
+
 def serve(settings: Settings) -> None:
     """One API process (``--workers 1``); ``proto.server.workers.serve_workers`` runs N of them."""
     check_bind(settings)
     configure(settings.log_level)
-    server = LabServer(uvicorn_config(settings))
+    with start_up_refusals():
+        config = uvicorn_config(settings)
+    server = LabServer(config)
     freeze_startup_objects()
     server.run()
 

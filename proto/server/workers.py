@@ -35,8 +35,8 @@ from uvicorn.config import STARTUP_FAILURE
 from proto.processes import ChildEngine
 from proto.server.config import Settings, check_bind
 from proto.server.logs import configure
-from proto.server.serve import LabServer, freeze_startup_objects, uvicorn_config
-from proto.server.storage.database import is_postgres
+from proto.server.serve import LabServer, freeze_startup_objects, start_up_refusals, uvicorn_config
+from proto.server.storage.database import claim_file, is_postgres
 
 log = structlog.get_logger("proto.server.workers")
 POLL_S = 0.5  # how often the supervisor looks at its children
@@ -50,24 +50,25 @@ def serve_workers(settings: Settings) -> None:
         raise SystemExit(
             "--workers N shares the store between processes: give --db a file, not a memory database"
         )
+    # One server per SQLite file: this supervisor claims it for its workers, before it starts anything,
+    # and holds it for as long as it runs (docs/operations.md, "Databases").
+    with start_up_refusals():
+        claim = None if settings.db_shared else claim_file(settings.db)
     engine = None
-    if not settings.engine:
-        flags = ["--log-level", settings.log_level]
-        for override in settings.model_override:
-            flags += ["--model-override", override]
-        engine = ChildEngine(flags, new_session=True, capture=False)  # its log lines join the workers
-        try:
-            engine.wait_ready()
-        except BaseException:
-            engine.stop()
-            raise
-        settings = replace(settings, engine=engine.http_url)
-        log.warning("engine.started", url=engine.http_url, pid=engine.proc.pid)
-    if not is_postgres(settings.db):
-        # Once, here, before any worker serves: a SQLite worker that reconciled would take its live
-        # siblings' open rows for a dead process's. On PostgreSQL each worker does (it knows who is alive).
-        reconcile_ledger(settings.db)
     try:
+        if not settings.engine:
+            flags = ["--log-level", settings.log_level]
+            for override in settings.model_override:
+                flags += ["--model-override", override]
+            engine = ChildEngine(flags, new_session=True, capture=False)  # its log lines join the workers
+            engine.wait_ready()
+            settings = replace(settings, engine=engine.http_url)
+            log.warning("engine.started", url=engine.http_url, pid=engine.proc.pid)
+        if not is_postgres(settings.db):
+            # Once, here, before any worker serves (each worker's ledger holds its own owner lock, so a
+            # later start never bills a live worker's rows). On PostgreSQL each worker reconciles.
+            with start_up_refusals():
+                reconcile_ledger(settings.db)
         # Bound once, here: every worker accepts on this socket. The app string is never loaded.
         sock = uvicorn.Config(
             "proto.server.app:create_app", host=settings.host, port=settings.port
@@ -76,6 +77,8 @@ def serve_workers(settings: Settings) -> None:
     finally:
         if engine is not None:
             engine.stop()
+        if claim is not None:
+            claim.release()
 
 
 def reconcile_ledger(db: str) -> int:

@@ -12,8 +12,9 @@ The Response object itself stays in ``responses``: a background response's row i
 queued, again when it starts, and once more when it ends, so ``GET /v1/responses/{id}`` polls it unchanged.
 
 Who is alive: ``owner`` is the ledger owner id of the process running the response (its ledger holds it
-alive: on PostgreSQL an advisory lock, on SQLite one server process per file), so ``reconcile`` ends the
-responses of a dead process exactly where the ledger bills them (docs/operations.md, "Billing guarantees").
+alive: on PostgreSQL an advisory lock, on SQLite a ``flock`` on a file named after it), so ``reconcile``
+ends the responses of a dead process exactly where the ledger bills them (docs/operations.md, "Billing
+guarantees").
 """
 
 from __future__ import annotations

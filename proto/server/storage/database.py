@@ -19,12 +19,18 @@ recursive CTEs); what differs per database is here and only here:
   dialect, applied in order and recorded in ``schema_version`` (the same table on both);
 - liveness: who else is alive, for the ledger's ``reconcile()`` (below).
 
-Liveness: a ledger marks its open rows with an owner id. On SQLite (one server process per file, as the
-ledger documents) every owner but oneself is taken for dead. On PostgreSQL each ledger holds a
-session-level advisory lock named after its owner id on a dedicated connection for as long as it lives;
-an owner is dead exactly when another session can take that lock (PostgreSQL releases it the moment the
-session ends, SIGKILL included). So a server starting while another serves never bills the other's
-responses in flight.
+Liveness: a ledger marks its open rows with an owner id, and holds a lock named after it for as long as
+it lives; an owner is dead exactly when another can take that lock, which the system releases the moment
+its holder ends, SIGKILL included. On PostgreSQL the lock is a session-level advisory lock on a dedicated
+connection; on SQLite an exclusive ``flock`` on the file ``<db>.owners/<owner id>`` (a file no live
+ledger holds, or none at all, is a dead owner's: rows written before owners had files, too). So a server
+starting while another serves never bills the other's responses in flight, whatever the database.
+
+One server per SQLite file (``claim_file``): the process that serves a SQLite file — the only one that
+reconciles it: the server, or the supervisor of ``--workers N`` — holds an exclusive ``flock`` on
+``<db>.lock`` for its whole life; a second one is refused with the first one's pid. The kernel releases
+it when the holder dies, so a crashed server never blocks the next. PostgreSQL is shared by design: no
+claim.
 
 Driver: psycopg 3 (with psycopg_pool) rather than asyncpg. The storage policies run on the store's and the
 ledger's own threads — SQLite needs them anyway, and one set of policies over one interface is the point —
@@ -38,6 +44,8 @@ thread), the duplication this module exists to avoid. Nothing here runs on the s
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -66,6 +74,50 @@ def redact(url: str) -> str:
 
 class DatabaseClosed(RuntimeError):
     """The database object was closed: no connection is lent any more."""
+
+
+class DatabaseInUse(RuntimeError):
+    """Another live server holds this SQLite file (or its lock cannot be taken): this one must not serve."""
+
+
+class FileClaim:
+    """The claim of one server on one SQLite file: an exclusive ``flock`` on ``<db>.lock``, taken without
+    waiting, held until ``release()`` or the process's end (the kernel drops it then, SIGKILL included).
+    The file is never unlinked: a claimant racing an unlink could lock a name no longer on disk."""
+
+    def __init__(self, url: str) -> None:
+        self.path = url + ".lock"
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise DatabaseInUse(f"cannot take {self.path!r}, the lock of one server per file: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DatabaseInUse(
+                f"{url!r} is served by another live process (pid {holder}, holding {self.path!r}): one "
+                "server per SQLite file. Stop it first, or share a PostgreSQL database (--db "
+                "postgresql://…) between servers"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def claim_file(url: str) -> FileClaim | None:
+    """The claim of a SQLite file for this server; None where there is nothing to claim (a memory
+    database, PostgreSQL: shared by design)."""
+    if is_postgres(url) or url in ("", ":memory:"):
+        return None
+    return FileClaim(url)
 
 
 class Rows:
@@ -137,6 +189,12 @@ class Database:
     def is_row_error(self, exc: BaseException) -> bool:
         raise NotImplementedError
 
+    def is_lock_wait(self, exc: BaseException) -> bool:
+        """``exc`` is a lock held by another writer past the wait allowed (SQLite ``SQLITE_BUSY`` /
+        ``SQLITE_LOCKED``, PostgreSQL ``lock_not_available``): the database itself can write, later.
+        Anything else (read-only, disk full, I/O error, server gone) means it cannot write now."""
+        raise NotImplementedError
+
     def exclusive(self, conn: Connection) -> None:
         """Inside ``conn``'s write transaction: wait for every other exclusive one to end."""
         raise NotImplementedError
@@ -170,12 +228,14 @@ class Database:
             for statements in migrations[version:]:
                 for statement in statements:
                     conn.execute(self.spell(statement))
-            if version < len(migrations):
-                conn.execute(
-                    "INSERT INTO schema_version (component, version) VALUES (?, ?)"
-                    " ON CONFLICT (component) DO UPDATE SET version = excluded.version",
-                    (component, len(migrations)),
-                )
+            # Written every time, not only when a migration ran: the proof that the database takes writes
+            # before anything is served (a read-only SQLite file opens, reads and begins a write
+            # transaction without complaint; only a write fails). docs/operations.md, "Databases".
+            conn.execute(
+                "INSERT INTO schema_version (component, version) VALUES (?, ?)"
+                " ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                (component, len(migrations)),
+            )
             return len(migrations)
 
 
@@ -187,7 +247,12 @@ def transaction(
 
     ``write``: take the write lock first (SQLite ``BEGIN IMMEDIATE``: a busy database fails here, before
     any work). ``exclusive``: and hold off every other exclusive transaction on the database, whichever
-    process runs it. ``lock_timeout``: wait at most this long (seconds) for any lock in this transaction."""
+    process runs it. ``lock_timeout``: wait at most this long (seconds) for any lock in this transaction.
+    Inside a transaction already open on ``conn`` it joins that one (the outer one commits or rolls back):
+    the store runs every write in a transaction of its own, around calls that open theirs."""
+    if conn.in_transaction:
+        yield
+        return
     conn.begin(write, lock_timeout)
     if exclusive:
         conn.database.exclusive(conn)
@@ -261,6 +326,7 @@ class SQLiteDatabase(Database):
         self._all: list[_SQLiteConnection] = []
         self._lock = threading.RLock()  # _all, _closed; and the one memory connection while lent
         self._closed = False
+        self._owner_held: tuple[str, int] | None = None  # hold_owner's file and its flock'ed descriptor
         first = self._open()  # fail here, at construction, not on the first call
         first.execute("PRAGMA journal_mode=WAL")
         if self.memory:
@@ -301,13 +367,60 @@ class SQLiteDatabase(Database):
     def exclusive(self, conn: Connection) -> None:
         pass  # BEGIN IMMEDIATE already excludes every other writer of the file
 
+    # -- liveness: one flock'ed file per live owner (module doc) ---------------------------------------
+    def _owner_path(self, owner: str) -> str | None:
+        # Owner ids are uuid4 hex; anything else read from a row names no file (and so no live owner).
+        return f"{self.url}.owners/{owner}" if owner.isalnum() else None
+
+    def hold_owner(self, owner: str) -> None:
+        path = self._owner_path(owner)
+        if self.memory or path is None:
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh uuid: nobody else can hold it
+        except OSError:
+            os.close(fd)
+            raise
+        self._owner_held = (path, fd)
+
+    def dead_owners(self, conn: Connection, owners: Sequence[str], me: str) -> list[str]:
+        if self.memory:  # one connection, one process: every other owner is gone
+            return [owner for owner in owners if owner != me]
+        return [owner for owner in owners if owner != me and not self._alive(owner)]
+
+    def _alive(self, owner: str) -> bool:
+        path = self._owner_path(owner)
+        if path is None:
+            return False
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False  # never held here, or released by a ledger that closed
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True  # its ledger's process holds it: alive, its rows are in flight
+        finally:
+            os.close(fd)  # and with it the lock just taken, if it was taken
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # its holder is dead: nobody will take this name again
+        return False
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             connections, self._all = self._all, []
+            held, self._owner_held = self._owner_held, None
         for conn in connections:
             with contextlib.suppress(sqlite3.Error):
                 conn.raw.close()
+        if held is not None:  # a clean end: its rows are written or given up on; the name is free
+            path, fd = held
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.close(fd)
 
     def spell(self, ddl: str) -> str:
         return ddl.format(**_SQLITE_TYPES)
@@ -317,3 +430,8 @@ class SQLiteDatabase(Database):
             exc,
             sqlite3.IntegrityError | sqlite3.InterfaceError | sqlite3.DataError | sqlite3.ProgrammingError,
         )
+
+    def is_lock_wait(self, exc: BaseException) -> bool:
+        # The primary result code is the low byte of an extended one (SQLITE_BUSY_SNAPSHOT is 517).
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in (5, 6)

@@ -16,12 +16,13 @@ Two tables, three facts per response:
 At start-up, before serving, ``reconcile()`` turns every open row left by a dead process into a usage row
 with status ``incomplete``, reason ``server_crashed`` (the ``reason`` column, which for every other row holds
 the terminal event's ``incomplete_details.reason`` or error code) and the open row's last progress
-figures. Who is dead: on SQLite (one server
-process per database file) every other ledger object; on PostgreSQL (many servers, many hosts) a ledger
-whose database session has ended (each holds an advisory lock for as long as it lives: see
+figures. Who is dead: a ledger whose owner lock is free — on SQLite a ``flock`` on a file named after its
+owner id, on PostgreSQL (many servers, many hosts) an advisory lock held by its database session; each is
+held for as long as the ledger lives and released by the system when its process dies (see
 ``proto.server.storage.database``), so a server that starts never bills the responses another one is serving.
 
-Guarantees (one server process per SQLite file; any number of servers on one PostgreSQL database):
+Guarantees (one server process per SQLite file, enforced by the server's claim on it; any number of servers
+on one PostgreSQL database):
 - Never twice: the ``usage`` primary key refuses a second row for an id, whoever writes it, on whichever
   server (a retried batch, a buggy caller, ``reconcile()`` racing another server's).
 - A response whose ``record()`` returned is billed exactly once unless the process dies (or ``close()``'s
@@ -42,6 +43,11 @@ Policies:
 - Duplicate ``response_id`` (billing a response twice is a bug): the row is refused by the primary key,
   the first row stays, ``duplicates`` counts it and the id is logged (``duplicate_ids`` keeps the last 100).
   A duplicate is not a write error: it is never retried.
+- A database that cannot take writes (read-only, disk full, I/O error, PostgreSQL gone: anything but a lock
+  held by another writer) is ``unwritable`` from the writer's first failed attempt to its first success
+  (it keeps retrying, so that is within ``retry_max`` of the cause going away); the server refuses new
+  responses meanwhile. A lock wait is not: the rows wait in the buffer and are written once it goes.
+  ``migrate`` writes at construction, so a database that cannot take writes fails ``UsageLedger()``.
 - Pending buffer full (``max_pending`` operations not yet durable: the disk has been failing or slow for a
   long time): the call raises ``LedgerFullError`` at once and ``overflow`` counts it. Nothing waits.
   A ``progress()`` coalesced into an update already pending never overflows.
@@ -378,6 +384,10 @@ class UsageLedger:
         self.duplicates = 0
         self.reconciled = 0
         self.duplicate_ids: deque[str] = deque(maxlen=100)
+        # Why the database cannot take writes now (read-only, disk full, I/O error, server gone): the
+        # writer's last attempt failed other than waiting on a lock; None once one succeeds. The server
+        # starts no response meanwhile (``ledger_unavailable``): nothing is served that could not be billed.
+        self.unwritable: str | None = None
 
     @property
     def owner(self) -> str:
@@ -524,6 +534,10 @@ class UsageLedger:
         attempts = 0
         while True:
             error = self._commit(self._inflight)
+            # A plain attribute store: the loop reads it without a lock (the GIL orders it).
+            self.unwritable = (
+                None if error is None or self._db.is_lock_wait(error) else self._db.describe(error)
+            )
             if error is None:
                 if attempts:
                     log.warning("ledger.write_recovered", attempts=attempts + 1, pending=self.pending)
@@ -636,9 +650,8 @@ class UsageLedger:
         progress, else ``created_at``).
         Open rows that already have a usage row are deleted. Returns how many rows it billed.
 
-        Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``). Dead: on SQLite,
-        every open row not written by this ledger object is taken for a dead process's; on PostgreSQL,
-        only those of ledgers whose database session has ended (a live server's are left alone). One
+        Call it at start-up, before serving (it blocks; from a loop, ``areconcile()``). Dead: only the
+        owners whose lock is free (a live ledger's rows, in this process or another, are left alone). One
         reconcile runs at a time on a database, whichever server calls it. Retries a busy database up to
         ``timeout`` seconds, then raises ``LedgerError``."""
         deadline = time.monotonic() + timeout

@@ -142,6 +142,9 @@ class PostgresDatabase(Database):
             return isinstance(exc, psycopg.ProgrammingError | psycopg.DataError)
         return exc.sqlstate.startswith(_ROW_SQLSTATES)
 
+    def is_lock_wait(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.Error) and exc.sqlstate == "55P03"  # lock_not_available
+
     # -- liveness --------------------------------------------------------------------------------------
     def hold_owner(self, owner: str) -> None:
         """A dedicated session holds ``owner``'s advisory lock until ``close()`` (or the process dies)."""

@@ -15,8 +15,10 @@ lock it, so nothing waits long there).
 Storage faults are typed: any database error (a lock held longer than ``busy_timeout`` seconds, a disk
 error, a missing table, a server that went away…) raises ``StoreUnavailable`` with a message, never a raw
 driver error (that is its ``__cause__``), so the caller can end the response with a typed error.
-``busy_timeout`` is how long one statement waits for a lock before it fails (SQLite's busy timeout,
-PostgreSQL's ``lock_timeout``).
+``busy_timeout`` bounds the whole wait of one write call, from the moment it is made: its time queued
+behind other writes counts, and its transaction waits for the lock only what is left (SQLite's busy
+timeout, PostgreSQL's ``lock_timeout``, set per transaction); a write that reaches the database past
+its deadline waits for no lock (it succeeds only if none is held). Every write runs in one transaction.
 
 Isolation: every lookup is keyed by ``(response_id, api_key_id)``, so another key's response is simply not
 found, exactly like a missing one (the server answers 404 for both). ``put`` on an id that another key
@@ -175,11 +177,20 @@ class ResponseStore:
 
     async def _call(self, operation: str, fn: Callable[[Connection], T], *, write: bool) -> T:
         errors = self._db.errors
+        # A write's deadline runs from the call, not from when the writer reaches it: behind a held lock
+        # each queued write would otherwise wait a whole busy timeout of its own after the ones before it
+        # (the k-th of k writes failing at k x the timeout). Reads never wait on a writer (WAL, MVCC).
+        deadline = time.monotonic() + self.busy_timeout if write else None
 
         def job() -> T:
             try:
                 with self._db.connection(write) as conn:
-                    return fn(conn)
+                    if deadline is None:
+                        return fn(conn)
+                    # Past the deadline it still tries once, without waiting: a free database takes it.
+                    left = max(0.0, deadline - time.monotonic())
+                    with transaction(conn, write=True, lock_timeout=left):
+                        return fn(conn)
             except DatabaseClosed as exc:
                 raise StoreError("response store is closed") from exc
             except errors as exc:

@@ -94,6 +94,7 @@ class _OneRequest:
 
     def __init__(self, queue: asyncio.Queue[bytes | None] | None) -> None:
         self.queue = queue
+        self.error_replaces_failure = queue is None  # a JSON reply: HttpResponses.create answers the error
 
     def opened(self) -> bool:
         return True

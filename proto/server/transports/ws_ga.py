@@ -83,6 +83,7 @@ class _LaneResponse:
         return self.session.out.offer([lane_frame(codec.encode(event), lane) for event in events])
 
     suspends = False  # a response ends at its first local call: the calls are in its output
+    error_replaces_failure = False  # see EventSink: its events were delivered
 
     def queued(self) -> list[Item]:
         return []  # nothing is appended to a GA response: the next turn is a new response.create
@@ -226,6 +227,7 @@ class GaConnection(WebSocketConnection):
     async def _prepare(self, start: Start) -> Prepared:
         """Admitted first: a continuation refused at the door leaves its lane's cache entry in place, so
         that its retry finds it (docs/protocol.md, "Admission")."""
+        self.pipeline.check_ledger()
         ticket = self.pipeline.admission.admit(self._engine(start.request))
         try:
             return await self._prepare_admitted(start, ticket)

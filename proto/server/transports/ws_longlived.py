@@ -198,6 +198,7 @@ class LongLivedConnection(WebSocketConnection):
         return self.out.offer([frame(event) for event in events])
 
     suspends = True  # see EventSink
+    error_replaces_failure = False
 
     def queued(self) -> list[Item]:
         return self.core.take_queued()
