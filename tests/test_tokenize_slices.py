@@ -20,8 +20,9 @@ ENC = _encoding()
 
 
 def sliced_ids(text: str, size: int) -> list[int]:
+    """Cut only where it is safe (no forced cut)."""
     ids: list[int] = []
-    for start, end in slices(text, size):
+    for start, end in slices(text, size, reach=None):
         ids.extend(ENC.encode_ordinary(text[start:end]))
     return ids
 

@@ -57,11 +57,11 @@ from sampler.clock import Clock, RealClock
 from sampler.engine import Engine
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
-from sampler.models import ModelSpec
+from sampler.models import ContextLengthExceeded, ModelLimits, ModelSpec, context_message
 from sampler.overrides import model_specs
 from sampler.policy import OfferedTool, Rules, has_directives, select_policy
 from sampler.position import script_position
-from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
+from sampler.tokens import SLICE_CHARS, Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
 
 log = structlog.get_logger("proto.server.pipeline")
@@ -92,14 +92,23 @@ async def off_loop(chars: int, work: Callable[[], T]) -> T:
 
 
 async def tokenized(
-    tokenizer: Tokenizer, chars: int, texts: Callable[[], Iterable[str]], work: Callable[[], T]
+    tokenizer: Tokenizer,
+    chars: int,
+    texts: Callable[[], Iterable[str]],
+    work: Callable[[], T],
+    limits: ModelLimits | None = None,
 ) -> T:
-    """``work`` (a rendering that tokenizes ``texts``, ``chars`` of them) inline when small; when large,
-    the texts are tokenized first a slice at a time on the loop (``Tokenizer.prepare``; not on a thread:
-    see ``sampler.tokens.SLICE_CHARS``) and ``work`` takes their ids."""
-    if chars <= OFF_LOOP_CHARS:
+    """``work`` (a rendering that tokenizes ``texts``, ``chars`` of them) inline when at most one slice;
+    when larger, the texts are tokenized first a slice at a time on the loop (``Tokenizer.prepare``; not on
+    a thread: see ``sampler.tokens.SLICE_CHARS``) and ``work`` takes their ids. With the model's
+    ``limits``, an input whose tokens pass its context window is refused (``context_length_exceeded``,
+    before a response starts) as soon as that is certain, without tokenizing the rest."""
+    if chars <= SLICE_CHARS:
         return work()
-    ready = await tokenizer.prepare(texts())
+    try:
+        ready = await tokenizer.prepare(texts(), limits)
+    except ContextLengthExceeded as exc:
+        raise ClientError("context_length_exceeded", context_message(exc), "input") from exc
     with prepared(ready):
         return work()
 
@@ -320,6 +329,7 @@ class Pipeline:
                 chars,
                 lambda: texts,
                 functools.partial(render, conversation),
+                gpu.limits,
             )
         await self.api_cost(mode, len(conversation.log), phases)
         builder = ResponseBuilder(response_id, request, mode, work)
