@@ -17,6 +17,7 @@ import pytest
 from helpers import GUARD, MODEL, TERMINAL_OR_ERROR, running, until
 from websockets.asyncio.client import connect
 
+from proto.load.chaos_stall import prose
 from proto.processes import ChildServer
 from sampler.tokens import RUN_CHARS, SLICE_CHARS
 
@@ -90,10 +91,10 @@ async def beside(http_url: str, ws_url: str, payloads: list[bytes]) -> tuple[lis
 
 @pytest.mark.serial
 async def test_no_input_shape_stalls_another_connection() -> None:
-    # Encoded before the clock: this process's own work. The control: prose of the same lengths, which
-    # has a safe cut point every word.
+    # Encoded before the clock: this process's own work. The control: prose of the same lengths, a cut
+    # point every word, as far past the window.
     payloads = [body(text) for text in SHAPES.values()]
-    control = [body(("word " * (len(text) // 5 + 1))[: len(text)]) for text in SHAPES.values()]
+    control = [body(prose(len(text))) for text in SHAPES.values()]
     # A server process of its own: the round trips measured are the server's, not this process's GIL.
     with ChildServer() as server:
         http_url = f"http://127.0.0.1:{server.port}"

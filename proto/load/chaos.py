@@ -52,6 +52,7 @@ from proto.client.frames import decode, encode
 from proto.client.http import HttpClient
 from proto.core.errors import ERROR_CODES
 from proto.core.events import TERMINAL_TYPES
+from proto.load import chaos_stall
 from proto.processes import ChildServer
 from sampler.tokens import Tokenizer
 
@@ -799,6 +800,7 @@ async def round_of_chaos(seed: int, sizes: Sizes, workdir: Path | None = None) -
                 ("load", lambda book, rng: load(target, book, rng, sizes.load_rollouts)),
                 ("db_lock", lambda book, rng: db_lock(target, book, rng, sizes.lock_rollouts)),
                 ("crash", lambda book, rng: crash(target, book, rng)),
+                *chaos_stall.scenarios(lambda: target.child),
             ]
             for name, scenario in scenarios:
                 rng = random.Random(f"{seed}:{name}")
@@ -854,8 +856,9 @@ async def rounds_for(minutes: float, seed: int, sizes: Sizes) -> list[Outcome]:
     outcomes: list[Outcome] = []
     round_seed = seed
     while True:
-        outcomes += await round_of_chaos(round_seed, sizes)
-        print(table(outcomes[-5:]), flush=True)
+        batch = await round_of_chaos(round_seed, sizes)
+        outcomes += batch
+        print(table(batch), flush=True)
         round_seed += 1
         if time.monotonic() >= deadline:
             return outcomes
@@ -892,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     outcomes = asyncio.run(rounds_for(args.minutes, args.seed, Sizes() if args.short else Sizes.long()))
-    print(f"\n{len(outcomes) // 5} rounds in {time.monotonic() - started:.0f} s")
+    print(f"\n{len({o.seed for o in outcomes})} rounds in {time.monotonic() - started:.0f} s")
     print(totals(outcomes))
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
