@@ -189,11 +189,12 @@ def _hits(lowered: str) -> dict[str, list[int]]:
     hits: dict[str, list[int]] = defaultdict(list)
     n = len(lowered)
     for chunk in range(0, n, _HIT_CHUNK):
-        # A trigger starting in this chunk ends within it or the next _LONGEST - 1 characters.
-        for end, trigger in _TRIGGERS.iter(lowered, chunk, min(n, chunk + _HIT_CHUNK + _LONGEST - 1)):
+        # A trigger starting in this chunk ends within it or the next _LONGEST - 1 characters. A slice, not
+        # iter's start and end: the automaton converts the whole string it is given, on every call.
+        for end, trigger in _TRIGGERS.iter(lowered[chunk : chunk + _HIT_CHUNK + _LONGEST - 1]):
             start = end - len(trigger) + 1
-            if start < chunk + _HIT_CHUNK:  # one starting later is the next chunk's
-                hits[trigger].append(start)
+            if start < _HIT_CHUNK:  # one starting later is the next chunk's
+                hits[trigger].append(chunk + start)
     return hits
 
 
