@@ -82,9 +82,10 @@ class Slow:
         self.writer.close()
 
 
-async def test_unfinished_heads_are_capped_then_timed_out_and_valid_clients_get_through() -> None:
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_unfinished_heads_are_capped_then_timed_out_and_valid_clients_get_through(http: str) -> None:
     with descriptor_limit(FDS):
-        child = ChildServer(["--header-timeout-s", str(DEADLINE_S)])
+        child = ChildServer(["--header-timeout-s", str(DEADLINE_S), "--http", http])
     with child as server:
         port = server.port
         slow = [await Slow.open(port, HEADS[i % 2]) for i in range(300)]  # more than the limit allows
