@@ -77,10 +77,10 @@ def timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = phases.get(name, 0.0) + (time.perf_counter() - started) * 1e3
 
 
-# Input text past which its scan runs on a worker thread and its tokenization a slice at a time
-# (``tokenized``), not in one go on the loop: below it the work (~8 ms for 64 KiB: tiktoken ~65 ms/MB, the
-# safety regexes as much) costs less than stalling nobody is worth a hop. Above it, in one go on the loop, a
-# 10 MB message held every stream for ~1.1 s.
+# Input text past which its scan runs on a worker thread, not in one go on the loop (its tokenization goes
+# a slice at a time past one slice, ``tokenized``): below it the work (~8 ms for 64 KiB: tiktoken ~65
+# ms/MB, the safety regexes as much) costs less than stalling nobody is worth a hop. Above it, in one go on
+# the loop, a 10 MB message held every stream for ~1.1 s.
 OFF_LOOP_CHARS = 64 * 1024
 
 
