@@ -132,6 +132,12 @@ class PacedSequence(Protocol):
 
 
 class Engine(Protocol):
+    @property
+    def limits(self) -> ModelLimits:
+        """The model's context window and max output per call, as its sequences report them: what an
+        input is checked against while it is tokenized (``Tokenizer.prepare``)."""
+        ...
+
     def open(self, keep_warm: bool = True, salt: str = "") -> EngineSequence:
         """A sequence for one response. ``keep_warm``: the response may resume after a tool call, so its
         prefix is worth holding between turns (an engine in another process is asked to pin it; the

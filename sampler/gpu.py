@@ -88,6 +88,10 @@ class MockGPU:
             steps.append(steps[-1] + self.timing.itl_s(self.slots.running))
         return steps[bisect.bisect_left(steps, at)]
 
+    @property
+    def limits(self) -> ModelLimits:
+        return self.spec.limits
+
     def open(self, keep_warm: bool = True, salt: str = "") -> GpuSequence:
         """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
         holds its blocks between turns anyway, as ``pin-suspended`` says. ``salt``: the tenant's cache

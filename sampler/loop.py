@@ -233,16 +233,9 @@ def _capped(n: int | None, room: int) -> int | None:
 def _head(tok: Tokenizer, text: str, room: int) -> str:
     """The start of ``text`` that holds its first ``room`` + 1 tokens (all of it when shorter). The echo
     policy says the user's message back: a 4 MB message would otherwise be tokenized on the loop (0.3 s)
-    to sample 16 k tokens of it. Cut at a space, where the tokens before are those of the whole text;
-    the prefix doubles until it holds enough (at most ~2x the tokens needed are tokenized)."""
-    size = (room + 1) * 4
-    while size < len(text):
-        cut = text.rfind(" ", 0, size)
-        head = text[: cut if cut > 0 else size]
-        if tok.count(head) > room:
-            return head
-        size *= 2
-    return text
+    to sample 16 k tokens of it. Cut where a slice ends (``sampler.tokens.slices``: the tokens before are
+    those of the whole text), tokenizing one slice past what is needed."""
+    return tok.head(text, room)
 
 
 def _materialize(rollout: Rollout, plan: TurnPlan, room: int) -> list[PlannedItem]:

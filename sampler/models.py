@@ -65,6 +65,21 @@ class ContextLengthExceeded(Exception):
     admission, "longer than the maximum model length")."""
 
 
+def context_message(exc: ContextLengthExceeded) -> str:
+    """The refusal's message on every transport (OpenAI's words, then the counts)."""
+    return f"Your input exceeds the context window of this model ({exc}). Adjust your input and try again."
+
+
+def check_input(limits: ModelLimits, tokens_so_far: int) -> None:
+    """While an input is tokenized: refused as soon as its tokens so far pass the window (the prompt will
+    hold at least these), before the rest is paid for."""
+    if tokens_so_far > limits.context_window:
+        raise ContextLengthExceeded(
+            f"more than {limits.context_window} prompt tokens (at least {tokens_so_far}); the context window "
+            f"is {limits.context_window} tokens ({limits.bound_by})"
+        )
+
+
 def check_prompt(limits: ModelLimits, prompt_tokens: int) -> None:
     if prompt_tokens > limits.context_window:
         raise ContextLengthExceeded(

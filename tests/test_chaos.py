@@ -28,10 +28,12 @@ async def test_a_seeded_round_of_chaos_breaks_no_invariant() -> None:
     assert [o.scenario for o in outcomes] == [
         *("disconnects", "fuzz", "load", "db_lock", "crash"),
         *("blank_keys", "second_server", "read_only", "db_locked"),  # proto/load/chaos_store.py
+        *("loop_stall", "slow_heads"),  # proto/load/chaos_stall.py
     ], report
     # every fault was really injected (a read-only file needs a non-root user or chattr +i)
     assert all(o.cases > 0 or "no read-only file here" in str(o.answers) for o in outcomes), report
-    no_response = ("blank_keys", "read_only")  # refused starts and 401s: nothing runs
+    # refused starts, 401s, and the bounds' inputs refused or closed before any response: nothing runs
+    no_response = ("blank_keys", "read_only", "loop_stall", "slow_heads")
     assert all(o.responses > 0 for o in outcomes if o.scenario not in no_response), report
     fuzz = next(o for o in outcomes if o.scenario == "fuzz")
     assert len(fuzz.answers) >= 5, fuzz.answers  # answered typed (else a violation), in several ways

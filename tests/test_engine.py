@@ -257,8 +257,9 @@ async def test_a_cancel_through_the_engine_bills_what_was_delivered_and_limits_c
         assert usage["output_tokens"] == sum(e["type"] == "response.output_text.delta" for e in events) >= 20
         assert usage["input_tokens"] > 0  # the cut turn's prompt, from the sequence's live report
         await ws.send(create("word " * 140_000, FAST))  # past the engine's 131 072-token window
-        failed = (await recv_until(ws, TERMINAL_TYPES))[-1]
-        assert failed["response"]["error"]["code"] == "context_length_exceeded", failed
+        # refused while it is tokenized, against the card's window, before any response starts
+        refused = (await recv_until(ws, TERMINAL_TYPES | {"error"}))[-1]
+        assert refused["type"] == "error" and refused["error"]["code"] == "context_length_exceeded", refused
     await assert_all_released(topology)
 
 

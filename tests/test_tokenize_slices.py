@@ -13,15 +13,16 @@ from hypothesis import strategies as st
 
 from proto.core.items import FunctionCallOutput, Message
 from proto.core.work import WorkCounters
-from sampler.tokens import SLICE_CHARS, Conversation, Tokenizer, _encoding, prepared, slices
+from sampler.tokens import RUN_CHARS, SLICE_CHARS, Conversation, Tokenizer, _encoding, prepared, slices
 
 ROOT = Path(__file__).resolve().parent.parent
 ENC = _encoding()
 
 
 def sliced_ids(text: str, size: int) -> list[int]:
+    """Cut only where it is safe (no forced cut)."""
     ids: list[int] = []
-    for start, end in slices(text, size):
+    for start, end in slices(text, size, reach=None):
         ids.extend(ENC.encode_ordinary(text[start:end]))
     return ids
 
@@ -98,3 +99,34 @@ def test_prepare_yields_to_the_loop_between_slices_and_encode_takes_its_ids_coun
         == (direct.tokenize_calls, direct.tokens_tokenized)
         == (2, 2 * len(ready[text]))
     )
+
+
+# Texts with no safe cut point for thousands of characters: one word, punctuation, spaces, digits, CJK and
+# emoji without a space, and a long word inside prose.
+UNCUT = {
+    "word": "a" * 20_000,
+    "letters": "".join(chr(97 + (i * 7) % 26) for i in range(20_000)),
+    "punctuation": "!#$%&*+-/<=>?@^_|~" * 1_000,
+    "spaces": " " * 20_000,
+    "digits": "".join(str(i * 7 % 10) for i in range(20_000)),
+    "cjk": "".join(chr(0x4E00 + i * 37 % 20_000) for i in range(20_000)),
+    "emoji": "😀" * 20_000,
+    "a long word in prose": "Some prose. " * 500 + "x" * 9_000 + " and more prose." * 500,
+}
+
+
+def test_no_slice_passes_its_bound_whatever_the_text() -> None:
+    for name, text in UNCUT.items():
+        pieces = list(slices(text))
+        assert pieces[0][0] == 0 and pieces[-1][1] == len(text), name
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces)), name
+        assert max(end - start for start, end in pieces) <= SLICE_CHARS + RUN_CHARS, name
+
+
+def test_a_text_has_the_same_ids_on_every_path_and_digits_keep_their_pieces() -> None:
+    tokenizer = Tokenizer()
+    for name, text in UNCUT.items():
+        ready = asyncio.run(tokenizer.prepare([text]))
+        assert ready[text] == tokenizer.ids(text), name  # prepare (large inputs) and encode (small) agree
+    # Forced cuts in a run of digits fall where a 3-digit piece ends: the whole text's ids.
+    assert tokenizer.ids(UNCUT["digits"]) == ENC.encode_ordinary(UNCUT["digits"])

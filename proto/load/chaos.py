@@ -54,7 +54,7 @@ from proto.client.http import HttpClient
 from proto.core.errors import ERROR_CODES
 from proto.core.events import TERMINAL_TYPES
 from proto.helpfmt import HelpFormatter
-from proto.load import chaos_store
+from proto.load import chaos_stall, chaos_store
 from proto.processes import ChildServer
 from sampler.tokens import Tokenizer
 
@@ -803,6 +803,7 @@ async def round_of_chaos(seed: int, sizes: Sizes, workdir: Path | None = None) -
                 ("db_lock", lambda book, rng: db_lock(target, book, rng, sizes.lock_rollouts)),
                 ("crash", lambda book, rng: crash(target, book, rng)),
                 *chaos_store.scenarios(target, sizes.lock_rollouts, BUSY_S),
+                *chaos_stall.scenarios(lambda: target.child),
             ]
             for name, scenario in scenarios:
                 rng = random.Random(f"{seed}:{name}")
@@ -858,8 +859,9 @@ async def rounds_for(minutes: float, seed: int, sizes: Sizes) -> list[Outcome]:
     outcomes: list[Outcome] = []
     round_seed = seed
     while True:
-        outcomes += await round_of_chaos(round_seed, sizes)
-        print(table([o for o in outcomes if o.seed == round_seed]), flush=True)
+        batch = await round_of_chaos(round_seed, sizes)
+        outcomes += batch
+        print(table(batch), flush=True)
         round_seed += 1
         if time.monotonic() >= deadline:
             return outcomes

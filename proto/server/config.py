@@ -84,6 +84,12 @@ class Settings:
     # The retry hint of a refused create (retry-after-ms, retry-after), drawn within ±50 % of this so that
     # the refused clients do not all come back at the same instant.
     retry_after_ms: float = 1000.0
+    # A request head (the WebSocket upgrade's included) must arrive whole this long after its first byte:
+    # else 408 and close (nginx's client_header_timeout and its default). At most this many connections
+    # wait for theirs; past it the longest-waiting is closed. 0: a quarter of the file-descriptor limit, at
+    # most 1 024 (docs/operations.md, "Unfinished request heads").
+    header_timeout_s: float = 60.0
+    max_unfinished_headers: int = 0
     idle_timeout_s: float = 3600.0
     connection_max_age_s: float = 3600.0  # GA WebSocket: websocket_connection_limit_reached
     # Merge a stream's deltas within this window into one event (the GPU wakes at most this often; its

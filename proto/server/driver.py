@@ -69,7 +69,7 @@ from sampler.loop import (
     delivered,
     sample,
 )
-from sampler.models import ContextLengthExceeded
+from sampler.models import ContextLengthExceeded, context_message
 
 log = structlog.get_logger("proto.server.driver")
 
@@ -224,11 +224,7 @@ class ResponseDriver:
             case ClientError():  # content_policy on an appended item, too_many_pending_calls
                 return builder.failed(exc.code, exc.message)
             case ContextLengthExceeded():  # refused before any prefill; OpenAI fails the response alike
-                return builder.failed(
-                    "context_length_exceeded",
-                    f"Your input exceeds the context window of this model ({exc}). Adjust your input and try "
-                    f"again.",
-                )
+                return builder.failed("context_length_exceeded", context_message(exc))
             case EngineOverloaded():
                 return builder.failed("server_overloaded", str(exc))
             case EngineFailure():

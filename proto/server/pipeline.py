@@ -63,11 +63,11 @@ from sampler.clock import Clock, RealClock
 from sampler.engine import Engine
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
-from sampler.models import ModelSpec
+from sampler.models import ContextLengthExceeded, ModelLimits, ModelSpec, context_message
 from sampler.overrides import model_specs
 from sampler.policy import OfferedTool, Rules, has_directives, select_policy
 from sampler.position import script_position
-from sampler.tokens import Conversation, Tokenizer, prepared, text_segments
+from sampler.tokens import SLICE_CHARS, Conversation, Tokenizer, prepared, text_segments
 from sampler.tools import WebSearch
 
 log = structlog.get_logger("proto.server.pipeline")
@@ -83,10 +83,10 @@ def timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = phases.get(name, 0.0) + (time.perf_counter() - started) * 1e3
 
 
-# Input text past which its scan runs on a worker thread and its tokenization a slice at a time
-# (``tokenized``), not in one go on the loop: below it the work (~8 ms for 64 KiB: tiktoken ~65 ms/MB, the
-# safety regexes as much) costs less than stalling nobody is worth a hop. Above it, in one go on the loop, a
-# 10 MB message held every stream for ~1.1 s.
+# Input text past which its scan runs on a worker thread, not in one go on the loop (its tokenization goes
+# a slice at a time past one slice, ``tokenized``): below it the work (~8 ms for 64 KiB: tiktoken ~65
+# ms/MB, the safety regexes as much) costs less than stalling nobody is worth a hop. Above it, in one go on
+# the loop, a 10 MB message held every stream for ~1.1 s.
 OFF_LOOP_CHARS = 64 * 1024
 
 
@@ -98,14 +98,23 @@ async def off_loop(chars: int, work: Callable[[], T]) -> T:
 
 
 async def tokenized(
-    tokenizer: Tokenizer, chars: int, texts: Callable[[], Iterable[str]], work: Callable[[], T]
+    tokenizer: Tokenizer,
+    chars: int,
+    texts: Callable[[], Iterable[str]],
+    work: Callable[[], T],
+    limits: ModelLimits | None = None,
 ) -> T:
-    """``work`` (a rendering that tokenizes ``texts``, ``chars`` of them) inline when small; when large,
-    the texts are tokenized first a slice at a time on the loop (``Tokenizer.prepare``; not on a thread:
-    see ``sampler.tokens.SLICE_CHARS``) and ``work`` takes their ids."""
-    if chars <= OFF_LOOP_CHARS:
+    """``work`` (a rendering that tokenizes ``texts``, ``chars`` of them) inline when at most one slice;
+    when larger, the texts are tokenized first a slice at a time on the loop (``Tokenizer.prepare``; not on
+    a thread: see ``sampler.tokens.SLICE_CHARS``) and ``work`` takes their ids. With the model's
+    ``limits``, an input whose tokens pass its context window is refused (``context_length_exceeded``,
+    before a response starts) as soon as that is certain, without tokenizing the rest."""
+    if chars <= SLICE_CHARS:
         return work()
-    ready = await tokenizer.prepare(texts())
+    try:
+        ready = await tokenizer.prepare(texts(), limits)
+    except ContextLengthExceeded as exc:
+        raise ClientError("context_length_exceeded", context_message(exc), "input") from exc
     with prepared(ready):
         return work()
 
@@ -391,6 +400,7 @@ class Pipeline:
                 chars,
                 lambda: texts,
                 functools.partial(render, conversation),
+                gpu.limits,
             )
         await self.api_cost(design, len(conversation.log), phases)
         request = configured(request, conversation.items)  # configuration_update items in effect

@@ -26,6 +26,7 @@ from proto.core.errors import ClientError
 from proto.processes import free_port
 from proto.server.app import create_app
 from proto.server.config import Settings, check_bind, resolve_http, resolve_loop
+from proto.server.heads import HeadGate, default_cap, guarded
 from proto.server.logs import configure
 from proto.server.storage.database import DatabaseInUse
 from proto.server.storage.ledger import LedgerError
@@ -46,7 +47,10 @@ def uvicorn_config(
         port=settings.port,
         ws=LabWSProtocol,
         loop=resolve_loop(settings.loop),
-        http=resolve_http(settings.http),
+        http=guarded(
+            resolve_http(settings.http),
+            HeadGate(settings.header_timeout_s, settings.max_unfinished_headers or default_cap()),
+        ),
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=settings.ws_per_message_deflate,
         ws_ping_interval=None,  # the lab measures its own pings; keep-alive traffic would perturb it

@@ -178,11 +178,23 @@ def _automaton(rules: Iterable[_Rule]) -> ahocorasick.Automaton:
     return automaton
 
 
+# The automaton walks a text in C without releasing the GIL: a chunk at a time, so the loop's thread gets
+# it back between chunks (docs/decisions/0015-bounded-work-on-the-loop.md) while a large input is scanned
+# on a worker thread.
+_HIT_CHUNK = 64 * 1024
+
+
 def _hits(lowered: str) -> dict[str, list[int]]:
     """Start offsets of every trigger in ``lowered``, overlapping ones included, ascending per trigger."""
     hits: dict[str, list[int]] = defaultdict(list)
-    for end, trigger in _TRIGGERS.iter(lowered):
-        hits[trigger].append(end - len(trigger) + 1)
+    n = len(lowered)
+    for chunk in range(0, n, _HIT_CHUNK):
+        # A trigger starting in this chunk ends within it or the next _LONGEST - 1 characters. A slice, not
+        # iter's start and end: the automaton converts the whole string it is given, on every call.
+        for end, trigger in _TRIGGERS.iter(lowered[chunk : chunk + _HIT_CHUNK + _LONGEST - 1]):
+            start = end - len(trigger) + 1
+            if start < _HIT_CHUNK:  # one starting later is the next chunk's
+                hits[trigger].append(chunk + start)
     return hits
 
 
@@ -202,6 +214,7 @@ def _matches(rule: _Rule, text: str, hits: dict[str, list[int]] | None) -> Itera
 
 
 _TRIGGERS = _automaton((*_SECRET_RULES, *_INJECTION_RULES, _GENERIC_RULE))
+_LONGEST = max(len(t) for rule in (*_SECRET_RULES, *_INJECTION_RULES, _GENERIC_RULE) for t in rule.triggers)
 
 
 def shannon_entropy(text: str) -> float:
