@@ -25,6 +25,7 @@ from proto.lab.codex_rollout import RolloutError
 from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
+from proto.lab.records import provenance
 from proto.lab.report import print_grid, print_table, write_plots
 from proto.lab.results import (
     grid_predictions,
@@ -76,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sessions", type=int, default=None, help="concurrent rollouts per mode (default 4; --quick 2)"
     )
     parser.add_argument(
-        "--rollouts", type=int, default=None, help="measured rollouts per session (default 2; --quick 1)"
+        "--rollouts", type=int, default=None, help="measured rollouts per session (default 3; --quick 2)"
     )
     parser.add_argument(
         "--warmup", type=int, default=None, help="uncounted warm-up rollouts per session (default 1)"
@@ -155,6 +156,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)"
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the run's seed: each rollout's tool times and the mock GPU's jitter (default 1)",
+    )
+    parser.add_argument(
+        "--no-jitter", action="store_true", help="the mock GPU without jitter (default: jitter on, seeded)"
+    )
+    parser.add_argument(
+        "--fresh-server",
+        action="store_true",
+        help="new server processes for every rollout index of a group (default: one per profile)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
     parser.add_argument("--no-plots", action="store_true")
@@ -206,6 +221,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "workers": args.workers,
         "reconnect": args.reconnect,
         "db": args.db,
+        "seed": args.seed,
     }
     if args.api_cost_ms is not None or args.api_cost_ms_per_1k is not None:
         changes["server_flags"] = (
@@ -239,6 +255,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise SystemExit("--reconnect must be >= 0")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
         raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
+    if args.no_jitter:
+        config.jitter = False
+    if args.fresh_server:
+        if config.url:
+            raise SystemExit("--fresh-server starts the lab's own servers; it does not go with --url")
+        config.fresh_server = True
     if args.no_predict:
         config.predict = False
     if args.predict and not config.predict:
@@ -395,7 +417,7 @@ def _open_run(
                 f"shard {args.shard} has no cells: the grid has {groups} (profile, workload, model) "
                 f"group(s), and a group's modes run in one shard; use N <= {groups}"
             )
-        return args, config, RunDir.create(args.out, argv, config, cells, args.shard)
+        return args, config, RunDir.create(args.out, argv, config, cells, args.shard, provenance())
     out_given = any(a == "--out" or a.startswith("--out=") for a in argv)
     if out_given and args.out.resolve() != args.resume.resolve():
         raise SystemExit("--resume DIR writes to DIR: leave --out out (or give the same DIR)")
@@ -405,7 +427,7 @@ def _open_run(
     effective = given if own else [*run_dir.data["argv"], *given]
     args = parser.parse_args([*effective, "--out", str(args.resume)])
     config = config_from_args(args)
-    run_dir.resume(config, args.shard)
+    run_dir.resume(config, args.shard, provenance())
     return args, config, run_dir
 
 
