@@ -14,11 +14,11 @@ import pytest
 
 from proto.client.frames import SENT, Frame
 from proto.client.http import HttpClient
-from proto.lab.config import BenchConfig, jitter_overrides
+from proto.lab.config import PROFILES, BenchConfig, jitter_overrides
 from proto.lab.design import draw_tool_times, mode_order, rollout_seed, williams_rows
 from proto.lab.records import ROOT, Floor, Load, noise, provenance
 from proto.lab.results import add_gains, floors_json, run_record
-from proto.lab.runner import CellResult, run_bench
+from proto.lab.runner import CellResult, run_bench, server_flags
 from proto.lab.stats import FASTER, FEW, SAME, SLOWER, paired_gain, percentiles
 from proto.lab.synthetic import TOOL_P50_S, coding_agent
 from proto.lab.traces import load_replay
@@ -165,8 +165,16 @@ def test_jitter_is_on_by_default_seeded_and_can_be_turned_off() -> None:
         "mock-1000tps:ttft-jitter-std=0.08,itl-jitter-std=0.1,seed=7",
         "mock-4000tps:ttft-jitter-std=0.08,itl-jitter-std=0.1,seed=7",
     )
+    config.model_overrides = ("mock-1000tps:itl-jitter-std=0",)
+    flags = server_flags(PROFILES["local"], config)
+    overrides = [flags[i + 1] for i, f in enumerate(flags) if f == "--model-override"]
+    assert overrides == [
+        *jitter_overrides(config),
+        "mock-1000tps:itl-jitter-std=0",
+    ]  # the user's last: it wins
     config.jitter = False
     assert jitter_overrides(config) == ()
+    assert "ttft-jitter-std" not in " ".join(server_flags(PROFILES["local"], config))
 
 
 def test_gains_pair_rollouts_by_index_and_session() -> None:

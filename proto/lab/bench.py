@@ -26,7 +26,7 @@ from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.records import provenance
-from proto.lab.report import print_grid, print_table, write_plots
+from proto.lab.report import MIN_ROLLOUTS, print_grid, print_table, write_plots
 from proto.lab.results import (
     grid_predictions,
     load,
@@ -509,6 +509,7 @@ def _cells(
     written = write_outputs(results, timelines, out, plots=not args.no_plots)
     print_table(results, console)
     _print_reconnects(results, config, console)
+    _print_rollouts(results, config, console)
     console.print(f"wall {run_dir.wall_s():.1f} s; wrote " + ", ".join(str(p) for p in written))
     return 0
 
@@ -612,6 +613,21 @@ def write_outputs(
     if timelines:
         written += write_trace(timelines, out)
     return written
+
+
+def _print_rollouts(results: dict[str, Any], config: BenchConfig, console: Console) -> None:
+    """How many measured rollouts the run holds, per mode and in all, and whether a cell has fewer than a
+    default cell's (--quick's do, by design)."""
+    per = [len(run.get("rollout_records") or []) for run in results["runs"]]
+    if not per:
+        return
+    few = min(per) < MIN_ROLLOUTS
+    note = f"; fewer than the {MIN_ROLLOUTS} per mode of a default cell" if few else ""
+    quick = " (--quick)" if config.quick else ""
+    console.print(
+        f"ran {sum(per)} measured rollouts{quick}: {min(per)}-{max(per)} per cell, {len(per)} cells{note}",
+        highlight=False,
+    )
 
 
 def _print_reconnects(results: dict[str, Any], config: BenchConfig, console: Console) -> None:

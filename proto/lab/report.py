@@ -108,7 +108,7 @@ def _print_statistics(
         padding=(0, 1),
     )
     gain = Table(
-        title=_cut(f"{profile} · {model} · paired gain [95% CI]"),
+        title=_cut(f"{profile} · {model} · paired gain % [95% CI]"),
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
@@ -124,7 +124,7 @@ def _print_statistics(
         gains = run.get("gains") or {}
         http, cached = gains.get("http") or {}, gains.get("http-cached") or {}
         gain.add_row(
-            mode,
+            _SHORT_MODE.get(mode, mode),
             _gain(http.get("e2e")),
             _gain(cached.get("e2e")),
             _gain(http.get("ttft")),
@@ -153,13 +153,14 @@ def _three(p: dict[str, Any], fmt: str) -> list[str]:
 
 
 def _gain(g: dict[str, Any] | None) -> str:
-    """``-14 [-23,-7]%``; ``= [-5,+3]%`` when the interval holds 0; the point alone without an interval."""
+    """``-14[-23,-7]`` (per cent); ``=[-5,+3]`` when the interval holds 0; the point and its pair count
+    without an interval."""
     if not g or g.get("gain") is None:
         return ""
     if g.get("low") is None or g.get("high") is None:
-        return f"{g['gain'] * 100:+.0f}% (n={g['pairs']})"
+        return f"{g['gain'] * 100:+.0f} n={g['pairs']}"
     head = "=" if g["verdict"] == "no difference" else f"{g['gain'] * 100:+.0f}"
-    return f"{head} [{g['low'] * 100:+.0f},{g['high'] * 100:+.0f}]%"
+    return f"{head}[{g['low'] * 100:+.0f},{g['high'] * 100:+.0f}]"
 
 
 def print_grid(results: dict[str, Any], console: Console) -> None:

@@ -206,7 +206,9 @@ def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], confi
     if run["model"] not in MODELS:
         return None
     c = config
-    return compose(run, calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale)
+    return compose(
+        run, calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale, c.seed
+    )
 
 
 def predict_run(
@@ -218,11 +220,12 @@ def predict_run(
     sessions: int,
     rollouts: int,
     tool_time_scale: float,
+    seed: int | None = None,
 ) -> Any:
     """Compose ``run``'s cell with the fast model (:func:`compose`) and write its prediction fields (in
     place): what every real-clock run reports, and what ``bench repredict`` rewrites. Returns the
     :class:`~proto.lab.predict.Prediction`."""
-    p = compose(run, calibration, replay, model_overrides, config, sessions, rollouts, tool_time_scale)
+    p = compose(run, calibration, replay, model_overrides, config, sessions, rollouts, tool_time_scale, seed)
     apply_prediction(run, p)
     return p
 
@@ -236,9 +239,11 @@ def compose(
     sessions: int,
     rollouts: int,
     tool_time_scale: float,
+    seed: int | None = None,
 ) -> Any:
     """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model and
-    profile), ``run`` left as it is."""
+    profile), ``run`` left as it is. ``seed``: the run's (format 2: tool times drawn per rollout); None for a
+    run that replayed the workload file's times."""
     from proto.lab.predict import predict_cell, profile_hops
     from sampler.models import MODELS
     from sampler.overrides import apply_knobs
@@ -257,6 +262,7 @@ def compose(
         sessions=sessions,
         rollouts=rollouts,
         tool_time_scale=tool_time_scale,
+        seed=seed,
     )
 
 
@@ -482,6 +488,17 @@ CSV_FIELDS = (
     "ttft_vs_http",
     "overhead_first_turn_ms",
     "overhead_last_turn_ms",
+    # format 2 ("Statistics" in docs/lab.md): the spread, the noise flag and the paired gains
+    "e2e_s_p90",
+    "e2e_s_p99",
+    "ttft_ms_p99",
+    "noisy",
+    *(
+        f"{m}_gain_vs_{b}{end}"
+        for b in ("http", "http_cached")
+        for m in ("e2e", "ttft")
+        for end in ("", "_low", "_high")
+    ),
 )
 
 
@@ -500,9 +517,26 @@ def write_csv(results: dict[str, Any], out: Path) -> Path:
                 ttft_vs_http=ratio(run, base, "ttft_ms_p50"),
                 overhead_first_turn_ms=by_turn[0] if by_turn else None,
                 overhead_last_turn_ms=by_turn[-1] if by_turn else None,
+                **_statistics_columns(run),
             )
         )
     return write_table(out / "results.csv", CSV_FIELDS, rows, "phases_ms", "phase_{}_ms_per_turn")
+
+
+def _statistics_columns(run: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 run's spread, noise flag and gains as flat CSV columns (empty for an older run)."""
+    e, t = run.get("e2e_s_pct") or {}, run.get("ttft_ms_pct") or {}
+    out: dict[str, Any] = {
+        "e2e_s_p90": e.get("p90"),
+        "e2e_s_p99": e.get("p99"),
+        "ttft_ms_p99": t.get("p99"),
+        "noisy": "; ".join(run.get("noisy") or []),
+    }
+    for baseline, gains in (run.get("gains") or {}).items():
+        for metric, g in gains.items():
+            name = f"{metric}_gain_vs_{baseline.replace('-', '_')}"
+            out[name], out[name + "_low"], out[name + "_high"] = g["gain"], g["low"], g["high"]
+    return out
 
 
 def write_table(

@@ -1,7 +1,7 @@
 """A long sweep on disk (docs/lab.md, "Long sweeps"): a run's directory holds its manifest and one record per
-finished cell, so a crash or a Ctrl-C loses only the cell in flight; ``--resume DIR`` runs the cells that
-are not there yet, ``--shard I/N`` runs a deterministic part of them, and ``bench merge`` writes one
-results.json from several directories.
+finished cell, so a crash or a Ctrl-C loses only the group in flight (a group's modes run interleaved and
+finish together); ``--resume DIR`` runs the cells that are not there yet, ``--shard I/N`` runs a
+deterministic part of them, and ``bench merge`` writes one results.json from several directories.
 
 ``DIR/run.json`` (the manifest): the command line (without ``--api-key``), the whole configuration, the
 shard, the grid of cells (the whole run's, every shard's), the machine, the fast model's calibration and
