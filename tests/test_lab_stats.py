@@ -284,3 +284,27 @@ def test_the_commit_and_dirty_flag_agree_with_git() -> None:
     diff = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet"], capture_output=True)
     assert p.commit == head.stdout.strip()
     assert p.dirty == (diff.returncode == 1)
+
+
+@pytest.mark.process
+def test_fresh_server_starts_new_servers_per_rollout_index() -> None:
+    config = BenchConfig(
+        modes=("http", "ws"),
+        models=("mock-4000tps",),
+        profiles=("local",),
+        sessions=1,
+        rollouts=2,
+        turns=3,
+        tool_time_scale=0.0,
+        pings=10,
+        predict=False,
+        fresh_server=True,
+    )
+    cells: list[CellResult] = []
+    asyncio.run(run_bench(config, on_done=cells.append))
+    runs = [run_record(c) for c in cells]
+    assert [r["mode"] for r in runs] == ["http", "ws"]
+    for run in runs:
+        assert run["blocks"] == 2 and [r["index"] for r in run["rollout_records"]] == [0, 1]
+        assert run["orders"] == [["http", "ws"], ["ws", "http"]]
+    assert cells[0].server_cpu_s is not None and cells[0].server_cpu_s > 0  # summed over both servers
