@@ -17,7 +17,7 @@ from proto.client.http import HttpClient
 from proto.lab.config import PROFILES, BenchConfig, jitter_overrides
 from proto.lab.design import draw_tool_times, mode_order, rollout_seed, williams_rows
 from proto.lab.records import ROOT, Floor, Load, noise, provenance
-from proto.lab.results import add_gains, floors_json, run_record
+from proto.lab.results import add_gains, design_json, floors_json, run_record
 from proto.lab.runner import CellResult, run_bench, server_flags
 from proto.lab.stats import FASTER, FEW, SAME, SLOWER, paired_gain, percentiles
 from proto.lab.synthetic import TOOL_P50_S, coding_agent
@@ -175,6 +175,14 @@ def test_jitter_is_on_by_default_seeded_and_can_be_turned_off() -> None:
     config.jitter = False
     assert jitter_overrides(config) == ()
     assert "ttft-jitter-std" not in " ".join(server_flags(PROFILES["local"], config))
+
+
+def test_a_default_cell_has_ten_rollouts_a_mode_and_quick_says_it_has_fewer() -> None:
+    default, quick = design_json(BenchConfig()), design_json(BenchConfig.quick_preset())
+    assert default["rollouts_per_mode"] >= default["default_rollouts_per_mode_at_least"] == 10
+    assert quick["quick"] is True and quick["rollouts_per_mode"] == 4
+    assert default["sign"].endswith("negative = faster than the baseline")
+    assert default["jitter"] == {"ttft-jitter-std": 0.08, "itl-jitter-std": 0.1, "seed": 1}
 
 
 def test_gains_pair_rollouts_by_index_and_session() -> None:

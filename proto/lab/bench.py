@@ -26,7 +26,7 @@ from proto.lab.config import PROFILES, BenchConfig
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.records import provenance
-from proto.lab.report import MIN_ROLLOUTS, print_grid, print_table, write_plots
+from proto.lab.report import print_grid, print_table, write_plots
 from proto.lab.results import (
     grid_predictions,
     load,
@@ -38,6 +38,7 @@ from proto.lab.results import (
 )
 from proto.lab.runner import BenchResult, CellKey, CellResult, cell_turns, grid, replays_of, run_bench
 from proto.lab.scenarios import SCENARIOS
+from proto.lab.stats import MIN_ROLLOUTS
 from proto.lab.store import (
     RunDir,
     Shard,

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from proto.core.response import MODES
 from proto.lab.results import BASELINE, cells, ratio
+from proto.lab.stats import MIN_ROLLOUTS
 
 MODE_ORDER: tuple[str, ...] = (
     MODES  # the order the designs are compared in: each removes work the one before redoes
@@ -143,9 +144,6 @@ def _print_statistics(
     )
     if any_run.get("noisy"):
         console.print("NOISY: " + "; ".join(any_run["noisy"]), width=WIDTH, highlight=False)
-
-
-MIN_ROLLOUTS = 10  # a default cell's measured rollouts per mode, at least (docs/lab.md, "Statistics")
 
 
 def _three(p: dict[str, Any], fmt: str) -> list[str]:

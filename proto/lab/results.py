@@ -30,7 +30,7 @@ from proto.lab.config import JITTER, PROFILES, BenchConfig
 from proto.lab.metrics import RolloutMetrics, Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.records import FLOOR_SPREAD, LOAD_PER_CORE, RolloutRecord, floor, noise, provenance
 from proto.lab.runner import BenchResult, CellKey, CellResult
-from proto.lab.stats import SIGN, paired_gain, percentiles
+from proto.lab.stats import MIN_ROLLOUTS, SIGN, paired_gain, percentiles
 from proto.lab.traces import Replay
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
@@ -172,6 +172,10 @@ def design_json(config: BenchConfig) -> dict[str, Any]:
         "tool_times": "drawn per rollout from its seed (synthetic); a trace's recorded times (traces)",
         "jitter": dict(JITTER, seed=config.seed) if config.jitter and not config.url else None,
         "fresh_server": config.fresh_server,
+        # a synthetic cell's rollouts per mode (a trace's: its sessions x rollouts), against a default cell's
+        "rollouts_per_mode": config.sessions * config.rollouts,
+        "default_rollouts_per_mode_at_least": MIN_ROLLOUTS,
+        "quick": config.quick,
         "noisy_when": {"load_per_core_above": LOAD_PER_CORE, "floor_spread_above": FLOOR_SPREAD},
     }
 

@@ -20,6 +20,7 @@ from scipy.stats import bootstrap
 
 CONFIDENCE = 0.95
 RESAMPLES = 9_999
+MIN_ROLLOUTS = 10  # a default cell's measured rollouts per mode, at least (--quick has fewer, and says so)
 MIN_PAIRS = 3  # below it a bootstrap interval says nothing: two pairs resample to at most three means
 SIGN = "gain = mean over rollout pairs of (mode / baseline - 1); negative = faster than the baseline"
 
