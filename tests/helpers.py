@@ -389,6 +389,7 @@ def bench_trace(path: Path, out: Path) -> dict[str, Any]:
 
     flags = ["--quick", "--workload", str(path), "--profile", "local", "--tool-time-scale", "0.002"]
     flags += ["--no-predict", "--no-plots", "--pings", "10", "--warmup", "0", "--out", str(out)]
+    flags += ["--rollouts", "1"]  # one rollout a session: the tests sum its tokens against the trace's
     flags += ["--model-override", "mock-4000tps:tokens-per-second=40000,prefill-time-per-token=0.0039"]
     assert bench_main(flags) == 0
     results: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))

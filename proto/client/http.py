@@ -2,7 +2,9 @@
 :class:`proto.client.sse.SseParser`, on one ``httpx.AsyncClient`` (its keep-alive pool, HTTP/1.1).
 
 Each request is built whole before it is sent, so the observer sees its exact cost on the wire (request
-line, headers, body: ``frames.http_request_bytes``) at the instant it is handed to httpx.
+line, headers, body: ``frames.http_request_bytes``), stamped where its bytes leave: httpcore's ``trace``
+extension's ``send_request_headers.started`` (httpx has built the request and holds the connection; the
+next thing is the socket write), not when it is handed to httpx.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from proto.core.events import TERMINAL_TYPES
 
 PATH = "/v1/responses"
 _JSON = {"content-type": "application/json"}
+SENDING = "send_request_headers.started"  # httpcore's trace event just before the request's first write
 
 
 class HttpClient:
@@ -51,7 +54,8 @@ class HttpClient:
         timeout: float = 600.0,
         max_connections: int = 1,
     ) -> None:
-        self.url = base_url.rstrip("/") + PATH
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + PATH
         self.observer = observer
         self.clock = clock
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -71,9 +75,31 @@ class HttpClient:
     def _request(self, body: Mapping[str, Any]) -> httpx.Request:
         content = encode(body)
         request = self.http.build_request("POST", self.url, content=content, headers=_JSON)
-        if self.observer is not None:
-            self.observer(Frame(SENT, self.clock(), http_request_bytes(request, len(content)), "", body))
+        self._observe_send(request, len(content), body)
         return request
+
+    def _observe_send(self, request: httpx.Request, size: int, body: Mapping[str, Any]) -> None:
+        """Tell the observer of ``request`` when its bytes leave (httpcore's trace extension, once)."""
+        observer = self.observer
+        if observer is None:
+            return
+        wire = http_request_bytes(request, size)
+        clock = self.clock
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            if name.endswith(SENDING):
+                observer(Frame(SENT, clock(), wire, "", body))
+
+        request.extensions["trace"] = trace
+
+    async def get(self, path: str) -> httpx.Response:
+        """``GET path`` on the same connection, observed as a request is (a no-op round trip: the lab's HTTP
+        floor, ``GET /healthz``)."""
+        request = self.http.build_request("GET", self.base_url + path)
+        self._observe_send(request, 0, {})
+        response = await self.http.send(request)
+        await response.aread()
+        return response
 
     async def post(self, body: Mapping[str, Any]) -> httpx.Response:
         """``body`` as sent (``stream`` as the caller set it); the reply as it came, status and all."""

@@ -26,6 +26,7 @@ from proto.lab.codex_rollout import RolloutError
 from proto.lab.config import PROFILES, BenchConfig, profile_named
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
+from proto.lab.records import provenance
 from proto.lab.report import print_grid, print_table, write_plots
 from proto.lab.results import (
     grid_predictions,
@@ -38,6 +39,7 @@ from proto.lab.results import (
 )
 from proto.lab.runner import BenchResult, CellKey, CellResult, cell_turns, grid, replays_of, run_bench
 from proto.lab.scenarios import SCENARIOS
+from proto.lab.stats import MIN_ROLLOUTS
 from proto.lab.store import (
     RunDir,
     Shard,
@@ -83,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sessions", type=int, default=None, help="concurrent rollouts per mode (default 4; --quick 2)"
     )
     parser.add_argument(
-        "--rollouts", type=int, default=None, help="measured rollouts per session (default 2; --quick 1)"
+        "--rollouts", type=int, default=None, help="measured rollouts per session (default 3; --quick 2)"
     )
     parser.add_argument(
         "--warmup", type=int, default=None, help="uncounted warm-up rollouts per session (default 1)"
@@ -168,6 +170,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)"
     )
     parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the run's seed: each rollout's tool times and the mock GPU's jitter (default 1)",
+    )
+    parser.add_argument(
+        "--no-jitter", action="store_true", help="the mock GPU without jitter (default: jitter on, seeded)"
+    )
+    parser.add_argument(
+        "--fresh-server",
+        action="store_true",
+        help="new server processes for every rollout index of a group (default: one per profile)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("bench-out"),
@@ -223,6 +239,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "workers": args.workers,
         "reconnect": args.reconnect,
         "db": args.db,
+        "seed": args.seed,
     }
     if args.api_cost_ms is not None or args.api_cost_ms_per_1k is not None:
         changes["server_flags"] = (
@@ -258,6 +275,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise SystemExit("--reconnect must be >= 0")
     if config.sessions < 1 or config.rollouts < 1 or config.warmup < 0:
         raise SystemExit("--sessions and --rollouts must be >= 1, --warmup >= 0")
+    if args.no_jitter:
+        config.jitter = False
+    if args.fresh_server:
+        if config.url:
+            raise SystemExit("--fresh-server starts the lab's own servers; it does not go with --url")
+        config.fresh_server = True
     if args.no_predict:
         config.predict = False
     if args.predict and not config.predict:
@@ -415,7 +438,7 @@ def _open_run(
                 f"shard {args.shard} has no cells: the grid has {groups} (profile, workload, model) "
                 f"group(s), and a group's modes run in one shard; use N <= {groups}"
             )
-        return args, config, RunDir.create(args.out, argv, config, cells, args.shard)
+        return args, config, RunDir.create(args.out, argv, config, cells, args.shard, provenance())
     out_given = any(a == "--out" or a.startswith("--out=") for a in argv)
     if out_given and args.out.resolve() != args.resume.resolve():
         raise SystemExit("--resume DIR writes to DIR: leave --out out (or give the same DIR)")
@@ -425,7 +448,7 @@ def _open_run(
     effective = given if own else [*run_dir.data["argv"], *given]
     args = parser.parse_args([*effective, "--out", str(args.resume)])
     config = config_from_args(args)
-    run_dir.resume(config, args.shard)
+    run_dir.resume(config, args.shard, provenance())
     return args, config, run_dir
 
 
@@ -507,6 +530,7 @@ def _cells(
     written = write_outputs(results, timelines, out, plots=not args.no_plots)
     print_table(results, console)
     _print_reconnects(results, config, console)
+    _print_rollouts(results, config, console)
     console.print(f"wall {run_dir.wall_s():.1f} s; wrote " + ", ".join(str(p) for p in written))
     return 0
 
@@ -610,6 +634,21 @@ def write_outputs(
     if timelines:
         written += write_trace(timelines, out)
     return written
+
+
+def _print_rollouts(results: dict[str, Any], config: BenchConfig, console: Console) -> None:
+    """How many measured rollouts the run holds, per mode and in all, and whether a cell has fewer than a
+    default cell's (--quick's do, by design)."""
+    per = [len(run.get("rollout_records") or []) for run in results["runs"]]
+    if not per:
+        return
+    few = min(per) < MIN_ROLLOUTS
+    note = f"; fewer than the {MIN_ROLLOUTS} per mode of a default cell" if few else ""
+    quick = " (--quick)" if config.quick else ""
+    console.print(
+        f"ran {sum(per)} measured rollouts{quick}: {min(per)}-{max(per)} per cell, {len(per)} cells{note}",
+        highlight=False,
+    )
 
 
 def _print_reconnects(results: dict[str, Any], config: BenchConfig, console: Console) -> None:

@@ -101,7 +101,7 @@ class BenchConfig:
     # `local` first: measured work only is the primary result; both placements of the classifier's hop.
     profiles: tuple[str, ...] = ("local", "production-like", "production-like-beside")
     sessions: int = 4
-    rollouts: int = 2  # measured, per session
+    rollouts: int = 3  # measured, per session: 4 x 3 = 12 per mode, >= 10 (docs/lab.md, "Statistics")
     warmup: int = 1  # per session, before the measured ones
     warmup_turns: int = 3  # warm-up rollouts are this short: they warm code paths and connections only
     turns: int | None = None  # shorten the workload to this many turns (None: all)
@@ -125,24 +125,46 @@ class BenchConfig:
     # processes in front of it (`serve --workers N`; N > 1 without an engine starts one of its own).
     engine: str | None = None
     workers: int = 1
+    # The experiment's design (docs/lab.md, "Method"): the run's seed (each rollout's tool times, the mock
+    # GPU's jitter), the mock GPU's jitter on (``JITTER``), and a fresh server per rollout index.
+    seed: int = 1
+    jitter: bool = True
+    fresh_server: bool = False
 
     @classmethod
     def quick_preset(cls) -> BenchConfig:
         """< 3 min on 2 cores: 15 of coding-agent's 30 turns (history 6 k → 31 k tokens), mock-4000tps,
-        tool waits ×0.1, 2 sessions × 1 measured rollout, 200 pings, two profiles (the classifier before
-        the prefill only). Tool waits are identical in every mode
-        and only dilute E2E ratios; the full run keeps them as recorded."""
+        tool waits ×0.02, 2 sessions × 2 measured rollouts (4 per mode: fewer than a default cell's 12, and
+        it says so), 200 pings, two profiles (the classifier before the prefill only). Tool waits are
+        identical in every mode of a rollout and only dilute E2E ratios; drawn per rollout they would take
+        ~10 s a rollout at ×0.1, five times the quick run's budget. The full run keeps them as drawn."""
         return cls(
             models=("mock-4000tps",),
             sessions=2,
-            rollouts=1,
+            rollouts=2,
             turns=15,
-            tool_time_scale=0.1,
+            tool_time_scale=0.02,
             pings=200,
             quick=True,
             calibration_rounds=120,
             profiles=("local", "production-like"),
         )
+
+
+# The mock GPU's jitter in lab runs (docs/lab.md, "Jitter"): std-devs as fractions of the mean, read off a
+# published single-stream serving benchmark (SGLang bench_serving, DeepSeek-OCR, concurrency 1, on the
+# radixark cookbook's DeepSeek-OCR page): median ITL 1.51 ms, p95 1.76, p99 1.93 -> sigma ~ 0.25 / 1.645
+# = 0.15 ms ~ 10 %; median TTFT 20.89 ms, p99 24.81 -> sigma ~ 3.92 / 2.326 = 1.7 ms ~ 8 %.
+JITTER = {"ttft-jitter-std": 0.08, "itl-jitter-std": 0.10}
+
+
+def jitter_overrides(config: BenchConfig) -> tuple[str, ...]:
+    """The ``--model-override``s that turn the mock GPU's jitter on for the run's models, seeded with the
+    run's seed; before the user's own overrides, so a user's knob wins. None with ``jitter`` off."""
+    if not config.jitter:
+        return ()
+    knobs = ",".join(f"{k}={v}" for k, v in JITTER.items())
+    return tuple(f"{model}:{knobs},seed={config.seed}" for model in config.models)
 
 
 # A trace cell's warm-up: code paths and connections, not the trace's sizes (its first prompt may be 30 k).

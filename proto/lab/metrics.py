@@ -69,6 +69,12 @@ class Trace:
     arrival_s: float = 0.0  # a trace session's arrival, after the cell's measured start
     # per response: (turns, safety hops, model resolutions)
     hops: list[tuple[int, int, int]] = field(default_factory=list)
+    # where the rollout sits in the run's design (proto/lab/design.py): its rollout index, its session's
+    # index, its tool times' seed (None: a trace's recorded times), its mode's position in that index's order
+    index: int = -1
+    session_index: int = 0
+    seed: int | None = None
+    position: int = 0
 
     def add_response(self, response: dict[str, Any]) -> None:
         """Fold one terminal response's usage, phases and turn reports into the trace. Its whole usage:

@@ -44,6 +44,7 @@ import numpy as np
 
 from proto.lab.clients import make_client
 from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce, profile_named
+from proto.lab.design import draw_tool_times, rollout_seed
 from proto.lab.metrics import Trace, round_times
 from proto.lab.plan import RolloutPlan, build_plan
 from proto.lab.traces import Replay, Round, Session
@@ -553,14 +554,26 @@ def predict_cell(
     sessions: int = 1,
     rollouts: int = 1,
     tool_time_scale: float = 1.0,
+    seed: int | None = None,
 ) -> Prediction:
     """A cell as the runner runs it: ``sessions`` lock-step copies of a synthetic session, or a trace's own
-    sessions at their arrival times; ``rollouts`` times over, each on a fresh engine state's KV prefix."""
+    sessions at their arrival times; ``rollouts`` times over, each on a fresh engine state's KV prefix.
+    ``seed``: a synthetic session's tool times drawn per rollout as the runner draws them
+    (proto/lab/design.py); None: the workload file's."""
     out = Prediction()
     plans = [(_plan(s, i, tool_time_scale), s.arrival_s) for i, s in enumerate(replay.sessions)]
     if not replay.trace:
         plans = plans[:1] * sessions
     concurrent = len(plans) > 1
+
+    def drawn(rep: int) -> list[tuple[RolloutPlan, float]]:
+        if seed is None or replay.trace:
+            return plans
+        first = replay.sessions[0]
+        return [
+            (_plan(draw_tool_times(first, rollout_seed(seed, rep, k)), 0, tool_time_scale), 0.0)
+            for k in range(len(plans))
+        ]
 
     async def run() -> None:
         clock: Any = FakeClock(settle_rounds=2) if concurrent else _InstantClock()
@@ -573,7 +586,7 @@ def predict_cell(
                         cal, mode, plan, gpu, clock, hops, clock.now() + arrival, 7919 * rep + i, out, core
                     )
                 )
-                for i, (plan, arrival) in enumerate(plans)
+                for i, (plan, arrival) in enumerate(drawn(rep))
             ]
             if concurrent:
                 while not all(t.done() for t in tasks):

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from proto.core.response import MODES
 from proto.lab.results import BASELINE, cells, ratio
+from proto.lab.stats import MIN_ROLLOUTS
 
 MODE_ORDER: tuple[str, ...] = (
     MODES  # the order the designs are compared in: each removes work the one before redoes
@@ -68,6 +69,8 @@ def print_table(results: dict[str, Any], console: Console) -> None:
                     f"{run['turn_overhead_ms_p50']:.2f}",
                 )
             console.print(table, width=WIDTH)
+            if any("gains" in run for run in modes.values()):
+                _print_statistics(profile, workload, model, modes, console)
         names = list(profiles)
         cost = Table(
             title=_cut(f"{workload} · {model} · per turn"),
@@ -91,6 +94,71 @@ def print_table(results: dict[str, Any], console: Console) -> None:
                 ]
             cost.add_row(*row)
         console.print(cost, width=WIDTH)
+
+
+def _print_statistics(
+    profile: str, workload: str, model: str, modes: dict[str, dict[str, Any]], console: Console
+) -> None:
+    """A group's spread and paired gains (docs/lab.md, "Statistics"): E2E and TTFT p50 / p90 / p99, and each
+    mode's gain against ``http`` and ``http-cached`` with its 95 % interval (negative = faster; "=" when the
+    interval holds 0); then how many rollouts, and why the group is flagged noisy."""
+    spread = Table(
+        title=_cut(f"{profile} · {model} · spread: E2E s, TTFT ms"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+    )
+    gain = Table(
+        title=_cut(f"{profile} · {model} · paired gain % [95% CI]"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+    )
+    for name in ("mode", "E2E p50", "p90", "p99", "TTFT p50", "p90", "p99"):
+        spread.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
+    for name in ("mode", "E2E vs http", "vs cached", "TTFT vs http", "vs cached"):
+        gain.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
+    for mode in sorted(modes, key=_mode_rank):
+        run = modes[mode]
+        e, t = run.get("e2e_s_pct") or {}, run.get("ttft_ms_pct") or {}
+        spread.add_row(mode, *_three(e, "{:.2f}"), *_three(t, "{:.1f}"))
+        gains = run.get("gains") or {}
+        http, cached = gains.get("http") or {}, gains.get("http-cached") or {}
+        gain.add_row(
+            _SHORT_MODE.get(mode, mode),
+            _gain(http.get("e2e")),
+            _gain(cached.get("e2e")),
+            _gain(http.get("ttft")),
+            _gain(cached.get("ttft")),
+        )
+    console.print(spread, width=WIDTH)
+    console.print(gain, width=WIDTH)
+    any_run = next(iter(modes.values()))
+    n = min(len(run.get("rollout_records") or []) for run in modes.values())
+    few = f" (fewer than the {MIN_ROLLOUTS} of a default cell)" if n < MIN_ROLLOUTS else ""
+    console.print(
+        f"{n} measured rollouts per mode{few}; gain = mode / baseline - 1 per rollout pair, negative = "
+        "faster; = : the interval holds 0 (no difference)",
+        width=WIDTH,
+        highlight=False,
+    )
+    if any_run.get("noisy"):
+        console.print("NOISY: " + "; ".join(any_run["noisy"]), width=WIDTH, highlight=False)
+
+
+def _three(p: dict[str, Any], fmt: str) -> list[str]:
+    return ["–" if p.get(k) is None else fmt.format(p[k]) for k in ("p50", "p90", "p99")]
+
+
+def _gain(g: dict[str, Any] | None) -> str:
+    """``-14[-23,-7]`` (per cent); ``=[-5,+3]`` when the interval holds 0; the point and its pair count
+    without an interval."""
+    if not g or g.get("gain") is None:
+        return ""
+    if g.get("low") is None or g.get("high") is None:
+        return f"{g['gain'] * 100:+.0f} n={g['pairs']}"
+    head = "=" if g["verdict"] == "no difference" else f"{g['gain'] * 100:+.0f}"
+    return f"{head}[{g['low'] * 100:+.0f},{g['high'] * 100:+.0f}]"
 
 
 def print_grid(results: dict[str, Any], console: Console) -> None:

@@ -60,6 +60,7 @@ def repredict(result: dict[str, Any]) -> list[Row]:
             sessions=cfg["sessions"],
             rollouts=cfg["rollouts_per_session"],
             tool_time_scale=cfg["tool_time_scale"],
+            seed=cfg.get("seed"),  # format 2: tool times drawn per rollout from it; format 1: the file's
         )
         out.append((run, before, run["prediction_error"]))
     return out

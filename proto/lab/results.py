@@ -23,14 +23,19 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 
-from proto.lab.config import BenchConfig, profile_named
-from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
+from proto.lab.config import JITTER, BenchConfig, profile_named
+from proto.lab.metrics import RolloutMetrics, Trace, percentile, rollout_metrics, store_vs_cached, summarize
+from proto.lab.records import FLOOR_SPREAD, LOAD_PER_CORE, RolloutRecord, floor, noise, provenance
 from proto.lab.runner import BenchResult, CellKey, CellResult
+from proto.lab.stats import MIN_ROLLOUTS, SIGN, paired_gain, percentiles
 from proto.lab.traces import Replay
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
+BASELINES = ("http", "http-cached")  # the paired gains' baselines: HTTP without and with a token cache
+FORMAT = 2  # results.json's shape: 2 adds the design, the paired gains and the provenance (1: no field)
 
 # ---- shaping ------------------------------------------------------------------------------------
 
@@ -87,7 +92,103 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         "round_kinds": dict(sorted(Counter(k for t in cell.traces for k in t.kinds).items())),
         # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
         "store_vs_cached": store_vs_cached(cell.traces),
+        **design_fields(cell, metrics),
     }
+
+
+def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[str, Any]:
+    """A record's fields of the experiment's design (docs/lab.md, "Statistics"): E2E and TTFT p50/p90/p99,
+    one record per rollout (its index, session, seed, position, E2E and median TTFT: the pairs of the
+    gains), the order of every rollout index, the load around the group, its floors and whether it was
+    noisy."""
+    rollouts = [
+        RolloutRecord(
+            index=t.index,
+            session=t.session_index,
+            seed=t.seed,
+            position=t.position,
+            e2e_s=m.e2e_s,
+            ttft_ms_p50=percentile((x.ttft_ms for x in m.turns), 50),
+            turns=len(m.turns),
+            tool_wait_s=t.tool_wait_s,
+            status=t.status,
+        )
+        for t, m in zip(cell.traces, metrics, strict=True)
+    ]
+    group = cell.group
+    floors = group.floors if group is not None else []
+    return {
+        "e2e_s_pct": msgspec.to_builtins(percentiles([m.e2e_s for m in metrics])),
+        "ttft_ms_pct": msgspec.to_builtins(percentiles([t.ttft_ms for m in metrics for t in m.turns])),
+        "rollout_records": msgspec.to_builtins(rollouts),
+        "orders": group.orders if group is not None else [],
+        "blocks": group.blocks if group is not None else 1,
+        "load": None if group is None else msgspec.to_builtins(group.load),
+        "floors": msgspec.to_builtins(floors),
+        "noisy": noise(group.load if group is not None else None, floors),
+    }
+
+
+def add_gains(runs: Sequence[dict[str, Any]], seed: int = 0) -> None:
+    """Each run's ``gains`` (in place): against every baseline of ``BASELINES`` measured in its (profile,
+    workload, model), its paired E2E and TTFT gains (proto/lab/stats.py) over the rollouts both ran (pairs
+    matched by rollout index and session). Runs without ``rollout_records`` (format 1) get none."""
+    for modes in cells(runs).values():
+        for run in modes.values():
+            if "rollout_records" not in run:
+                continue
+            gains: dict[str, Any] = {}
+            for name in BASELINES:
+                base = modes.get(name)
+                if base is None or base is run or "rollout_records" not in base:
+                    continue
+                theirs = {(r["index"], r["session"]): r for r in base["rollout_records"]}
+                pairs = [
+                    (r, theirs[(r["index"], r["session"])])
+                    for r in run["rollout_records"]
+                    if (r["index"], r["session"]) in theirs
+                ]
+                gains[name] = {
+                    metric: msgspec.to_builtins(
+                        paired_gain(
+                            [float(a[field]) for a, _ in pairs],
+                            [float(b[field]) for _, b in pairs],
+                            baseline=name,
+                            metric=metric,
+                            seed=seed,
+                        )
+                    )
+                    for metric, field in (("e2e", "e2e_s"), ("ttft", "ttft_ms_p50"))
+                }
+            run["gains"] = gains
+
+
+def design_json(config: BenchConfig) -> dict[str, Any]:
+    """results.json's ``design``: the sign convention, the noise rule, the seed and the jitter, once."""
+    return {
+        "sign": SIGN,
+        "order": "Williams design per rollout index (proto/lab/design.py); runs[].orders holds each index's",
+        "seed": config.seed,
+        "tool_times": "drawn per rollout from its seed (synthetic); a trace's recorded times (traces)",
+        "jitter": dict(JITTER, seed=config.seed) if config.jitter and not config.url else None,
+        "fresh_server": config.fresh_server,
+        # a synthetic cell's rollouts per mode (a trace's: its sessions x rollouts), against a default cell's
+        "rollouts_per_mode": config.sessions * config.rollouts,
+        "default_rollouts_per_mode_at_least": MIN_ROLLOUTS,
+        "quick": config.quick,
+        "noisy_when": {"load_per_core_above": LOAD_PER_CORE, "floor_spread_above": FLOOR_SPREAD},
+    }
+
+
+def floors_json(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """results.json's ``floors``: each floor over the groups' own p50s (a group's floors are measured once,
+    on its server, and carried by each of its cells): n groups, their p10 / p50 / p90 and spread."""
+    groups = [next(iter(modes.values())) for modes in cells(runs).values()]
+    out: dict[str, Any] = {}
+    for name in ("ws_ping", "http_noop"):
+        p50s = [f["p50"] for r in groups for f in r.get("floors", []) if f["name"] == name and f["p50"]]
+        out[name] = msgspec.to_builtins(floor(name, p50s))
+    return out
 
 
 def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
@@ -109,7 +210,9 @@ def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], confi
     if run["model"] not in MODELS:
         return None
     c = config
-    return compose(run, calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale)
+    return compose(
+        run, calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale, c.seed
+    )
 
 
 def predict_run(
@@ -121,11 +224,12 @@ def predict_run(
     sessions: int,
     rollouts: int,
     tool_time_scale: float,
+    seed: int | None = None,
 ) -> Any:
     """Compose ``run``'s cell with the fast model (:func:`compose`) and write its prediction fields (in
     place): what every real-clock run reports, and what ``bench repredict`` rewrites. Returns the
     :class:`~proto.lab.predict.Prediction`."""
-    p = compose(run, calibration, replay, model_overrides, config, sessions, rollouts, tool_time_scale)
+    p = compose(run, calibration, replay, model_overrides, config, sessions, rollouts, tool_time_scale, seed)
     apply_prediction(run, p)
     return p
 
@@ -139,9 +243,11 @@ def compose(
     sessions: int,
     rollouts: int,
     tool_time_scale: float,
+    seed: int | None = None,
 ) -> Any:
     """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model and
-    profile), ``run`` left as it is."""
+    profile), ``run`` left as it is. ``seed``: the run's (format 2: tool times drawn per rollout); None for a
+    run that replayed the workload file's times."""
     from proto.lab.predict import predict_cell, profile_hops
     from sampler.models import MODELS
     from sampler.overrides import apply_knobs
@@ -160,6 +266,7 @@ def compose(
         sessions=sessions,
         rollouts=rollouts,
         tool_time_scale=tool_time_scale,
+        seed=seed,
     )
 
 
@@ -238,6 +345,7 @@ def results_json(
 ) -> dict[str, Any]:
     config = result.config
     return {
+        "format": FORMAT,
         "floor": floor_json(result.pings_ms),
         "runs": [],  # the fast model alone (``--predict``); a real-clock run's come from its cell records
         "calibration": result.calibration.to_json() if result.calibration is not None else None,
@@ -246,6 +354,8 @@ def results_json(
         "config": config_json(config),
         "command": command,
         "machine": machine(),
+        "provenance": msgspec.to_builtins(provenance()),
+        "design": design_json(config),
         "started_utc": utc(result.started),
         "wall_s": result.wall_s,
     }
@@ -284,6 +394,9 @@ def config_json(config: BenchConfig) -> dict[str, Any]:
         "model_overrides": list(config.model_overrides),
         "server_flags": list(config.server_flags),
         "calibration_rounds": config.calibration_rounds,
+        "seed": config.seed,
+        "jitter": config.jitter,
+        "fresh_server": config.fresh_server,
     }
 
 
@@ -373,6 +486,17 @@ CSV_FIELDS = (
     "ttft_vs_http",
     "overhead_first_turn_ms",
     "overhead_last_turn_ms",
+    # format 2 ("Statistics" in docs/lab.md): the spread, the noise flag and the paired gains
+    "e2e_s_p90",
+    "e2e_s_p99",
+    "ttft_ms_p99",
+    "noisy",
+    *(
+        f"{m}_gain_vs_{b}{end}"
+        for b in ("http", "http_cached")
+        for m in ("e2e", "ttft")
+        for end in ("", "_low", "_high")
+    ),
 )
 
 
@@ -391,9 +515,26 @@ def write_csv(results: dict[str, Any], out: Path) -> Path:
                 ttft_vs_http=ratio(run, base, "ttft_ms_p50"),
                 overhead_first_turn_ms=by_turn[0] if by_turn else None,
                 overhead_last_turn_ms=by_turn[-1] if by_turn else None,
+                **_statistics_columns(run),
             )
         )
     return write_table(out / "results.csv", CSV_FIELDS, rows, "phases_ms", "phase_{}_ms_per_turn")
+
+
+def _statistics_columns(run: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 run's spread, noise flag and gains as flat CSV columns (empty for an older run)."""
+    e, t = run.get("e2e_s_pct") or {}, run.get("ttft_ms_pct") or {}
+    out: dict[str, Any] = {
+        "e2e_s_p90": e.get("p90"),
+        "e2e_s_p99": e.get("p99"),
+        "ttft_ms_p99": t.get("p99"),
+        "noisy": "; ".join(run.get("noisy") or []),
+    }
+    for baseline, gains in (run.get("gains") or {}).items():
+        for metric, g in gains.items():
+            name = f"{metric}_gain_vs_{baseline.replace('-', '_')}"
+            out[name], out[name + "_low"], out[name + "_high"] = g["gain"], g["low"], g["high"]
+    return out
 
 
 def write_table(

@@ -19,20 +19,25 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import os
 import tempfile
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import psutil
 from websockets.asyncio.client import connect
 
+from proto.client.frames import SENT
+from proto.client.http import HttpClient
 from proto.lab.clients import RolloutClient, make_client
-from proto.lab.config import WARM, BenchConfig, Profile, nonce, profile_named
+from proto.lab.config import WARM, BenchConfig, Profile, jitter_overrides, nonce, profile_named
+from proto.lab.design import draw_tool_times, mode_order, rollout_seed
 from proto.lab.metrics import Trace
-from proto.lab.plan import build_plan
+from proto.lab.plan import RolloutPlan, build_plan
 from proto.lab.predict import Calibration, calibrate
+from proto.lab.records import Floor, Load, floor, load_now
 from proto.lab.traces import Replay, Session, load_replay
 from proto.processes import ChildEngine, ChildServer, cpu_seconds
 
@@ -48,6 +53,7 @@ class CellResult:
     server_cpu_s: float | None
     wall_s: float
     replay: Replay | None = None
+    group: GroupResult | None = None  # the design, load and floors its (profile, workload, model) ran with
 
 
 @dataclass
@@ -94,76 +100,169 @@ async def ping_rtts_ms(ws_url: str, count: int, api_key: str | None = None) -> l
     return rtts
 
 
-# ---- one cell -----------------------------------------------------------------------------------
+# ---- one group: every mode of a (profile, workload, model), interleaved ----------------------------
 
 
-async def run_cell(
-    mode: str,
+async def http_noop_rtts_ms(http_url: str, count: int, api_key: str | None = None) -> list[float]:
+    """``GET /healthz`` round trips through the lab's HTTP client stack (``proto.client.http.HttpClient``:
+    its httpx client, one keep-alive connection), from the send mark (where the request's bytes leave) to
+    the body read: the least any HTTP turn can cost, the client's own share included."""
+    rtts: list[float] = []
+    sent: list[float] = []
+    client = HttpClient(
+        http_url, api_key, observer=lambda frame: sent.append(frame.t) if frame.direction == SENT else None
+    )
+    try:
+        for _ in range(count):
+            sent.clear()
+            response = await client.get("/healthz")
+            t = client.clock()
+            if response.status_code != 200 or not sent:
+                raise RuntimeError(f"GET /healthz: HTTP {response.status_code}")
+            rtts.append((t - sent[0]) * 1e3)
+    finally:
+        await client.aclose()
+    return rtts
+
+
+@dataclass
+class ModeTally:
+    """One mode's part of a group, summed over its blocks."""
+
+    traces: list[Trace] = field(default_factory=list)
+    cpu_s: float | None = 0.0
+    wall_s: float = 0.0
+
+
+@dataclass
+class GroupResult:
+    """A group's shared facts, recorded in each of its cells."""
+
+    orders: list[list[str]]  # per rollout index, the modes in the order they ran
+    load: Load
+    floors: list[Floor]
+    blocks: int  # server lifetimes: 1, or one per rollout index with fresh_server
+
+
+def _plans(replay: Replay, model: str, config: BenchConfig, index: int) -> list[tuple[Session, int | None]]:
+    """Rollout ``index``'s sessions, each with its tool-time seed: a synthetic workload's ``sessions``
+    copies, each with tool times drawn from its seed; a trace's own sessions with their recorded times."""
+    if replay.trace:
+        return [(s, None) for s in replay.sessions]
+    out: list[tuple[Session, int | None]] = []
+    for k in range(config.sessions):
+        seed = rollout_seed(config.seed, index, k)
+        out.append((draw_tool_times(replay.sessions[0], seed), seed))
+    return out
+
+
+async def run_group(
+    modes: Sequence[str],
     replay: Replay,
     model: str,
     config: BenchConfig,
-    ws_url: str,
-    http_url: str,
-    cpu: Callable[[], float] | None,
+    servers: Callable[[], contextlib.AbstractContextManager[Server]],
     on_turn: Callable[[], None] | None = None,
-    others: tuple[str, ...] = (),
-) -> tuple[list[Trace], float | None, float]:
-    """Warm up every session, then run the measured rollouts; returns (traces, server CPU s, wall s).
-    ``others``: the other servers' WebSocket URLs, for ``config.reconnect``."""
+) -> tuple[dict[str, ModeTally], GroupResult]:
+    """Every mode of one (profile, workload, model) over the same rollouts: rollout index ``i`` runs each
+    mode once, in row ``i`` of the Williams design (proto/lab/design.py), every mode on the same plan and
+    tool times (a distinct nonce each, so no KV prefix or cached item is shared). ``servers()`` gives the
+    server: entered once, or once per rollout index with ``config.fresh_server``. The floors are measured on
+    the first server, before the warm-up; the load average is read around the whole group."""
+    tallies = {mode: ModeTally() for mode in modes}
+    orders: list[list[str]] = []
+    indices = list(range(config.rollouts))
+    blocks = [[i] for i in indices] if config.fresh_server else [indices]
+    floors: list[Floor] = []
+    before = load_now()
+    for block in blocks:
+        with servers() as server:
+            if not floors:
+                _, ws_url, http_url, _, _ = server
+                floors = [
+                    floor("ws_ping", await ping_rtts_ms(ws_url, config.pings, config.api_key)),
+                    floor("http_noop", await http_noop_rtts_ms(http_url, config.pings, config.api_key)),
+                ]
+            await _block(modes, replay, model, config, server, block, tallies, orders, on_turn)
+    load = Load(before, load_now(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    return tallies, GroupResult(orders, load, floors, len(blocks))
+
+
+async def _block(
+    modes: Sequence[str],
+    replay: Replay,
+    model: str,
+    config: BenchConfig,
+    server: Server,
+    indices: Sequence[int],
+    tallies: dict[str, ModeTally],
+    orders: list[list[str]],
+    on_turn: Callable[[], None] | None,
+) -> None:
+    """One server's part of a group: every mode's clients opened and warmed up (in the first index's
+    order), then ``indices`` rollout by rollout, the modes interleaved."""
+    _, ws_url, http_url, cpu, others = server
     n = len(replay.sessions) if replay.trace else config.sessions
-    clients: list[RolloutClient] = [
-        make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(n)
-    ]
-    for client in clients:
-        client.on_send = on_turn
+    clients: dict[str, list[RolloutClient]] = {
+        mode: [
+            make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others) for _ in range(n)
+        ]
+        for mode in modes
+    }
+    for c in (c for cs in clients.values() for c in cs):
+        c.on_send = on_turn
     warm = WARM if replay.trace else replay.shortened(config.warmup_turns).sessions[0]
     try:
-        await asyncio.gather(*(c.open() for c in clients))
-        await asyncio.gather(*(_rollouts(c, warm, model, config, config.warmup) for c in clients))
-        cpu0, t0 = (cpu() if cpu else None), time.perf_counter()
-        if replay.trace:
-            traces = []
-            for _ in range(config.rollouts):
+        await asyncio.gather(*(c.open() for cs in clients.values() for c in cs))
+        for mode in mode_order(modes, indices[0]):
+            await asyncio.gather(*(_warm(c, warm, model, config) for c in clients[mode]))
+        for index in indices:
+            order = mode_order(modes, index)
+            orders.append(list(order))
+            sessions = _plans(replay, model, config, index)
+            for position, mode in enumerate(order):
+                # Built before the clock starts: the same sessions and tool times in every mode.
+                plans = [build_plan(s, model, nonce(), config.tool_time_scale) for s, _ in sessions]
+                tally = tallies[mode]
+                cpu0, t0 = (cpu() if cpu else None), time.perf_counter()
                 start = asyncio.get_running_loop().time()
-                traces += await asyncio.gather(
+                traces = await asyncio.gather(
                     *(
-                        _arrive(c, s, start, model, config)
-                        for c, s in zip(clients, replay.sessions, strict=True)
+                        _arrive(c, plan, s.arrival_s if replay.trace else 0.0, start)
+                        for c, plan, (s, _) in zip(clients[mode], plans, sessions, strict=True)
                     )
                 )
-        else:
-            session = replay.sessions[0]
-            per_session = await asyncio.gather(
-                *(_rollouts(c, session, model, config, config.rollouts) for c in clients)
-            )
-            traces = [t for ts in per_session for t in ts]
-        wall = time.perf_counter() - t0
-        cpu_s = cpu() - cpu0 if cpu and cpu0 is not None else None
+                tally.wall_s += time.perf_counter() - t0
+                if cpu is None or cpu0 is None or tally.cpu_s is None:
+                    tally.cpu_s = None
+                else:
+                    tally.cpu_s += cpu() - cpu0
+                for k, (trace, (_, seed)) in enumerate(zip(traces, sessions, strict=True)):
+                    trace.index, trace.session_index, trace.seed, trace.position = index, k, seed, position
+                tally.traces += traces
     finally:
-        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
-    return traces, cpu_s, wall
+        await asyncio.gather(*(c.close() for cs in clients.values() for c in cs), return_exceptions=True)
 
 
-async def _rollouts(
-    client: RolloutClient, session: Session, model: str, config: BenchConfig, n: int
-) -> list[Trace]:
-    traces = []
-    for _ in range(n):
-        plan = build_plan(session, model, nonce(), config.tool_time_scale)  # built before the clock starts
-        traces.append(await client.rollout(plan))
-    return traces
+def _client(
+    mode: str, config: BenchConfig, ws_url: str, http_url: str, others: tuple[str, ...]
+) -> RolloutClient:
+    return make_client(mode, ws_url, http_url, config.api_key, config.reconnect, others)
 
 
-async def _arrive(
-    client: RolloutClient, session: Session, start: float, model: str, config: BenchConfig
-) -> Trace:
-    """One trace session, started at its arrival time (open loop); closed loop within it."""
-    plan = build_plan(session, model, nonce(), config.tool_time_scale)
-    delay = start + session.arrival_s - asyncio.get_running_loop().time()
+async def _warm(client: RolloutClient, session: Session, model: str, config: BenchConfig) -> None:
+    for _ in range(config.warmup):
+        await client.rollout(build_plan(session, model, nonce(), config.tool_time_scale))
+
+
+async def _arrive(client: RolloutClient, plan: RolloutPlan, arrival_s: float, start: float) -> Trace:
+    """One session's rollout, started at its arrival time after ``start`` (a trace's open loop; a synthetic
+    workload's sessions all arrive at once); closed loop within it."""
+    delay = start + arrival_s - asyncio.get_running_loop().time()
     if delay > 0:
         await asyncio.sleep(delay)
     trace = await client.rollout(plan)
-    trace.arrival_s = session.arrival_s
+    trace.arrival_s = arrival_s
     return trace
 
 
@@ -176,10 +275,12 @@ def replays_of(config: BenchConfig) -> list[Replay]:
 
 def cell_turns(config: BenchConfig, r: Replay) -> int:
     """Sends one cell of ``r`` makes, warm-up included (for the progress bar)."""
+    blocks = config.rollouts if config.fresh_server else 1
     if r.trace:
-        return len(r.sessions) * config.warmup * len(WARM.rounds) + config.rollouts * r.rounds
+        per = len(r.sessions) * config.warmup * len(WARM.rounds)
+        return per * blocks + config.rollouts * r.rounds
     warm = r.shortened(config.warmup_turns)
-    return config.sessions * (config.warmup * warm.rounds + config.rollouts * r.rounds)
+    return config.sessions * (config.warmup * warm.rounds * blocks + config.rollouts * r.rounds)
 
 
 def profiles_of(config: BenchConfig) -> tuple[str, ...]:
@@ -221,7 +322,7 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
         try:
             engine_url = config.engine
             if config.engine == "spawn":
-                engine = ChildEngine([f for o in config.model_overrides for f in ("--model-override", o)])
+                engine = ChildEngine([f for o in overrides_of(config) for f in ("--model-override", o)])
                 engine.wait_ready()
                 engine_url = engine.http_url
             for name in config.profiles:  # all started before any is waited for: they boot side by side
@@ -254,16 +355,44 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
                 engine.stop()
 
 
+def _server_of(
+    config: BenchConfig, server: Server
+) -> Callable[[], contextlib.AbstractContextManager[Server]]:
+    """A group's servers: ``server`` itself, or a fresh set per rollout index (``--fresh-server``)."""
+    if config.fresh_server:
+        return functools.partial(_fresh, config, server[0])
+    return functools.partial(_same, server)
+
+
+@contextlib.contextmanager
+def _same(server: Server) -> Iterator[Server]:
+    yield server
+
+
+@contextlib.contextmanager
+def _fresh(config: BenchConfig, profile: str) -> Iterator[Server]:
+    """New server processes for ``profile`` (``--fresh-server``: one set per rollout index), stopped on
+    exit."""
+    with _servers(dataclasses.replace(config, profiles=(profile,))) as servers:
+        yield servers[0]
+
+
 def _cpu_sum(servers: list[ChildServer], engine: ChildEngine | None = None) -> float:
     """The servers' CPU seconds (their workers and their own engine included), plus the lab's engine's."""
     return sum(server.cpu_s() for server in servers) + (engine.cpu_s() if engine is not None else 0.0)
+
+
+def overrides_of(config: BenchConfig) -> tuple[str, ...]:
+    """The ``--model-override``s of the servers the lab starts: the mock GPU's jitter (unless off), then the
+    user's own (which win)."""
+    return (*jitter_overrides(config), *config.model_overrides)
 
 
 def server_flags(profile: Profile, config: BenchConfig, engine_url: str | None = None) -> list[str]:
     """``responses-lab serve`` flags for one profile's server: its rules and hops, quiet logs, the model
     overrides (which an engine elsewhere ignores: they are that engine's flags), its engine and workers."""
     flags = [*profile.flags(), "--log-level", "warning"]
-    for override in config.model_overrides:
+    for override in overrides_of(config):
         flags += ["--model-override", override]
     if engine_url:
         flags += ["--engine", engine_url]
@@ -320,7 +449,8 @@ async def run_bench(
         result.wall_s = time.perf_counter() - t0
         return result
     with _servers(dataclasses.replace(config, profiles=needed)) as servers:
-        for profile, ws_url, http_url, cpu, others in servers:
+        for server in servers:
+            profile, ws_url = server[0], server[1]
             if floors and profile in floors:
                 result.pings_ms[profile] = floors[profile]
             else:
@@ -331,21 +461,26 @@ async def run_bench(
                     on_floor(profile, result.pings_ms[profile])
             for w in workloads:
                 for model in config.models:
-                    for mode in config.modes:
-                        if (profile, w.name, model, mode) not in keys:
-                            continue
-                        if on_cell:
-                            on_cell(f"{profile} · {w.name} · {model} · {mode}")
-                        # The cells so far are garbage or results kept to the end: collect the one, freeze the
-                        # other, so a full collection during this cell walks only its own objects (unfrozen, a
-                        # long run's gen-2 pause grew with every cell and landed inside a measured round).
-                        gc.collect()
-                        gc.freeze()
-                        traces, cpu_s, wall = await run_cell(
-                            mode, w, model, config, ws_url, http_url, cpu, on_turn, others
+                    modes = [m for m in config.modes if (profile, w.name, model, m) in keys]
+                    if not modes:
+                        continue
+                    if on_cell:
+                        on_cell(f"{profile} · {w.name} · {model} · {', '.join(modes)}")
+                    # The cells so far are garbage or results kept to the end: collect the one, freeze the
+                    # other, so a full collection during this group walks only its own objects (unfrozen, a
+                    # long run's gen-2 pause grew with every cell and landed inside a measured round).
+                    gc.collect()
+                    gc.freeze()
+                    tallies, shared = await run_group(
+                        modes, w, model, config, _server_of(config, server), on_turn
+                    )
+                    sessions = len(w.sessions) if w.trace else config.sessions
+                    for mode in modes:
+                        t = tallies[mode]
+                        cell = CellResult(
+                            profile, w.name, model, mode, sessions, t.traces, t.cpu_s, t.wall_s, w
                         )
-                        sessions = len(w.sessions) if w.trace else config.sessions
-                        cell = CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w)
+                        cell.group = shared
                         if on_done:  # the cell's record is written there; nothing keeps its traces after
                             on_done(cell)
     result.wall_s = time.perf_counter() - t0

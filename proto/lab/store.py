@@ -1,7 +1,7 @@
 """A long sweep on disk (docs/lab.md, "Long sweeps"): a run's directory holds its manifest and one record per
-finished cell, so a crash or a Ctrl-C loses only the cell in flight; ``--resume DIR`` runs the cells that
-are not there yet, ``--shard I/N`` runs a deterministic part of them, and ``bench merge`` writes one
-results.json from several directories.
+finished cell, so a crash or a Ctrl-C loses only the group in flight (a group's modes run interleaved and
+finish together); ``--resume DIR`` runs the cells that are not there yet, ``--shard I/N`` runs a
+deterministic part of them, and ``bench merge`` writes one results.json from several directories.
 
 ``DIR/run.json`` (the manifest): the command line (without ``--api-key``), the whole configuration, the
 shard, the grid of cells (the whole run's, every shard's), the machine, the fast model's calibration and
@@ -25,14 +25,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from proto.lab.config import BenchConfig
+from proto.lab.records import Provenance
 from proto.lab.results import (
+    FORMAT as RESULTS_FORMAT,
+)
+from proto.lab.results import (
+    add_gains,
     apply_prediction,
     atomic_write,
     clean,
     config_json,
+    design_json,
     dumps,
     floor_json,
+    floors_json,
     machine,
     profiles_json,
     run_record,
@@ -195,6 +204,7 @@ class RunDir:
         config: BenchConfig,
         cells: Sequence[CellKey],
         shard: Shard | None,
+        where: Provenance | None = None,
     ) -> RunDir:
         """A fresh run in ``path``. A finished run there is replaced (``--out`` overwrites, as it always
         has); an unfinished one is refused (:class:`UnfinishedRun`): it is hours of cells."""
@@ -226,6 +236,8 @@ class RunDir:
                 "shard": None if shard is None else str(shard),
                 "grid": [list(k) for k in cells],
                 "machine": machine(),
+                "provenance": None if where is None else msgspec.to_builtins(where),
+                "design": design_json(config),
                 "started_utc": utc(time.time()),
                 "attempts": [],
                 "calibration": None,
@@ -235,7 +247,7 @@ class RunDir:
                 "complete": False,
             },
         )
-        run.begin()
+        run.begin(where)
         return run
 
     @classmethod
@@ -251,7 +263,7 @@ class RunDir:
             raise NotARun(f"{manifest}: not a run manifest of format {FORMAT}")
         return cls(path, data)
 
-    def resume(self, config: BenchConfig, shard: Shard | None) -> None:
+    def resume(self, config: BenchConfig, shard: Shard | None, where: Provenance | None = None) -> None:
         """Check that ``config`` and ``shard`` are this run's (:class:`ResumeMismatch` otherwise) and start
         an attempt. The floor and the calibration of the run are kept: a resumed run's cells are composed
         and compared against the same ones as its first cells."""
@@ -274,11 +286,16 @@ class RunDir:
                 f"{self.path} was measured on another machine ({what}), and its floor and calibration are "
                 "that machine's: resume it there, or start the run again here with --out"
             )
-        self.begin()
+        self.begin(where)
 
-    def begin(self) -> None:
+    def begin(self, where: Provenance | None = None) -> None:
+        """An attempt starts: its start, and where it ran (``where``: the commit may differ between
+        attempts; the bench command gives it, a test's directory may not)."""
         self.started, self.t0 = time.time(), time.perf_counter()
-        self.data["attempts"].append({"started_utc": utc(self.started), "wall_s": 0.0})
+        attempt: dict[str, Any] = {"started_utc": utc(self.started), "wall_s": 0.0}
+        if where is not None:
+            attempt["provenance"] = msgspec.to_builtins(where)
+        self.data["attempts"].append(attempt)
         self.save()
 
     # -- the manifest
@@ -362,15 +379,21 @@ def assemble(
         for profile, xs in d.data["floor_pings_ms"].items():
             pings.setdefault(profile, []).extend(xs)
     floor = floor_json(pings)
+    runs = [records[k]["run"] for k in keys]
+    add_gains(runs, first.data["settings"].get("seed", 0))
     results: dict[str, Any] = {
+        "format": RESULTS_FORMAT,
         "floor": floor,
-        "runs": [records[k]["run"] for k in keys],
+        "floors": floors_json(runs),
+        "runs": runs,
         "calibration": first.data["calibration"],
         "sweep": first.data["sweep"],
         "profiles": first.data["profiles"],
         "config": first.data["config"],
         "command": command or first.data["command"],
         "machine": first.data["machine"],
+        "provenance": first.data.get("provenance"),
+        "design": first.data.get("design"),
         "started_utc": min(d.data["started_utc"] for d in dirs),
         "wall_s": max(d.wall_s() for d in dirs),
         "cells": {

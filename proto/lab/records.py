@@ -1,0 +1,207 @@
+"""A run's typed records (docs/lab.md, "results.json"): where it ran (:class:`Provenance`), how quiet the
+machine was around each cell (:class:`Load`), the floors measured in the run (:class:`Floor`), and one
+:class:`RolloutRecord` per measured rollout. Encoded into results.json with ``msgspec.to_builtins``.
+
+**A noisy cell** (flagged in the tables): the 1-minute load average before or after its group above
+``LOAD_PER_CORE`` × the usable cores (more runnable threads than cores: someone waited), or a floor whose
+spread ((p90 − p10) ÷ p50) exceeds ``FLOOR_SPREAD``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+LOAD_PER_CORE = 1.0
+FLOOR_SPREAD = 1.0
+
+
+class Provenance(msgspec.Struct, frozen=True):
+    commit: str | None  # git HEAD of the checkout the lab ran from (None outside a checkout)
+    dirty: bool | None  # a tracked file differs from the index (:func:`git_dirty`)
+    cpu_model: str
+    kernel: str
+    cores: int  # os.cpu_count()
+    cores_usable: int  # the lab process's affinity
+    python: str
+    uvloop: str | None  # None: not installed (the server then runs on asyncio's loop)
+
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout the lab runs from
+
+
+def _git_dir(root: Path) -> Path | None:
+    """The checkout's git directory (a worktree's ``.git`` is a file naming it)."""
+    dot = root / ".git"
+    if dot.is_dir():
+        return dot
+    if dot.is_file():
+        text = dot.read_text(encoding="utf-8").strip()
+        if text.startswith("gitdir:"):
+            path = Path(text.removeprefix("gitdir:").strip())
+            return path if path.is_absolute() else (root / path).resolve()
+    return None
+
+
+def git_commit(git: Path) -> str | None:
+    """HEAD's commit, read from the git directory's files (HEAD, the ref, packed-refs; a worktree's
+    ``commondir`` holds the refs), without running git."""
+    head = (git / "HEAD").read_text(encoding="utf-8").strip()
+    if not head.startswith("ref:"):
+        return head or None
+    ref = head.removeprefix("ref:").strip()
+    common = git
+    if (git / "commondir").is_file():
+        common = (git / (git / "commondir").read_text(encoding="utf-8").strip()).resolve()
+    for base in (git, common):
+        if (base / ref).is_file():
+            return (base / ref).read_text(encoding="utf-8").strip()
+    packed = common / "packed-refs"
+    if packed.is_file():
+        for line in packed.read_text(encoding="utf-8").splitlines():
+            sha, _, name = line.partition(" ")
+            if name == ref:
+                return sha
+    return None
+
+
+def git_dirty(root: Path, git: Path) -> bool | None:
+    """Whether a tracked file's content differs from the index (``git diff`` non-empty), from the index
+    file (format 2 or 3) and the files: an entry whose size and mtime match is clean, as git takes it;
+    otherwise its blob hash decides. Staged changes are not looked at; None for an index it cannot read."""
+    data = (git / "index").read_bytes()
+    if data[:4] != b"DIRC" or int.from_bytes(data[4:8], "big") not in (2, 3):
+        return None
+    count, pos = int.from_bytes(data[8:12], "big"), 12
+    for _ in range(count):
+        start = pos
+        mtime_s, mtime_ns = (
+            int.from_bytes(data[pos + 8 : pos + 12], "big"),
+            int.from_bytes(data[pos + 12 : pos + 16], "big"),
+        )
+        mode = int.from_bytes(data[pos + 24 : pos + 28], "big")
+        size = int.from_bytes(data[pos + 36 : pos + 40], "big")
+        sha = data[pos + 40 : pos + 60]
+        flags = int.from_bytes(data[pos + 60 : pos + 62], "big")
+        pos += 62 + (2 if flags & 0x4000 else 0)
+        end = data.index(b"\0", pos)
+        name = data[pos:end].decode("utf-8", "surrogateescape")
+        pos = start + ((end - start) // 8 + 1) * 8  # NUL-padded to a multiple of 8
+        if mode >> 12 == 0o16 or (flags >> 12) & 3:  # a submodule, or a conflict's stage
+            continue
+        path = root / name
+        try:
+            st = path.lstat()
+        except OSError:
+            return True  # deleted
+        if st.st_size == size and int(st.st_mtime) == mtime_s and st.st_mtime_ns % 10**9 == mtime_ns:
+            continue
+        body = os.readlink(path).encode() if mode >> 12 == 0o12 else path.read_bytes()
+        if hashlib.sha1(b"blob %d\0" % len(body) + body, usedforsecurity=False).digest() != sha:
+            return True
+    return False
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance() -> Provenance:
+    from importlib.metadata import PackageNotFoundError, version
+
+    git = _git_dir(ROOT)
+    commit: str | None = None
+    dirty: bool | None = None
+    if git is not None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            commit = git_commit(git)
+            dirty = git_dirty(ROOT, git)
+    try:
+        uvloop: str | None = version("uvloop")
+    except PackageNotFoundError:
+        uvloop = None
+    cores = os.cpu_count() or 1
+    return Provenance(
+        commit=commit,
+        dirty=dirty,
+        cpu_model=cpu_model(),
+        kernel=platform.release(),
+        cores=cores,
+        cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores,
+        python=platform.python_version(),
+        uvloop=uvloop,
+    )
+
+
+class Floor(msgspec.Struct, frozen=True):
+    """Round trips of one floor (``ws_ping``: WebSocket ping → pong; ``http_noop``: ``GET /healthz`` through
+    the lab's HTTP client stack, send mark to body read) in ms, with their spread."""
+
+    name: str
+    n: int
+    p10: float | None
+    p50: float | None
+    p90: float | None
+    spread: float | None  # (p90 - p10) / p50
+
+
+def floor(name: str, rtts_ms: Sequence[float]) -> Floor:
+    if not rtts_ms:
+        return Floor(name, 0, None, None, None, None)
+    p10, p50, p90 = (float(x) for x in np.percentile(np.asarray(rtts_ms, dtype=float), (10, 50, 90)))
+    return Floor(name, len(rtts_ms), p10, p50, p90, (p90 - p10) / p50 if p50 > 0 else None)
+
+
+class Load(msgspec.Struct, frozen=True):
+    """``os.getloadavg()`` (1, 5, 15 min) just before a group's first rollout and just after its last."""
+
+    before: tuple[float, float, float]
+    after: tuple[float, float, float]
+    cores: int
+
+
+def load_now() -> tuple[float, float, float]:
+    a, b, c = os.getloadavg()
+    return (round(a, 2), round(b, 2), round(c, 2))
+
+
+def noise(load: Load | None, floors: Sequence[Floor]) -> list[str]:
+    """Why a cell is noisy (the module docstring's rule); [] for a quiet one."""
+    reasons = []
+    if load is not None:
+        worst = max(load.before[0], load.after[0])
+        if worst > LOAD_PER_CORE * load.cores:
+            reasons.append(f"load {worst:.2f} > {LOAD_PER_CORE:g} x {load.cores} cores")
+    for f in floors:
+        if f.spread is not None and f.spread > FLOOR_SPREAD:
+            reasons.append(f"{f.name} floor spread {f.spread:.2f} > {FLOOR_SPREAD:g}")
+    return reasons
+
+
+class RolloutRecord(msgspec.Struct, frozen=True):
+    """One measured rollout of one mode. ``index`` and ``session`` pair it with the same rollout in every
+    other mode (same plan, same ``seed``, same tool times); ``position`` is where this mode ran in that
+    index's order (0 = first)."""
+
+    index: int
+    session: int
+    seed: int | None  # the tool times' seed (None: a trace's own recorded tool times)
+    position: int
+    e2e_s: float
+    ttft_ms_p50: float
+    turns: int
+    tool_wait_s: float
+    status: str
