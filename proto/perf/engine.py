@@ -58,7 +58,8 @@ async def _fleet(gpu: MockGPU, n: int, prompt: int, seconds: float) -> dict[str,
     await clock.sleep_until(t0 + seconds)
     cpu, t_end = time.process_time() - cpu0, clock.now()
     sched.advance(t_end)
-    due = sum(r.emitted for r in sched.batch)
+    # every turn's, running or queued (a fleet outgrows the KV cache: the preempted wait in the queue)
+    due = sum(s._req.emitted for s in seqs if s._req is not None)
     taken = sum(delivered)
     steps = sched.steps - steps0
     running = sched.running
@@ -74,6 +75,7 @@ async def _fleet(gpu: MockGPU, n: int, prompt: int, seconds: float) -> dict[str,
         "process_cpu_us_per_step": cpu * 1e6 / steps if steps else 0.0,
         "pace": taken / due if due else 0.0,
         "running": float(running),
+        "preemptions": float(sched.preemptions),
     }
 
 
@@ -89,5 +91,6 @@ def cmd_engine(args: argparse.Namespace) -> None:
         print(
             f"  {n:5d} sequences  {r['running']:5.0f} running  {r['steps']:6.0f} steps of"
             f" {r['step_ms']:7.2f} ms  loop CPU {r['loop_cpu_us_per_step']:8.1f} us/step ({share:5.2f} % of"
-            f" a step)  process CPU {r['process_cpu_us_per_step']:8.1f} us/step  pace {r['pace']:6.1%}"
+            f" a step)  process CPU {r['process_cpu_us_per_step']:8.1f} us/step  preemptions"
+            f" {r['preemptions']:5.0f}  pace {r['pace']:6.1%}"
         )
