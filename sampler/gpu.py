@@ -1,13 +1,14 @@
-"""The mock GPU: batch slots, a prefix KV cache and deadline-paced decoding behind one engine.
+"""The mock GPU: an engine-step loop (``sampler.batch.Scheduler``), a prefix KV cache and deadline-paced
+tokens behind one engine.
 
 One ``GpuSequence`` per response. A long-lived response keeps its sequence across turns, so its
-KV blocks (pinned while it waits for a tool) make the resumed turn's prefill cheap.
+KV blocks (pinned while it waits for a tool) make the resumed turn's prefill cheap — and count against the
+capacity every other sequence needs (docs/mock-gpu.md, "KV cache").
 
-Decoding runs on the batch's step clock (``MockGPU.next_step``), as a GPU's decode step serves every
-running sequence at once: a sequence's first token is due when its prefill ends, each later one at a step
-of the batch's, and the steps are the model's inter-token intervals at the batch's size. A sequence alone
-decodes exactly as ``t_first + Σ ITL``; sequences decoding together release their tokens at the same
-instants, so the clock wakes once per step for the whole batch, not once per sequence per token.
+Every turn is a request on the GPU's one step loop: queued FIFO, admitted when a slot, the token budget and
+KV allow, prefilled chunk by chunk beside every other request, then decoded one step (or one speculative
+burst) at a time. Its tokens fall due at the ends of the steps that emit them, the same instants for the
+whole batch, so the clock wakes once per step for all of them (docs/mock-gpu.md, "The step clock").
 
 A turn costs the server O(new tokens), not O(context), when its prompt is a ``Prompt`` over the
 conversation's append-only ``TokenLog`` (as the sampling loop passes it): the sequence keeps its chain's
@@ -23,14 +24,14 @@ the clock's timer and releases the next tokens from there, with no task woken pe
 
 from __future__ import annotations
 
-import bisect
+import asyncio
 import random
 import time
 from array import array
 from collections.abc import AsyncGenerator, Sequence
 from typing import cast
 
-from sampler.batch import BatchSlots
+from sampler.batch import DONE, GONE, WAITING, Request, Scheduler
 from sampler.clock import Clock, RealClock, Timer
 from sampler.engine import EngineFailure, EngineReport, Pacing
 from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, salt_key, tokens_from
@@ -46,47 +47,16 @@ class MockGPU:
         self.clock: Clock = clock or RealClock()
         self.timing = Timing(spec)
         self.cache = PrefixCache(spec.kv_cache_size, spec.block_size)
-        self.slots = BatchSlots(spec.max_num_seqs, spec.max_waiting)
+        self.scheduler = Scheduler(spec, self.cache, self.timing, self._expire_pins)
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
-        # The batch's decode steps (``next_step``): the latest ones, ascending (they restart after a quiet
-        # spell).
-        self._steps: list[float] = []
+        # Suspended sequences holding pinned blocks, oldest suspension first, with its time.
+        self._suspended: dict[GpuSequence, float] = {}
 
-    def next_step(self, due: float) -> float:
-        """When the token after one due at ``due`` is due. On the batch's steps: a sequence at the front
-        (a sequence alone always is) draws the next step, one behind it takes the step after its own, and
-        one that joins between steps (its first token came at the end of its prefill) the first step at
-        least half a mean interval on, so that it waits one interval on average. Each step is drawn when
-        the batch reaches it, at the batch's size then. Steps far behind a sequence (the batch went
-        quiet) restart at it; a sequence far behind the steps kept (a reader that stopped reading) runs
-        on its own intervals until it is back among them."""
-        steps = self._steps
-        if steps:
-            last = steps[-1]
-            if last == due:
-                nxt = due + self.timing.itl_s(self.slots.running)
-                steps.append(nxt)
-                if len(steps) > 256:
-                    del steps[:128]
-                return nxt
-            if steps[0] <= due < last:  # the common case first: on a step behind the front (as below)
-                i = bisect.bisect_right(steps, due)
-                if steps[i - 1] == due:
-                    return steps[i]
-        half = self.timing.itl_mean_s(self.slots.running) / 2.0
-        if not steps or due - steps[-1] > 8 * half:
-            steps[:] = [due]
-            return self.next_step(due)
-        if due < steps[0]:
-            return due + self.timing.itl_s(self.slots.running)
-        i = bisect.bisect_right(steps, due)
-        if steps[i - 1] == due:  # on a step, behind the front: the step after it
-            return steps[i]
-        at = due + half
-        while steps[-1] < at:
-            steps.append(steps[-1] + self.timing.itl_s(self.slots.running))
-        return steps[bisect.bisect_left(steps, at)]
+    @property
+    def slots(self) -> Scheduler:
+        """``running`` / ``max_running`` / ``waiting`` / ``max_waiting``, as the engine process reads them."""
+        return self.scheduler
 
     @property
     def limits(self) -> ModelLimits:
@@ -98,17 +68,30 @@ class MockGPU:
         scope (docs/mock-gpu.md, "Prefix cache per tenant")."""
         return GpuSequence(self, salt_key(salt))
 
+    def _expire_pins(self, now: float) -> bool:
+        """Under KV pressure: unpin the suspended sequences idle past ``kv-idle-ttl``, oldest first."""
+        ttl = self.spec.kv_idle_ttl_s
+        expired = [seq for seq, since in self._suspended.items() if now - since >= ttl]
+        for seq in expired:
+            del self._suspended[seq]
+            seq._release_held()
+        return bool(expired)
+
     def metrics(self) -> dict[str, float]:
-        c = self.cache
+        c, sched = self.cache, self.scheduler
         return {
-            "running": float(self.slots.running),
-            "waiting": float(self.slots.waiting),
+            "running": float(sched.running),
+            "waiting": float(sched.waiting),
             "kv_usage": c.usage,
             "kv_blocks_used": float(c.blocks_used),
             "kv_blocks_stored": float(c.blocks_stored),
+            "kv_blocks_pinned_suspended": float(sum(seq._held for seq in self._suspended)),
             "prefix_cache_hit_rate": c.hit_rate,
             "prefix_cache_queries": float(c.queries),
             "prefix_cache_hits": float(c.hits),
+            "preemptions": float(sched.preemptions),
+            "steps": float(sched.steps),
+            "step_cpu_us": sched.cpu_ns / 1e3 / sched.steps if sched.steps else 0.0,
         }
 
 
@@ -132,8 +115,9 @@ class GpuSequence:
         self._stale: list[
             BlockKey
         ] = []  # pinned keys the chain no longer starts with: released at the next store
-        self._turn_pins: list[BlockKey] = []  # cached blocks pinned while a turn computes on them
-        self._has_slot = False
+        self._req: Request | None = None  # the turn on the engine
+        self._prompt: Sequence[int] = ()
+        self._output: Sequence[int] = ()
         self._busy = False
         self._closed = False
 
@@ -173,61 +157,63 @@ class GpuSequence:
         # the loop checked already: this is the engine's own admission
         check_prompt(spec.limits, len(prompt_ids))
         self._busy = True
+        gpu._suspended.pop(self, None)
         try:
-            t_arrive = clock.now()
-            await gpu.slots.acquire()
-            self._has_slot = True
-            t_start = clock.now()
             t_lookup = time.perf_counter()  # real CPU time, whatever clock paces the turn
-            keys = self._keys_for(prompt_ids)
-            n_cached = gpu.cache.match(keys, len(prompt_ids), self._held)
-            # The blocks this sequence holds are pinned already: only the cached ones past them are pinned for
-            # the turn.
-            self._turn_pins = gpu.cache.acquire(keys[self._held : n_cached])
+            self._keys_for(prompt_ids)
             lookup_ms = (time.perf_counter() - t_lookup) * 1e3
-            cached = n_cached * spec.block_size
-            prefill_ms = gpu.timing.prefill_ms(len(prompt_ids) - cached, gpu.slots.running)
-            t_first = t_start + prefill_ms / 1000.0
-            live = self.live = EngineReport(
-                len(prompt_ids), cached, prefill_ms, (t_start - t_arrive) * 1000.0, 0.0, 0
-            )
-
+            self._prompt, self._output = prompt_ids, output_ids
             n = len(output_ids)
             fail_at = gpu.fail_rng.randrange(n) if n and gpu.fail_rng.random() < spec.fail_rate else -1
+            req = Request(self, len(prompt_ids), n if fail_at < 0 else fail_at, fail_at >= 0, clock.now())
+            req.lookup_ms = lookup_ms
+            sched = gpu.scheduler
+            sched.submit(req, clock.now())
+            self._req = req
             timer = clock.timer() if paced else None
-            pace = _Pace(self, n, fail_at, t_first, every_s, live, timer)
+            pace = _Pace(self, req, n, fail_at, every_s, timer)
             offer = False  # the next wait may be the owner's: after a yielded count, not twice in a row
-            if n == 0:
-                await clock.sleep_until(t_first)
-            while pace.sent < n:
+            while True:
                 if self._closed:
                     return  # closed under our feet: the caller wants nothing more
                 if pace.sent == fail_at:
                     raise EngineFailure(f"injected engine failure after {pace.sent} of {n} tokens")
-                now = clock.now()
+                k = pace.release_at(clock.now(), n)
+                if k:
+                    offer = timer is not None
+                    yield k
+                    continue
+                if req.state == DONE and not req.pending:
+                    break
                 wake = pace.wake()
-                if wake <= now:
-                    k = pace.release_at(now, n)
-                    if k:
-                        offer = timer is not None
-                        yield k
-                        if self._closed:
-                            return  # closed under our feet: the caller wants nothing more
-                elif offer:
-                    offer = False
-                    yield pace  # the owner waits, and may release the next tokens from its timer meanwhile
+                if wake is not None:
+                    if offer:
+                        offer = False
+                        yield pace  # the owner waits, and may release the next tokens from its timer
+                    else:
+                        await clock.sleep_until(wake)
+                elif req.state == WAITING and (sched.queue[0] is not req or sched.next_boundary() is None):
+                    # queued behind others: woken when admitted or when it becomes the head
+                    req.waiter = asyncio.get_running_loop().create_future()
+                    await req.waiter
                 else:
-                    await clock.sleep_until(wake)
+                    # prefilling, dispatching or at the head of the queue: something happens for it at the
+                    # next boundary at the earliest (every boundary is processed when someone wakes at it)
+                    at = sched.next_boundary()
+                    if at is None:
+                        await asyncio.sleep(0)  # a drop freed the engine: kicked already, look again
+                    else:
+                        await clock.sleep_until(at)
 
-            self._store(prompt_ids, output_ids)
+            assert req.first_at is not None and req.admitted_at is not None
             self.last_report = EngineReport(
                 prompt_tokens=len(prompt_ids),
-                cached_tokens=cached,
-                prefill_ms=prefill_ms,
-                queue_wait_ms=(t_start - t_arrive) * 1000.0,
-                decode_ms=(pace.last_due - t_first) * 1000.0,
+                cached_tokens=req.cached,
+                prefill_ms=(req.first_at - req.admitted_at) * 1000.0,
+                queue_wait_ms=(req.admitted_at - req.arrived_at) * 1000.0,
+                decode_ms=(pace.last_due - req.first_at) * 1000.0 if n else 0.0,
                 output_tokens=n,
-                lookup_ms=lookup_ms,
+                lookup_ms=req.lookup_ms,
                 first_late_ms=pace.first_late_ms,
             )
         finally:
@@ -239,16 +225,56 @@ class GpuSequence:
         return self._gpu.spec.limits
 
     def suspend(self) -> None:
-        """Between turns, waiting for a tool. With ``pin-suspended`` off the blocks stay stored
-        but become evictable: pressure from other sequences may take them before the resume."""
-        if not self._gpu.spec.pin_suspended:
+        """Between turns, waiting for a tool. With ``pin-suspended`` the blocks stay pinned, against every
+        other sequence's capacity, until the resume or until they have been idle ``kv-idle-ttl`` and the
+        cache is under pressure; off, they stay stored but become evictable at once."""
+        gpu = self._gpu
+        if not gpu.spec.pin_suspended:
             self._release_held()
+            gpu.scheduler.room_freed(gpu.clock.now())
+        elif self._held and not self._closed:
+            gpu._suspended[self] = gpu.clock.now()
 
     def close(self) -> None:
         """Give everything back. Idempotent; safe while a turn is suspended at a yield."""
         self._closed = True
         self._end_turn()
-        self._release_held()
+        self._gpu._suspended.pop(self, None)
+        if self._held or self._stale:
+            self._release_held()
+            self._gpu.scheduler.room_freed(self._gpu.clock.now())
+
+    # ---- the scheduler's side (``sampler.batch.Member``)
+
+    def admitted(self, req: Request, now: float) -> int:
+        """Match the prompt's prefix and pin the hits: the cached tokens. The first admission opens the live
+        report."""
+        gpu = self._gpu
+        keys = self._keys
+        n_cached = gpu.cache.match(keys, req.prompt_tokens, self._held)
+        # The blocks this sequence holds are pinned already: only the cached ones past them are pinned for
+        # the turn.
+        req.turn_pins = gpu.cache.acquire(keys[self._held : n_cached])
+        cached = n_cached * gpu.spec.block_size
+        if req.admitted_at is None:
+            self.live = EngineReport(req.prompt_tokens, cached, 0.0, (now - req.arrived_at) * 1000.0, 0.0, 0)
+        return cached
+
+    def completed(self, req: Request) -> None:
+        """The turn's KV is computed: the chain becomes prompt + output."""
+        self._store(self._prompt, self._output)
+        self._gpu.cache.release(req.turn_pins)
+        req.turn_pins = []
+
+    def evicted(self, req: Request) -> None:
+        """Preempted, failed or dropped: the prompt's full blocks it computed stay cached, evictable (a
+        recompute hits them while they last); the turn's pins go."""
+        cache, bs = self._gpu.cache, self._gpu.spec.block_size
+        computed = min(req.computed, req.prompt_tokens) // bs
+        if computed > self._held and not self._closed:
+            cache.release(cache.acquire(self._keys[self._held : computed]))
+        cache.release(req.turn_pins)
+        req.turn_pins = []
 
     def _keys_for(self, prompt: Sequence[int]) -> array[int]:
         """The prompt's block keys (the chain's keys from now on), reusing the chain's for the blocks the
@@ -305,65 +331,60 @@ class GpuSequence:
         self._held = 0
 
     def _end_turn(self) -> None:
-        self._gpu.cache.release(self._turn_pins)
-        self._turn_pins = []
-        if self._has_slot:
-            self._has_slot = False
-            self._gpu.slots.release()
+        req = self._req
+        if req is not None:
+            self._req = None
+            if req.state not in (DONE, GONE):
+                self._gpu.scheduler.drop(req, self._gpu.clock.now())
+        self._prompt = self._output = ()
         self._busy = False
 
 
 class _Pace:
-    """One turn's decode: which tokens are out, when the next is due (on the batch's steps). Between the
-    turn's yields it is the owner's ``sampler.engine.Pacing``: what the owner releases from the timer
-    counts as sent, and the turn goes on from there when resumed."""
+    """One turn's tokens as its consumer takes them: which are out, and when the next fall due (the end of
+    the step that emits them). Between the turn's yields it is the owner's ``sampler.engine.Pacing``: what
+    the owner releases from the timer counts as sent, and the turn goes on from there when resumed."""
 
     __slots__ = (
         "_timer",
-        "due",
         "every_s",
         "fail_at",
         "first_late_ms",
         "floor",
-        "gpu",
         "last_due",
-        "live",
         "n",
         "now",
+        "req",
+        "sched",
         "sent",
         "seq",
-        "t_first",
     )
 
     def __init__(
-        self,
-        seq: GpuSequence,
-        n: int,
-        fail_at: int,
-        t_first: float,
-        every_s: float,
-        live: EngineReport,
-        timer: Timer | None,
+        self, seq: GpuSequence, req: Request, n: int, fail_at: int, every_s: float, timer: Timer | None
     ) -> None:
-        self.seq, self.gpu, self.n, self.fail_at, self.t_first, self.every_s, self.live = (
-            seq,
-            seq._gpu,
-            n,
-            fail_at,
-            t_first,
-            every_s,
-            live,
-        )
+        self.seq, self.req, self.n, self.fail_at, self.every_s = seq, req, n, fail_at, every_s
+        self.sched = seq._gpu.scheduler
         self._timer = timer  # when the turn is paced (run_paced on a clock with a timer)
         self.now = seq._gpu.clock.now
         self.sent = 0
-        self.due = self.last_due = self.floor = (
-            t_first  # floor: the next wake-up comes no sooner (every_s after the last)
-        )
+        self.last_due = 0.0
+        self.floor = float("-inf")  # the next wake-up comes no sooner (every_s after the last)
         self.first_late_ms = 0.0
 
-    def wake(self) -> float:
-        return self.due if self.due > self.floor else self.floor
+    def wake(self) -> float | None:
+        """When the next tokens fall due (not before the coalescing floor); None while that is unknown (the
+        turn is queued or prefilling, or was preempted)."""
+        req = self.req
+        if req.pending:
+            due = req.pending[0][0]
+        else:
+            sched = self.sched
+            due_at = sched.step_end
+            if req.emit_step != sched.step_id or due_at is None:
+                return None
+            due = due_at
+        return due if due > self.floor else self.floor
 
     @property
     def timer(self) -> Timer:
@@ -376,30 +397,50 @@ class _Pace:
         sent = self.sent
         if sent >= self.n or sent == self.fail_at or self.seq._closed:
             return None
-        return self.due if self.due > self.floor else self.floor
+        return self.wake()
 
     def release(self, limit: int) -> int:
         """``Pacing.release``: from the owner's timer call."""
         return 0 if self.seq._closed else self.release_at(self.now(), limit)
 
     def release_at(self, now: float, limit: int) -> int:
-        """Release the tokens whose deadline has passed, up to ``limit`` and an injected failure; the next
-        interval is drawn with the load factor of the moment, so a batch that fills up slows decoding down."""
-        sent, fail_at, due = self.sent, self.fail_at, self.due
-        n = min(self.n, sent + limit)
-        k = 0
-        while sent + k < n and due <= now and sent + k != fail_at:
-            k += 1
-            self.last_due = due
-            if sent + k < self.n:
-                due = self.gpu.next_step(due)
+        """Release the tokens whose step has ended, up to ``limit`` and an injected failure."""
+        if now < self.floor:
+            return 0
+        self.sched.advance(now)
+        req = self.req
+        pending = req.pending
+        if not pending or pending[0][0] > now:
+            return 0
+        sent = self.sent
+        cap = sent + limit
+        if cap > self.n:
+            cap = self.n
+        if 0 <= self.fail_at < cap:
+            cap = self.fail_at
+        to = sent
+        while pending and to < cap:
+            t, emitted = pending[0]
+            if t > now:
+                break
+            if emitted <= cap:
+                pending.popleft()
+                to = emitted
+            else:
+                to = cap  # the rest of that step's tokens stay due
+            self.last_due = t
+        k = to - sent
         if k:
-            if not sent:
-                self.first_late_ms = (now - self.t_first) * 1e3
-            self.sent = sent = sent + k
-            self.due = due
+            if not sent and req.first_at is not None:
+                self.first_late_ms = (now - req.first_at) * 1e3
+            self.sent = to
             self.floor = now + self.every_s
-            self.live.output_tokens, self.live.decode_ms = sent, (self.last_due - self.t_first) * 1000.0
+            live = self.seq.live
+            if live is not None:
+                if not sent and req.first_at is not None and req.admitted_at is not None:
+                    live.prefill_ms = (req.first_at - req.admitted_at) * 1000.0
+                if req.first_at is not None:
+                    live.output_tokens, live.decode_ms = to, (self.last_due - req.first_at) * 1000.0
         return k
 
 

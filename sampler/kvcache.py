@@ -2,8 +2,8 @@
 
 A block's key hashes its tokens *and* its predecessor's key, so a key names a whole prefix and
 two prompts share a block only if they share everything before it. Only full blocks are cached.
-The cache bounds what is kept, not what runs: a sequence whose blocks cannot be stored (every
-block pinned) still runs, it just leaves nothing behind — we do not model preemption.
+The same capacity holds the blocks running requests compute into (``reserve``: not yet hashed, private
+to one request): the scheduler (``sampler.batch``) admits and preempts by it.
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ class PrefixCache:
         self.block_size = block_size
         self._refs: dict[BlockKey, int] = {}  # every stored block -> holders (0 = evictable)
         self._free: OrderedDict[BlockKey, None] = OrderedDict()  # ref 0, oldest first = next evicted
+        self.evictions = 0  # stored blocks dropped for room
+        self.reserved = 0  # blocks allocated to running requests' uncached tokens (not hashed, not shared)
         self.queries = 0  # prompt tokens looked up (vLLM counts tokens, not blocks)
         self.hits = 0
 
@@ -170,7 +172,7 @@ class PrefixCache:
         for key in keys:
             refs = self._refs.get(key)
             if refs is None:
-                if len(self._refs) >= self.capacity and not self._evict_one():
+                if len(self._refs) + self.reserved >= self.capacity and not self._evict_one():
                     break
                 refs = 0
             elif refs == 0:
@@ -178,6 +180,24 @@ class PrefixCache:
             self._refs[key] = refs + 1
             held.append(key)
         return held
+
+    def reserve(self, blocks: int, force: bool = False) -> bool:
+        """Allocate ``blocks`` private blocks, evicting LRU unreferenced ones for room. False (nothing
+        allocated) when even that leaves too little; ``force``: allocate anyway, over capacity."""
+        refs, free = self._refs, self._free
+        while len(refs) + self.reserved + blocks > self.capacity:
+            if not free:
+                if not force:
+                    return False
+                break
+            key, _ = free.popitem(last=False)
+            del refs[key]
+            self.evictions += 1
+        self.reserved += blocks
+        return True
+
+    def unreserve(self, blocks: int) -> None:
+        self.reserved -= blocks
 
     def release(self, keys: Sequence[BlockKey]) -> None:
         # Freed tail-first (vLLM does the same): a chain's last blocks are evicted before its
@@ -193,6 +213,7 @@ class PrefixCache:
             return False
         key, _ = self._free.popitem(last=False)
         del self._refs[key]
+        self.evictions += 1
         return True
 
     def __contains__(self, key: object) -> bool:
@@ -204,8 +225,9 @@ class PrefixCache:
 
     @property
     def blocks_used(self) -> int:
-        """Blocks held by some sequence (vLLM's KV usage counts these, not evictable ones)."""
-        return len(self._refs) - len(self._free)
+        """Blocks held by some sequence, running requests' private ones included (vLLM's KV usage counts
+        these, not evictable ones)."""
+        return len(self._refs) - len(self._free) + self.reserved
 
     @property
     def usage(self) -> float:

@@ -32,9 +32,25 @@ _PUBLIC_NAMES: dict[str, str] = {
     "fail-rate": "fail_rate",
     "max-model-len": "max_model_len",
     "max-output-tokens": "max_output_tokens",
+    # The step loop's (docs/mock-gpu.md, "The step clock"): vLLM's engine-argument names where vLLM has one.
+    "max-num-batched-tokens": "max_num_batched_tokens",
+    "step-overhead": "step_overhead_ms",
+    "kv-read-time-per-token": "kv_read_time_per_token_ms",
+    "spec-tokens": "spec_tokens",
+    "spec-acceptance": "spec_acceptance",
+    "kv-idle-ttl": "kv_idle_ttl_s",
 }
 
 MAX_JITTER_STD = 0.3  # llm-d's bound: a std-dev above 30 % of the mean is rejected
+
+
+def spec_tokens_mean(k: int, acceptance: float) -> float:
+    """Expected tokens per step with ``k`` draft tokens, each accepted with probability α until the first
+    rejection: (1 − α^(k+1)) / (1 − α), the target model's own token included (Leviathan et al., "Fast
+    Inference from Transformers via Speculative Decoding", 2023, eq. 1)."""
+    if k <= 0 or acceptance <= 0:
+        return 1.0
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,22 @@ class ModelSpec:
     # The most tokens one model call may generate (OpenAI's "max output tokens" of a model; same table).
     # It bounds every script-driven size (`!tokens N`) too: the directive script is user input.
     max_output_tokens: int = ModelLimits.max_output_tokens
+    # The step loop (docs/mock-gpu.md, "The step clock"). vLLM's `max-num-batched-tokens`: the token budget
+    # of one step (decodes first, then prefill chunks); 8 192 is vLLM's default for its OpenAI server on a
+    # GPU of >= 70 GiB (vllm/engine/arg_utils.py).
+    max_num_batched_tokens: int = 8192
+    step_overhead_ms: float = 0.0  # host time per step on top of the kernels (scheduling, sampling, launch)
+    # Decode is memory-bound: each step reads every decoding sequence's KV (KV bytes/token ÷ HBM bandwidth).
+    kv_read_time_per_token_ms: float = 0.0
+    # Speculative decoding: k draft tokens, each accepted with probability α until the first rejection.
+    spec_tokens: int = 0
+    spec_acceptance: float = 0.0
+    # A suspended sequence's pinned blocks become evictable once idle this long (the providers' prompt-cache
+    # lifetime: OpenAI "5 to 10 minutes of inactivity", Anthropic 5 minutes by default).
+    kv_idle_ttl_s: float = 300.0
+    # A measured step profile (``sampler/profiles/<name>.json``, read by ``sampler.steptables``); None: the
+    # analytic step cost of the knobs above (``sampler.steps``).
+    step_profile: str | None = None
     # Provenance, not a knob: overrides keep it (``GET /v1/models`` shows which knobs were overridden).
     calibration: Calibration | None = dataclasses.field(default=None, compare=False)
 
@@ -133,12 +165,32 @@ class ModelSpec:
             problems.append("fail-rate must be within [0, 1]")
         if self.max_model_len < 1 or self.max_output_tokens < 1:
             problems.append("max-model-len and max-output-tokens must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            problems.append("max-num-batched-tokens must be >= 1")
+        if min(self.step_overhead_ms, self.kv_read_time_per_token_ms) < 0:
+            problems.append("step-overhead and kv-read-time-per-token must be >= 0")
+        if self.spec_tokens < 0 or not 0 <= self.spec_acceptance < 1:
+            problems.append("spec-tokens must be >= 0 and spec-acceptance within [0, 1)")
+        if self.kv_idle_ttl_s <= 0:
+            problems.append("kv-idle-ttl must be > 0")
         if problems:
             raise ValueError(f"model {self.name!r}: " + "; ".join(problems))
 
     @property
+    def tokens_per_step(self) -> float:
+        """Expected tokens a decode step emits per sequence (1 without speculative decoding)."""
+        return spec_tokens_mean(self.spec_tokens, self.spec_acceptance)
+
+    @property
     def tokens_per_s(self) -> float:
-        return 1000.0 / self.inter_token_latency_ms
+        """A lone sequence's mean decode speed: tokens per step over the inter-token latency (a step)."""
+        return self.tokens_per_step * 1000.0 / self.inter_token_latency_ms
+
+    @property
+    def dispatch_ms(self) -> float:
+        """The per-request cost before a turn's first prefill chunk (it holds its batch slot meanwhile, but
+        no GPU time): ``prefill-overhead``, or ``time-to-first-token`` when prefill is constant."""
+        return self.time_to_first_token_ms if self.constant_prefill else self.prefill_overhead_ms
 
     @property
     def kv_tokens(self) -> int:
@@ -167,6 +219,8 @@ class ModelSpec:
     def public(self) -> dict[str, object]:
         out: dict[str, object] = {key: getattr(self, field) for key, field in _PUBLIC_NAMES.items()}
         out["tokens-per-second"] = self.tokens_per_s
+        if self.step_profile is not None:
+            out["step-profile"] = self.step_profile
         return out
 
     def provenance(self) -> dict[str, object]:
@@ -185,12 +239,18 @@ class ModelSpec:
         """A copy with some knobs changed. Accepts field names, llm-d's hyphenated names, and
         ``tokens_per_s`` / ``tokens-per-second`` (converted to the inter-token latency)."""
         fields: dict[str, Any] = {}
+        speed: float | None = None
         for key, value in changes.items():
             if key in ("tokens_per_s", "tokens-per-second"):
-                fields["inter_token_latency_ms"] = 1000.0 / float(value)
+                speed = float(value)
             else:
                 fields[_PUBLIC_NAMES.get(key, key.replace("-", "_"))] = value
-        return dataclasses.replace(self, **fields)
+        spec = dataclasses.replace(self, **fields)
+        if speed is None:
+            return spec
+        # A speed is a step: the inter-token latency at which a lone sequence gets it (tokens per step
+        # included, so a speculative model keeps its acceptance).
+        return dataclasses.replace(spec, inter_token_latency_ms=1000.0 * spec.tokens_per_step / speed)
 
 
 # Not calibrated for any class (the lab's sessions are far from either bound; documented once here):
@@ -199,13 +259,20 @@ class ModelSpec:
 # 32 layers x 8 KV heads x 128 x 2 x fp16) = 480 k tokens = 30 000 blocks of 16.
 _BATCH_SOURCE = {
     "max-num-seqs": "vLLM's default max_num_seqs (256); not calibrated",
-    "time-factor-under-load": "llm-d's formula with f = 2 (a full batch decodes at half speed); plausible, "
-    "not measured",
+    "time-factor-under-load": "llm-d's formula with f = 2 (a decode step of a full batch costs twice a lone "
+    "sequence's); plausible, not measured",
     "kv-cache-size": "~60 GB of KV at 128 KiB/token (Llama-3-8B shape) = 30 000 blocks of 16; not calibrated",
     "max-model-len": "128 k, Llama-3.1-8B's window served whole (its model card; Scaleway's generative-APIs "
     "table); not calibrated per class",
     "max-output-tokens": "16 384 (Scaleway's generative-APIs table, llama-3.1-8b-instruct); not calibrated "
     "per class",
+    "max-num-batched-tokens": "vLLM's default for its OpenAI server on a GPU of >= 70 GiB: 8 192 "
+    "(vllm/engine/arg_utils.py)",
+    "step-overhead": "0: the class's cited decode figure is a whole step as a client sees it, host time "
+    "included",
+    "kv-idle-ttl": "300 s: OpenAI's prompt-caching guide ('cached prefixes generally remain active for 5 to "
+    "10 minutes of inactivity'), Anthropic's prompt caching (5-minute lifetime by default)",
+    "spec-tokens": "0: no speculative decoding",
 }
 _LLMD = (
     "llm-d-inference-sim latency profiles, 8B on H100: 30 ms + 250 us per uncached prompt token, "
@@ -221,20 +288,47 @@ _SEED = (
     "OpenAI, 'Speeding up agentic workflows with WebSockets in the Responses API' (2026-04-22): "
     "65 -> 1 000 tokens/s, bursts to 4 000"
 )
+# Decode reads each sequence's KV once a step: KV bytes per token ÷ HBM bandwidth.
+_KV_70B_H200_TP8 = (
+    "Llama-3-70B's KV shape (80 layers x 8 KV heads x 128 x 2 x fp16 = 320 KiB/token) read at 8 x 4.8 TB/s "
+    "(H200 HBM3e, NVIDIA's datasheet, TP8) = 8.5 ns/token; a lower bound for a frontier model, not measured"
+)
+_KV_8B_H100 = (
+    "Llama-3-8B's KV shape (128 KiB/token) read at 3.35 TB/s (H100 SXM HBM3, NVIDIA's datasheet) = "
+    "39 ns/token; aiconfigurator-core 0.12.0's H200 8B TP1 decode at batch 32 (9.2 ms at 4 k, 130 ms at "
+    "128 k context) implies 30 ns/token at 4.8 TB/s, the same bandwidth bound"
+)
+_KV_WAFER = (
+    "Cerebras CS-3's on-wafer SRAM (21 PB/s, Cerebras' product page) at Llama-3-70B's 320 KiB/token = "
+    "0.016 ns/token: negligible; not measured"
+)
+# The seed's 4 000 tok/s bursts as speculative decoding on the wafer's 1 ms step: k = 4 draft tokens and
+# the acceptance for which (1 - a^5)/(1 - a) = 4 tokens a step.
+_SPEC_K = 4
+_SPEC_ACCEPTANCE = 0.8881796676
 
 
 def _model(
-    name: str, tokens_per_s: float, overhead_ms: float, per_token_ms: float, calibration: Calibration
+    name: str,
+    tokens_per_s: float,
+    overhead_ms: float,
+    per_token_ms: float,
+    kv_read_ms: float,
+    calibration: Calibration,
+    spec: tuple[int, float] = (0, 0.0),
 ) -> ModelSpec:
     return ModelSpec(
         name=name,
         time_to_first_token_ms=overhead_ms,
         prefill_overhead_ms=overhead_ms,
         prefill_time_per_token_ms=per_token_ms,
-        inter_token_latency_ms=1000.0 / tokens_per_s,
+        inter_token_latency_ms=spec_tokens_mean(*spec) * 1000.0 / tokens_per_s,
         max_num_seqs=256,
         time_factor_under_load=2.0,
         kv_cache_size=30_000,
+        kv_read_time_per_token_ms=kv_read_ms,
+        spec_tokens=spec[0],
+        spec_acceptance=spec[1],
         calibration=calibration,
     )
 
@@ -242,53 +336,65 @@ def _model(
 _WAFER = Calibration(
     hardware="wafer-scale (Cerebras CS-3 class): the seed's 1 000 tokens/s model",
     sources={
-        "prefill-overhead": _CEREBRAS + " -> 1 ms",
-        "prefill-time-per-token": _CEREBRAS + " -> 0.039 ms",
+        **_BATCH_SOURCE,
+        "prefill-overhead": _CEREBRAS + " -> 1 ms (per request, before its first chunk)",
+        "prefill-time-per-token": _CEREBRAS + " -> 0.039 ms of step per prefill token (25 600 tokens/s "
+        "of prefill compute, shared by every prefilling sequence)",
         "inter-token-latency": _SEED
         + " -> 1 ms (the sustained speed; the benchmark's own decode was 1 723-2 535 tokens/s)",
-        **_BATCH_SOURCE,
+        "kv-read-time-per-token": _KV_WAFER,
     },
 )
 _WAFER_BURST = Calibration(
-    hardware="wafer-scale (Cerebras CS-3 class), speculative-decoding burst: the seed's 4 000 tokens/s",
+    hardware="wafer-scale (Cerebras CS-3 class), speculative decoding: the seed's 4 000 tokens/s bursts",
     sources={
         **_WAFER.sources,
-        "inter-token-latency": _SEED + " -> 0.25 ms (the burst speed; same hardware, same prefill)",
+        "inter-token-latency": _SEED + " -> 1 ms: the wafer's step, as mock-1000tps (same hardware, same "
+        "prefill)",
+        "spec-tokens": "4 draft tokens (a common EAGLE/draft-model setting, vLLM's num_speculative_tokens); "
+        "chosen, not measured",
+        "spec-acceptance": _SEED + " -> 0.888: the acceptance at which 4 draft tokens give 4 tokens a step "
+        "on average ((1 - a^5)/(1 - a) = 4), so a step emits 1 to 5 tokens and the mean is the seed's "
+        "4 000 tokens/s; chosen to match, not measured",
     },
 )
 _GPU_FRONTIER = Calibration(
     hardware="GPU-served frontier model (H100/H200 class, tensor-parallel): the seed's 65 tokens/s starting "
     "point",
     sources={
+        **_BATCH_SOURCE,
         "prefill-overhead": "llm-d-inference-sim latency profiles, 70B TP8 on H100: 80 ms fixed prefill cost "
-        "-> 80 ms",
+        "-> 80 ms (per request, before its first chunk)",
         "prefill-time-per-token": (
             "0xmmo, 'Small Model Forensics' (2026-05-13): OpenAI gpt-5.4-mini TTFT 233 / 349 / 779 / "
             "1 376 ms at < 1 KB / 16 k / 64 k / 150 k input tokens = 7.3-8.5 us per marginal token "
-            "on OpenAI's GPU fleet -> 0.0085 ms (the upper end: a frontier model is not faster "
-            "per token than its mini sibling)"
+            "on OpenAI's GPU fleet -> 0.0085 ms of step per prefill token (the upper end: a frontier model "
+            "is not faster per token than its mini sibling; a client-side slope, so it includes the API's "
+            "own per-token work)"
         ),
         "inter-token-latency": _SEED + " -> 15.385 ms (65 tokens/s)",
-        **_BATCH_SOURCE,
+        "kv-read-time-per-token": _KV_70B_H200_TP8,
     },
 )
 _H100_8B = Calibration(
     hardware="llm-d's 8B-on-H100 profile (the lab's first profile for every model)",
     sources={
-        "prefill-overhead": _LLMD,
-        "prefill-time-per-token": _LLMD,
-        "inter-token-latency": _LLMD,
         **_BATCH_SOURCE,
+        "prefill-overhead": _LLMD,
+        "prefill-time-per-token": _LLMD + " (a per-request latency slope, taken as step time per token: "
+        "4 000 tokens/s of prefill, pessimistic for an H100)",
+        "inter-token-latency": _LLMD,
+        "kv-read-time-per-token": _KV_8B_H100,
     },
 )
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        _model("mock-65tps", 65.0, 80.0, 0.0085, _GPU_FRONTIER),
-        _model("mock-1000tps", 1000.0, 1.0, 0.039, _WAFER),
-        _model("mock-4000tps", 4000.0, 1.0, 0.039, _WAFER_BURST),
-        _model("mock-h100-8b", 1000.0 / 12.0, 30.0, 0.25, _H100_8B),
+        _model("mock-65tps", 65.0, 80.0, 0.0085, 8.5e-6, _GPU_FRONTIER),
+        _model("mock-1000tps", 1000.0, 1.0, 0.039, 1.6e-8, _WAFER),
+        _model("mock-4000tps", 4000.0, 1.0, 0.039, 1.6e-8, _WAFER_BURST, (_SPEC_K, _SPEC_ACCEPTANCE)),
+        _model("mock-h100-8b", 1000.0 / 12.0, 30.0, 0.25, 3.9e-5, _H100_8B),
     )
 }
 

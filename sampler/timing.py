@@ -1,27 +1,22 @@
-"""The timing model: llm-d-inference-sim's formulas without its whole-millisecond rounding.
+"""The step loop's draws: jitter (llm-d's clamped Gaussian, kept as floats) and speculative tokens.
 
-    prefill = prefill-overhead + uncached × prefill-time-per-token     (or time-to-first-token)
-    token i due at t_first + Σ ITL × L(running)                        (deadlines, no drift)
-    L = 1 + (f − 1)(running − 1)/(max-num-seqs − 1)
+    step    = (step-overhead + StepCost.step_ms(batch)) × jitter     (ttft-jitter-std when the step
+                                                                        prefills, itl-jitter-std otherwise)
+    dispatch = prefill-overhead × jitter(ttft-jitter-std)            (per request, before its first chunk)
 
-Both prefill and each inter-token interval are multiplied by the load factor and by a clamped
-Gaussian jitter draw, as llm-d does.
+One seeded RNG for the jitter, another for the speculative draws, so turning one on does not shift the
+other's stream; no draw when a std is 0.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from sampler.models import ModelSpec
+from sampler.steps import StepCost, spec_tokens_drawn, step_cost
 
 JITTER_CLAMP = 0.7  # a draw never moves a duration by more than ±70 % of its mean (llm-d)
-
-
-def load_factor(spec: ModelSpec, running: int) -> float:
-    if spec.max_num_seqs <= 1 or running <= 1:
-        return 1.0
-    running = min(running, spec.max_num_seqs)
-    return 1.0 + (spec.time_factor_under_load - 1.0) * (running - 1) / (spec.max_num_seqs - 1)
 
 
 def jittered(mean: float, std_fraction: float, rng: random.Random) -> float:
@@ -32,37 +27,31 @@ def jittered(mean: float, std_fraction: float, rng: random.Random) -> float:
 
 
 class Timing:
-    """Draws durations for one engine; one seeded RNG so a run is reproducible by seed."""
+    """Draws durations for one engine; seeded RNGs so a run is reproducible by seed."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, cost: StepCost | None = None) -> None:
         self.spec = spec
+        self.cost = cost if cost is not None else step_cost(spec)
         self.rng = random.Random(spec.seed)
-        # Without jitter an interval depends only on how many sequences run: drawn once per count (it is
-        # asked for every token).
-        self._itl: dict[int, float] | None = {} if spec.itl_jitter_std == 0 else None
+        self.spec_rng = random.Random(f"spec:{spec.seed}")
+        self._overhead = spec.step_overhead_ms
+        self._spec_k = spec.spec_tokens if spec.spec_acceptance > 0 else 0
+        self.speculative = self._spec_k > 0
 
-    def prefill_ms(self, uncached_tokens: int, running: int) -> float:
+    def dispatch_ms(self) -> float:
+        """A request's cost before its first chunk (holding its slot, not the GPU)."""
+        return jittered(self.spec.dispatch_ms, self.spec.ttft_jitter_std, self.rng)
+
+    def step_mean_ms(self, prefill: Sequence[tuple[int, int]], decode_ctx: Sequence[int]) -> float:
+        return self._overhead + self.cost.step_ms(prefill, decode_ctx)
+
+    def step_ms(self, prefill: Sequence[tuple[int, int]], decode_ctx: Sequence[int]) -> float:
+        """One step's duration, drawn when the scheduler forms the step."""
         s = self.spec
-        if s.constant_prefill:
-            mean = s.time_to_first_token_ms
-        else:
-            mean = s.prefill_overhead_ms + uncached_tokens * s.prefill_time_per_token_ms
-        return jittered(mean * load_factor(s, running), s.ttft_jitter_std, self.rng)
+        mean = self._overhead + self.cost.step_ms(prefill, decode_ctx)
+        return jittered(mean, s.ttft_jitter_std if prefill else s.itl_jitter_std, self.rng)
 
-    def itl_mean_s(self, running: int) -> float:
-        """The interval's mean at this batch size (no draw)."""
-        return self.spec.inter_token_latency_ms * load_factor(self.spec, running) / 1000.0
-
-    def itl_s(self, running: int) -> float:
-        """The interval to the next token, drawn when the previous one is released."""
-        memo = self._itl
-        if memo is not None:
-            itl = memo.get(running)
-            if itl is None:
-                itl = memo[running] = (
-                    self.spec.inter_token_latency_ms * load_factor(self.spec, running) / 1000.0
-                )
-            return itl
-        s = self.spec
-        mean = s.inter_token_latency_ms * load_factor(s, running) / 1000.0
-        return jittered(mean, s.itl_jitter_std, self.rng)
+    def decode_tokens(self) -> int:
+        """Tokens one decoding sequence gets from a step: 1, or 1 + accepted drafts."""
+        k = self._spec_k
+        return spec_tokens_drawn(k, self.spec.spec_acceptance, self.spec_rng) if k else 1

@@ -166,9 +166,11 @@ def test_model_overrides_reach_the_servers_the_lab_starts(bench_out: Path) -> No
         "mock-4000tps:prefill-overhead=20,prefill-time-per-token=0"
     ]
     for run in results["runs"]:
-        # 20 ms constant prefill (times the load factor of 2 running out of 256): not the default 30 ms + per
-        # token.
-        assert 20.0 <= run["prefill_ms_per_turn"] < 20.2, run["mode"]
+        # A 20 ms dispatch and a chunk that costs no step time: not the default 1 ms + 39 us per token. The
+        # chunk goes into the first step after the dispatch, which, when the other session decodes beside
+        # it, is a 1 ms decode step it may wait up to 1 ms for (docs/mock-gpu.md, "Timing model"); the
+        # report is a difference of two absolute clock readings (float rounding below 1 ns).
+        assert 20.0 - 1e-6 <= run["prefill_ms_per_turn"] < 22.0, run["mode"]
 
 
 def test_every_run_reports_its_prediction_and_the_sweep_its_curves(bench_out: Path) -> None:
@@ -176,9 +178,12 @@ def test_every_run_reports_its_prediction_and_the_sweep_its_curves(bench_out: Pa
     for run in results["runs"]:
         assert run["predicted_e2e_s_p50"] > 0 and run["predicted_ttft_ms_p50"] > 0
         assert run["prediction_error"] == pytest.approx(run["predicted_e2e_s_p50"] / run["e2e_s_p50"] - 1)
-        # The modelled GPU time is the engine's own: the prediction carries the same prefill per turn.
+        # The modelled GPU time is the engine's own: the prediction carries the same prefill per turn, but for
+        # where the turn's chunk falls among the other session's steps (up to a 1 ms wait for the boundary
+        # and a 1 ms decode step it rides in: docs/mock-gpu.md, "Timing model"), which depends on how the
+        # two sessions interleave, measured or predicted.
         parts = run["predicted_parts_s"]
-        assert parts["prefill"] * 1e3 / 4 == pytest.approx(run["prefill_ms_per_turn"], rel=0.02)
+        assert parts["prefill"] * 1e3 / 4 == pytest.approx(run["prefill_ms_per_turn"], abs=2.0)
     calibration = results["calibration"]
     assert set(calibration["fits"]) == set(MODES) and calibration["overhead_vs_http"]["http"] == 1.0
     sweep = results["sweep"]

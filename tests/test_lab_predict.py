@@ -107,7 +107,10 @@ def test_a_chain_load_pays_the_store_hop_per_link() -> None:
 
 
 def test_lock_step_sessions_share_the_server_core_every_round() -> None:
-    spec = MODELS["mock-4000tps"]
+    # The two sessions meet only on the server core: a model whose prefill takes no step time and that
+    # decodes one token a step (mock-4000tps draws speculative bursts from the engine's one RNG, and two
+    # sessions' prefills share the GPU's steps: tests/test_gpu_batch.py).
+    spec = MODELS["mock-1000tps"].override(prefill_time_per_token_ms=0.0)
     replay = Replay("r", "", (session(4, 0.1),), trace=False)
     alone = predict_cell(
         calibration(http=flat(8.0, 6.0, busy_ms=5.0)), "http", replay, spec, Hops(), sessions=1

@@ -16,7 +16,7 @@ import pytest
 from proto.cli import main as cli_main
 from proto.perf.workload import MODEL, TOOLS, rollout_body, say_tokens, stream_body
 
-SUBCOMMANDS = ("turn", "cpu", "stream", "capacity", "rss", "deflate", "topology", "profile")
+SUBCOMMANDS = ("turn", "cpu", "stream", "capacity", "rss", "deflate", "topology", "engine", "profile")
 
 
 def perf(*args: str, timeout: float = 120) -> str:
@@ -64,6 +64,17 @@ def test_perf_cpu_prints_long_lived_beside_http_with_the_full_history() -> None:
     row = next(line for line in lines if line.startswith("this")).split()
     assert row[1].endswith("ms") and row[2].endswith("ms") and row[3].endswith("%")
     assert float(row[1].removesuffix("ms")) > 0 and float(row[2].removesuffix("ms")) > 0
+
+
+def test_perf_engine_prints_the_step_loops_cpu_per_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """A short real run: 8 sequences on one mock GPU on the real clock (in this process, no server)."""
+    assert cli_main(["perf", "engine", "--sequences", "8", "--seconds", "0.3", "--prompt", "20"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "sequences" in line).split()
+    assert row[:4] == ["8", "sequences", "8", "running"]
+    loop_cpu = float(row[row.index("loop") + 2])
+    process_cpu = float(row[row.index("process") + 2])
+    assert 0 < loop_cpu < process_cpu  # the process pays the loop and the consumers' wake-ups
+    assert row[-1].endswith("%")
 
 
 def test_the_messages_the_suite_sends_keep_their_bytes_on_the_wire() -> None:

@@ -8,6 +8,7 @@ change.
     responses-lab perf rss       [--contexts 1000,10000,100000] [--count 12]
     responses-lab perf deflate   [--tokens 16000]
     responses-lab perf topology  [--seconds 6] [--concurrency 8,32,96] [--tokens 100] [--out capacity.json]
+    responses-lab perf engine    [--sequences 64,512] [--model mock-h100-8b] [--seconds 5]
     responses-lab perf profile   FILE… [--top 40]
 
 Every server runs in a child process (``responses-lab serve``; psutil reads *its* CPU time and RSS), on
@@ -31,6 +32,8 @@ floor it is compared with, measured in the same run:
 * ``deflate`` — server CPU per token and bytes on the wire with permessage-deflate negotiated or not.
 * ``topology`` — streams per second of the whole system: in process, one API worker in front of
   ``responses-lab engine``, two (this checkout's server only; ``proto/perf/topology.py``).
+* ``engine`` — the mock GPU's step loop alone (no server), N sequences on one engine: the loop's CPU per
+  step and the process's, as CPU time (``proto/perf/engine.py``), and the share of the due tokens taken.
 * ``profile`` — self and inclusive shares of the py-spy stacks ``--profile DIR`` wrote.
 
 Clients that only count (``stream``, ``capacity``, ``deflate`` off) read raw bytes and count frames by a
@@ -58,7 +61,7 @@ def ints(text: str) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    from proto.perf import topology
+    from proto.perf import engine, topology
 
     top = argparse.ArgumentParser(
         prog="responses-lab perf", description=__doc__, formatter_class=HelpFormatter
@@ -128,6 +131,8 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     topology.add_arguments(p)
+    p = sub.add_parser("engine", help="the mock GPU's step loop under N sequences: CPU per step, pace")
+    engine.add_arguments(p)
     p = sub.add_parser("profile", help="summarise py-spy raw output written by --profile")
     p.add_argument("files", nargs="+")
     p.add_argument("--top", type=int, default=40, help="frames listed")
@@ -152,6 +157,10 @@ def command(name: str) -> Command:
         from proto.perf.rss import cmd_rss
 
         return cmd_rss
+    if name == "engine":
+        from proto.perf.engine import cmd_engine
+
+        return cmd_engine
     if name == "topology":
         from proto.perf.topology import cmd_topology
 
