@@ -20,8 +20,13 @@ from sampler.overrides import model_specs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sequences", type=lambda s: [int(x) for x in s.split(",") if x], default=[64, 512])
-    p.add_argument("--model", default="mock-65tps")
+    p.add_argument(
+        "--sequences",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[64, 512],
+        help="concurrent sequences on the engine, one measurement each (comma-separated)",
+    )
+    p.add_argument("--model", default="mock-65tps", help="the mock model whose step loop is measured")
     p.add_argument(
         "--max-num-seqs",
         type=int,

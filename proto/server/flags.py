@@ -20,7 +20,10 @@ GROUPS: dict[str, dict[str, str]] = {
     },
     "storage": {
         "db": "response store and usage ledger: a SQLite file, :memory:, or a postgresql:// URL",
-        "db_busy_timeout_s": "how long one SQLite statement waits for another writer's lock",
+        "db_busy_timeout_s": "how long one SQLite statement waits for another writer's lock; a request's "
+        "store writes wait this long in all",
+        "db_shared": "several servers on this SQLite file on purpose: no claim on it (else a second server "
+        "is refused); reconcile still bills only dead owners",
         "progress_interval_s": "how often a streaming turn updates its crash trace in the ledger",
     },
     "model and engine": {
@@ -35,10 +38,15 @@ GROUPS: dict[str, dict[str, str]] = {
     },
     "safety": {
         "safety": "safety scan: annotate (flag and go on), block (content_policy error) or off",
+        "safety_classify": "what the classifier sees, alike for every design: user (user messages), new "
+        "(all new content, tool outputs too) or all (the whole input)",
+        "safety_placement": "the classifier's hop before the prefill, or beside it (the first token waits "
+        "for the later of the two)",
     },
     "modelled latency (docs/lab.md, Profiles)": {
         "resolve_hop_ms": "a modelled remote model-routing call, slept once per model resolution",
         "safety_hop_ms": "a modelled remote safety classifier, slept once per pre-inference scan",
+        "store_hop_ms": "a modelled store round trip, paid per store read a request's context makes",
         "api_cost_ms": "a modelled per-request cost of a Python Responses server, paid by the HTTP modes",
         "api_cost_ms_per_1k": "the same cost's part per 1 000 history tokens (http and http-prev)",
     },
@@ -51,6 +59,10 @@ GROUPS: dict[str, dict[str, str]] = {
         "tool_timeout_s": "how long a suspended long-lived response waits for its tool outputs",
         "idle_timeout_s": "a WebSocket with no open response and no client frame this long is closed",
         "connection_max_age_s": "WebSocket connection age limit (websocket_connection_limit_reached)",
+        "header_timeout_s": "a request head (a WebSocket upgrade's too) must arrive whole this long after "
+        "its first byte, else 408 and close (nginx's client_header_timeout)",
+        "max_unfinished_headers": "connections waiting for their request head; past it the longest-waiting "
+        "is closed (0: a quarter of the file-descriptor limit, at most 1 024)",
     },
     "admission": {
         "max_admitted": "responses open at once per model (429 past it); 0: the engine's max-num-seqs + "
