@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # installed fails its tests with the reason (never skipped).
 CLIENTS_DIR := .cache/clients
 NPM_CACHE := .cache/npm
-CLIENTS := codex codex-v1 aisdk openresponses cline opencode
+CLIENTS := codex codex-v1 aisdk openresponses cline opencode agents-js
 CLIENT_STAMPS := $(foreach c,$(CLIENTS),$(CLIENTS_DIR)/$(c)/.installed)
 
 $(CLIENTS_DIR)/%/.installed: tests/clients/%/package.json tests/clients/%/package-lock.json
