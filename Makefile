@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # installed fails its tests with the reason (never skipped).
 CLIENTS_DIR := .cache/clients
 NPM_CACHE := .cache/npm
-CLIENTS := codex codex-v1 aisdk openresponses cline opencode
+CLIENTS := codex codex-v1 aisdk openresponses cline opencode agents-js
 CLIENT_STAMPS := $(foreach c,$(CLIENTS),$(CLIENTS_DIR)/$(c)/.installed)
 
 $(CLIENTS_DIR)/%/.installed: tests/clients/%/package.json tests/clients/%/package-lock.json
@@ -23,7 +23,22 @@ $(CLIENTS_DIR)/%/.installed: tests/clients/%/package.json tests/clients/%/packag
 		|| echo "npm install failed for $*: its tests will fail with the reason" >&2
 	test -d $(CLIENTS_DIR)/$*/node_modules && touch $@ || true
 
-clients: $(CLIENT_STAMPS)
+# LlamaIndex's Responses client requires openai < 3 (the project's environment has 3.x): it gets its own
+# environment here, every package pinned in tests/clients/llamaindex/requirements.txt.
+LLAMAINDEX := $(CLIENTS_DIR)/llamaindex
+$(LLAMAINDEX)/.installed: tests/clients/llamaindex/requirements.txt
+	rm -rf $(LLAMAINDEX)/venv && mkdir -p $(LLAMAINDEX)
+	$(PY) -m venv $(LLAMAINDEX)/venv
+	$(LLAMAINDEX)/venv/bin/python -m pip install -q -r tests/clients/llamaindex/requirements.txt \
+		&& touch $@ || echo "pip install failed for llamaindex: its tests will fail with the reason" >&2
+
+# The Python clients (pyproject's `clients` extra) in the project's environment.
+CLIENTS_EXTRA := $(VENV)/.clients-installed
+$(CLIENTS_EXTRA): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[dev,clients]' \
+		&& touch $@ || echo "pip install of the clients extra failed: their tests will fail with the reason" >&2
+
+clients: $(CLIENT_STAMPS) $(LLAMAINDEX)/.installed $(CLIENTS_EXTRA)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -16,8 +16,9 @@ import json
 import os
 import struct
 import subprocess
+import time
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,10 +59,22 @@ class LabServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def ended(self) -> list[dict[str, Any]]:
-        """Every ``response_ended`` line the server logged so far."""
+        """Every ``response_ended`` line the server logged so far (each is written before its response's
+        terminal event is sent, so a client that has its answer finds the line)."""
         lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
         return [line for line in lines if line.get("event") == "response_ended"]
+
+    def mark(self) -> int:
+        """Where the log's ``response_ended`` lines stand now: ``ended_since(mark)`` reads a case's own."""
+        return len(self.ended())
+
+    def ended_since(self, mark: int) -> list[dict[str, Any]]:
+        return self.ended()[mark:]
 
 
 @contextlib.asynccontextmanager
@@ -84,6 +97,36 @@ async def lab_server(tmp_path: Path, *extra: str) -> AsyncIterator[LabServer]:
         finally:
             server.terminate()
             await asyncio.wait_for(server.wait(), 30)
+
+
+@contextlib.contextmanager
+def lab_process(directory: Path, *extra: str) -> Iterator[LabServer]:
+    """``lab_server`` for a module-scoped fixture (no event loop of its own): one server process for every
+    case of a client's module, each case reading its own lines of the log (``LabServer.mark``)."""
+    port = free_port()
+    log = directory / "server.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [*cli_command(), "serve", "--port", str(port), "--db", str(directory / "lab.db"),
+             "--log-level", "info", "--api-key", KEY,
+             "--model-override", f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0", *extra],
+            env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=GUARD) as http:
+                while True:
+                    try:
+                        http.get("/healthz")
+                        break
+                    except httpx.TransportError:
+                        assert server.poll() is None, log.read_text()
+                        assert time.monotonic() < deadline, "the server did not answer /healthz within 60 s"
+                        time.sleep(0.02)
+            yield LabServer(port, log)
+        finally:
+            server.terminate()
+            server.wait(30)
 
 
 def provider_config(
