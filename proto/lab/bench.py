@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.codex_rollout import RolloutError
-from proto.lab.config import PROFILES, BenchConfig
+from proto.lab.config import PEER_MODES, PROFILES, BenchConfig
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.report import print_grid, print_table, write_plots
@@ -61,10 +61,21 @@ def _csv(value: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--url", default=None, help="a running server's WebSocket URL (default: start one per profile)"
+        "--url",
+        default=None,
+        help="a running Responses server's WebSocket URL, this project's or any other (timed from the client "
+        "side only, and each run record's peer.timing says so; default: start one per profile)",
     )
     parser.add_argument(
         "--modes", type=_csv, default=None, help=f"comma list of {','.join(MODES)} (default: all)"
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        choices=PEER_MODES,
+        default=None,
+        help="also run another project's server as one more mode, in front of this server's http mode: "
+        'agentic-api (vLLM\'s gateway; `make peers` installs it; docs/lab.md, "Peers")',
     )
     parser.add_argument(
         "--workload", type=_csv, default=None, help="NAME or FILE, comma list (default: coding-agent)"
@@ -229,10 +240,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     for name, value in changes.items():
         if value is not None:
             setattr(config, name, value)
-    bad = [m for m in config.modes if m not in MODES] + [p for p in config.profiles if p not in PROFILES]
+    if args.peer:
+        config.modes = (*config.modes, *(p for p in args.peer if p not in config.modes))
+    if config.url and any(m in PEER_MODES for m in config.modes):
+        raise SystemExit("--peer starts its own upstream; with --url the server given is measured as it is")
+    if config.engine == "spawn" and any(m in PEER_MODES for m in config.modes):
+        raise SystemExit("--peer runs its upstream on its own engine: give --engine a URL, or none")
+    bad = [m for m in config.modes if m not in (*MODES, *PEER_MODES)] + [
+        p for p in config.profiles if p not in PROFILES
+    ]
     if bad:
         raise SystemExit(
-            f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join(MODES)}; profiles: "
+            f"unknown mode/profile: {', '.join(bad)} (modes: {', '.join((*MODES, *PEER_MODES))}; profiles: "
             f"{', '.join(PROFILES)})"
         )
     if config.url and (config.model_overrides or config.engine or config.workers > 1):

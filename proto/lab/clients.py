@@ -62,6 +62,7 @@ from proto.client.ws import WebSocketClient
 from proto.core.codec import CACHE_HEADER
 from proto.core.events import TERMINAL_TYPES
 from proto.core.response import MODES
+from proto.lab.config import PEER_MODES
 from proto.lab.metrics import RECONNECT, SEND, Mark, Trace
 from proto.lab.plan import RolloutPlan, Send
 
@@ -359,4 +360,8 @@ def make_client(
         return GaRolloutClient(ws_url, api_key, reconnect, other_ws_urls)
     if mode == "longlived":
         return LongLivedRolloutClient(ws_url, api_key)
+    if mode in PEER_MODES:  # a peer's own GA WebSocket mode, driven as ``ws`` drives this server's
+        client = GaRolloutClient(ws_url, api_key)
+        client.mode = mode
+        return client
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from proto.lab.config import PROFILES, BenchConfig
+from proto.lab.config import PEER_MODES, PROFILES, BenchConfig
 from proto.lab.metrics import Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.runner import BenchResult, CellKey, CellResult
 from proto.lab.traces import Replay
@@ -87,6 +87,9 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         "round_kinds": dict(sorted(Counter(k for t in cell.traces for k in t.kinds).items())),
         # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
         "store_vs_cached": store_vs_cached(cell.traces),
+        # A peer's or a --url server's: who served the cell, how it was timed, the gateway/upstream split
+        # (docs/lab.md, "Peers").
+        **({"peer": cell.peer} if cell.peer else {}),
     }
 
 
@@ -103,10 +106,11 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
 
 def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], config: BenchConfig) -> Any:
     """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model,
-    profile) as ``config`` runs it; None for a model the mock GPU does not know (``--url``'s)."""
+    profile) as ``config`` runs it; None for a model the mock GPU does not know (``--url``'s) and for a
+    peer (the fast model knows this server's modes only)."""
     from sampler.models import MODELS
 
-    if run["model"] not in MODELS:
+    if run["model"] not in MODELS or run["mode"] in PEER_MODES:
         return None
     c = config
     return compose(run, calibration, replay, c.model_overrides, c, c.sessions, c.rollouts, c.tool_time_scale)

@@ -23,14 +23,16 @@ import tempfile
 import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
 from websockets.asyncio.client import connect
 
 from proto.lab.clients import RolloutClient, make_client
-from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce
+from proto.lab.config import PEER_MODES, PROFILES, WARM, BenchConfig, Profile, nonce
 from proto.lab.metrics import Trace
+from proto.lab.peers import peer_info, run_peer_cell
 from proto.lab.plan import build_plan
 from proto.lab.predict import Calibration, calibrate
 from proto.lab.traces import Replay, Session, load_replay
@@ -48,6 +50,7 @@ class CellResult:
     server_cpu_s: float | None
     wall_s: float
     replay: Replay | None = None
+    peer: dict[str, Any] | None = None  # who served it and how it was timed (proto/lab/peers.py)
 
 
 @dataclass
@@ -314,7 +317,11 @@ async def run_bench(
             on_cell("fast model: calibrating every mode")
         h_max = 128_000 if not cells else h_max_of(workloads)
         result.calibration = await calibrate(
-            config.modes, config.calibration_rounds, h_max, config.api_key, on_turn
+            tuple(m for m in config.modes if m not in PEER_MODES),
+            config.calibration_rounds,
+            h_max,
+            config.api_key,
+            on_turn,
         )
     if not cells:
         result.wall_s = time.perf_counter() - t0
@@ -346,11 +353,20 @@ async def run_bench(
                         # long run's gen-2 pause grew with every cell and landed inside a measured round).
                         gc.collect()
                         gc.freeze()
-                        traces, cpu_s, wall = await run_cell(
-                            mode, w, model, config, ws_url, http_url, cpu, on_turn, others
-                        )
+                        peer = peer_info(mode, config)
+                        if mode in PEER_MODES:  # its own processes, started for the cell (proto/lab/peers.py)
+                            flags = server_flags(PROFILES[profile], config, config.engine)
+                            traces, cpu_s, wall, peer = await run_peer_cell(
+                                mode, w, model, config, flags, on_turn
+                            )
+                        else:
+                            traces, cpu_s, wall = await run_cell(
+                                mode, w, model, config, ws_url, http_url, cpu, on_turn, others
+                            )
                         sessions = len(w.sessions) if w.trace else config.sessions
-                        cell = CellResult(profile, w.name, model, mode, sessions, traces, cpu_s, wall, w)
+                        cell = CellResult(
+                            profile, w.name, model, mode, sessions, traces, cpu_s, wall, w, peer
+                        )
                         if on_done:  # the cell's record is written there; nothing keeps its traces after
                             on_done(cell)
     result.wall_s = time.perf_counter() - t0
