@@ -23,7 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.codex_rollout import RolloutError
-from proto.lab.config import PEER_MODES, PROFILES, BenchConfig
+from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig
+from proto.lab.peers import PeerError, PeerUnavailable, agentic_server
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.report import print_grid, print_table, write_plots
@@ -246,6 +247,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise SystemExit("--peer starts its own upstream; with --url the server given is measured as it is")
     if config.engine == "spawn" and any(m in PEER_MODES for m in config.modes):
         raise SystemExit("--peer runs its upstream on its own engine: give --engine a URL, or none")
+    if AGENTIC_API in config.modes:
+        agentic_server()  # not installed or not runnable: PeerUnavailable, before any cell has run
     bad = [m for m in config.modes if m not in (*MODES, *PEER_MODES)] + [
         p for p in config.profiles if p not in PROFILES
     ]
@@ -317,6 +320,9 @@ def run(argv: list[str]) -> int:
     except (SweepError, TraceError, RolloutError, PlanError) as exc:  # the user's input: one line, no trace
         Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
         return 2
+    except (PeerUnavailable, PeerError) as exc:  # a peer not installed, not started, or not as planned
+        Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
+        return 1
 
 
 def _progress(console: Console) -> Progress:

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,13 @@ from proto.processes import ChildServer, cpu_seconds, free_port
 
 AGENTIC_API_VERSION = "0.9.0"  # pinned: Makefile, "peers"
 ROOT = Path(__file__).resolve().parents[2]
-PEERS_DIR = Path(os.environ.get("RESPONSES_LAB_PEERS_DIR", ROOT / ".cache" / "peers"))
 UPSTREAM_REPORT = "gateway: client TTFT - upstream report; upstream: this server's per-turn report"
 CLIENT_ONLY = "client-side only: the server's own report is not read"
+
+
+def peers_dir() -> Path:
+    """Where ``make peers`` installs them: ``.cache/peers``, or ``$RESPONSES_LAB_PEERS_DIR``."""
+    return Path(os.environ.get("RESPONSES_LAB_PEERS_DIR") or ROOT / ".cache" / "peers")
 
 
 class PeerUnavailable(RuntimeError):
@@ -60,11 +65,12 @@ class PeerError(RuntimeError):
 
 def agentic_server() -> Path:
     """The pinned ``agentic-server`` binary, or :class:`PeerUnavailable` saying how to get it."""
-    binary = PEERS_DIR / "agentic-api" / "bin" / "agentic-server"
+    home = peers_dir() / "agentic-api"
+    binary = home / "bin" / "agentic-server"
     if not binary.is_file():
         raise PeerUnavailable(
             f"agentic-api {AGENTIC_API_VERSION} is not installed at {binary}: run `make peers` "
-            f"(pip install --target {PEERS_DIR / 'agentic-api'} agentic-api=={AGENTIC_API_VERSION})"
+            f"(pip install --target {home} agentic-api=={AGENTIC_API_VERSION})"
         )
     try:
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=True)
@@ -283,7 +289,11 @@ async def run_peer_cell(
     upstream_ms = attach_upstream(traces, replay, model, config, records[-want:] if want else [])
     ttft = [[turn.ttft_ms for turn in rollout_metrics(t).turns] for t in traces]
     info = peer_info(mode, config) or {}
-    return traces, cpu_s, wall, {**info, **split(ttft, upstream_ms)}
+    # The calls the upstream's model made in the measured turns, by tool, from its log: each one the client
+    # ran (a turn whose calls the plan does not answer fails the rollout) and answered through the gateway.
+    calls = Counter(name for r in records[-want:] if want for name in r.get("calls", []))
+    split_ms = split(ttft, upstream_ms)
+    return traces, cpu_s, wall, {**info, "upstream_calls": dict(sorted(calls.items())), **split_ms}
 
 
 async def _records(upstream: ChildServer, want: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
