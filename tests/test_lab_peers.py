@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from proto.lab.bench import main as bench_main
-from proto.lab.peers import AGENTIC_API_VERSION, PeerUnavailable, agentic_server
+from proto.lab.peers import AGENTIC_API_VERSION, CLIENT_ONLY, PeerUnavailable, agentic_api, agentic_server
 
 TOOL_LOOP = {
     "format": 1,
@@ -124,3 +124,23 @@ def test_a_missing_agentic_api_fails_with_the_reason(
     assert code == 1
     assert "agentic-api 0.9.0 is not installed" in capsys.readouterr().err
     assert not (out / "results.json").exists()  # refused before any cell ran
+
+
+@pytest.mark.process
+@pytest.mark.nonconforming("agentic-api 0.9.0 stands for any other Responses server here: see above")
+def test_url_measures_any_responses_server_from_the_client_side(tmp_path: Path) -> None:
+    """agentic-api as a server the user started: timed from the client side only, and the rows say so;
+    what needs the server's own report reads as unknown (null), never 0."""
+    with agentic_api(["--log-level", "warning"]) as (_, gateway):
+        code, out = _bench(tmp_path, "--url", gateway.ws_url, "--modes", "ws,http-prev")
+    assert code == 0
+    runs = {r["mode"]: r for r in json.loads((out / "results.json").read_text(encoding="utf-8"))["runs"]}
+    assert set(runs) == {"ws", "http-prev"}
+    for run in runs.values():
+        assert run["profile"] == "external"
+        assert run["peer"] == {"name": "external", "url": gateway.ws_url, "timing": CLIENT_ONLY}
+        assert run["statuses"] == ["completed"]
+        assert run["turns"] == ROLLOUTS * len(TOOL_LOOP["turns"])  # type: ignore[arg-type]
+        assert run["ttft_ms_p50"] > 0 and run["e2e_s_p50"] > 0
+        assert run["turn_overhead_ms_p50"] is None and run["prefill_ms_per_turn"] is None
+        assert run["usage"]["output_tokens"] > 0
