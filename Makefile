@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check bench serve lint typecheck clean postgres clients vllm-check step-tables replay-published
+.PHONY: demo test check bench serve lint typecheck clean postgres clients peers vllm-check step-tables replay-published
 
 # The real clients the suite runs (tests/clients/*: pinned package.json + package-lock.json), installed
 # from the npm registry into a directory this Makefile owns; npm's own cache lives there too. `npm install`
@@ -40,6 +40,19 @@ $(CLIENTS_EXTRA): $(STAMP) pyproject.toml
 
 clients: $(CLIENT_STAMPS) $(LLAMAINDEX)/.installed $(CLIENTS_EXTRA)
 
+# The peers the lab measures beside this server's modes (docs/lab.md, "Peers"): vLLM's agentic-api gateway,
+# pinned, from PyPI, into a directory this Makefile owns (its wheel carries the Rust agentic-server binary).
+# One that cannot be installed fails its tests and `bench --peer` with the reason (never skipped).
+PEERS_DIR := .cache/peers
+AGENTIC_API_VERSION := 0.9.0
+$(PEERS_DIR)/agentic-api/.installed-$(AGENTIC_API_VERSION): $(STAMP)
+	rm -rf $(PEERS_DIR)/agentic-api
+	$(BIN)/python -m pip install -q --no-deps --target $(PEERS_DIR)/agentic-api agentic-api==$(AGENTIC_API_VERSION) \
+		|| echo "pip install agentic-api==$(AGENTIC_API_VERSION) failed: bench --peer and its tests will fail with the reason" >&2
+	test -x $(PEERS_DIR)/agentic-api/bin/agentic-server && touch $@ || true
+
+peers: $(PEERS_DIR)/agentic-api/.installed-$(AGENTIC_API_VERSION)
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -61,7 +74,7 @@ postgres:
 # `serial` tests, which assert on wall-clock pace, alone. Both parts always run; the exit status is the
 # first failure's, and a failed parallel part is named again at the end (the last line is the serial part's).
 WORKERS ?= 2
-test: $(STAMP) postgres clients
+test: $(STAMP) postgres clients peers
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/ruff format --check proto sampler tests scripts
 	$(BIN)/mypy

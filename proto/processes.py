@@ -119,10 +119,14 @@ class ChildProcess:
 
     def log(self) -> str:
         """The tail of what the child wrote to stdout and stderr (when captured)."""
+        return self.output()[-4000:]
+
+    def output(self) -> str:
+        """Everything the child wrote to stdout and stderr so far (when captured)."""
         if self._log is None:
             return "(not captured: see this process's own output)"
         self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-4000:]
+        return self._log.read().decode(errors="replace")
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it has not exited within ``STOP_TIMEOUT_S``."""

@@ -23,7 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.codex_rollout import RolloutError
-from proto.lab.config import PROFILES, BenchConfig, profile_named
+from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig, profile_named
+from proto.lab.peers import PeerError, PeerUnavailable, agentic_server
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.records import provenance
@@ -63,10 +64,21 @@ def _csv(value: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--url", default=None, help="a running server's WebSocket URL (default: start one per profile)"
+        "--url",
+        default=None,
+        help="a running Responses server's WebSocket URL, this project's or any other (timed from the client "
+        "side only, and each run record's peer.timing says so; default: start one per profile)",
     )
     parser.add_argument(
         "--modes", type=_csv, default=None, help=f"comma list of {','.join(MODES)} (default: all)"
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        choices=PEER_MODES,
+        default=None,
+        help="also run another project's server as one more mode, in front of this server's http mode: "
+        'agentic-api (vLLM\'s gateway; `make peers` installs it; docs/lab.md, "Peers")',
     )
     parser.add_argument(
         "--workload", type=_csv, default=None, help="NAME or FILE, comma list (default: coding-agent)"
@@ -252,9 +264,17 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     for name, value in changes.items():
         if value is not None:
             setattr(config, name, value)
-    bad = [m for m in config.modes if m not in MODES]
+    if args.peer:
+        config.modes = (*config.modes, *(p for p in args.peer if p not in config.modes))
+    if config.url and any(m in PEER_MODES for m in config.modes):
+        raise SystemExit("--peer starts its own upstream; with --url the server given is measured as it is")
+    if config.engine == "spawn" and any(m in PEER_MODES for m in config.modes):
+        raise SystemExit("--peer runs its upstream on its own engine: give --engine a URL, or none")
+    if AGENTIC_API in config.modes:
+        agentic_server()  # not installed or not runnable: PeerUnavailable, before any cell has run
+    bad = [m for m in config.modes if m not in (*MODES, *PEER_MODES)]
     if bad:
-        raise SystemExit(f"unknown mode: {', '.join(bad)} (modes: {', '.join(MODES)})")
+        raise SystemExit(f"unknown mode: {', '.join(bad)} (modes: {', '.join((*MODES, *PEER_MODES))})")
     for name in config.profiles:
         try:
             profile_named(name)
@@ -329,6 +349,9 @@ def run(argv: list[str]) -> int:
     except (SweepError, TraceError, RolloutError, PlanError) as exc:  # the user's input: one line, no trace
         Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
         return 2
+    except (PeerUnavailable, PeerError) as exc:  # a peer not installed, not started, or not as planned
+        Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
+        return 1
 
 
 def _progress(console: Console) -> Progress:

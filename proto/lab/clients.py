@@ -62,6 +62,7 @@ from proto.client.ws import WebSocketClient
 from proto.core.codec import CACHE_HEADER
 from proto.core.events import TERMINAL_TYPES
 from proto.core.response import MODES
+from proto.lab.config import PEER_MODES
 from proto.lab.metrics import RECONNECT, SEND, Mark, Trace
 from proto.lab.plan import RolloutPlan, Send
 
@@ -278,6 +279,19 @@ class GaRolloutClient(_WebSocketRolloutClient, _ChainedClient):
             raise self._failed(exc) from exc
 
 
+class PeerGaRolloutClient(GaRolloutClient):
+    """A peer's own GA WebSocket mode (docs/lab.md, "Peers"), driven as ``ws`` drives this server's, with
+    ``parallel_tool_calls: true`` said outright: OpenAI's default, which agentic-api 0.9.0 does not assume
+    (upstream it asks for one call a turn unless told)."""
+
+    def __init__(self, mode: str, url: str, api_key: str | None) -> None:
+        self.mode = mode
+        super().__init__(url, api_key)
+
+    async def exchange(self, body: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        return await super().exchange({"parallel_tool_calls": True, **body}, trace)
+
+
 class LongLivedRolloutClient(_WebSocketRolloutClient):
     """The prototype: one response while the model calls tools; outputs go back with ``response.append``.
     A user message after a final answer chains a new response on it; a rewrite creates one that supersedes
@@ -359,4 +373,6 @@ def make_client(
         return GaRolloutClient(ws_url, api_key, reconnect, other_ws_urls)
     if mode == "longlived":
         return LongLivedRolloutClient(ws_url, api_key)
+    if mode in PEER_MODES:
+        return PeerGaRolloutClient(mode, ws_url, api_key)
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

@@ -50,6 +50,11 @@ class Profile:
         }
 
 
+# Peers: other projects' Responses servers the lab runs as one more mode each (docs/lab.md, "Peers";
+# proto/lab/peers.py).
+AGENTIC_API = "agentic-api"
+PEER_MODES: tuple[str, ...] = (AGENTIC_API,)
+
 # Values argued in docs/lab.md, "Profiles": a BERT-scale safety classifier behind an in-region RPC
 # (10–50 ms per check in published guardrail budgets; we take 20 ms), and one in-region RPC each to a
 # routing/config service for model resolution and to the response store (inter-AZ RTT 1.3–2.1 ms measured

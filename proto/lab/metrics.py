@@ -87,12 +87,27 @@ class Trace:
         for name, ms in (lab.get("phases_ms") or {}).items():
             self.phases_ms[name] = self.phases_ms.get(name, 0.0) + float(ms)
         turns = lab.get("turns") or []
-        self.reports.extend(turns)
+        self.reports.extend(turns if "lab" in response else [client_report(response)])
         work = lab.get("work") or {}
         # The remote calls this response made (paid before its first turn): the fast model prices hops by
         # them.
         self.hops.append((len(turns), int(work.get("safety_hops", 0)), int(work.get("model_resolutions", 0))))
         self.status = str(response.get("status", ""))
+
+
+def client_report(response: dict[str, Any]) -> dict[str, Any]:
+    """A turn's report from what any Responses server sends (a server without ``response.lab``: ``--url``'s,
+    a peer's before its upstream's report is attached): the usage it returned, and NaN for the modelled
+    figures the client cannot know, so the overhead and GPU figures read as unknown (``null``), never 0."""
+    usage = response.get("usage") or {}
+    return {
+        "prompt_tokens": int(usage.get("input_tokens", 0)),
+        "cached_tokens": int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0)),
+        "output_tokens": int(usage.get("output_tokens", 0)),
+        "prefill_ms": math.nan,
+        "queue_wait_ms": math.nan,
+        "decode_ms": math.nan,
+    }
 
 
 @dataclass(frozen=True)

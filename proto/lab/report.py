@@ -66,7 +66,7 @@ def print_table(results: dict[str, Any], console: Console) -> None:
                     "–" if err is None else f"{err * 100:+.1f}%",
                     f"{run['ttft_ms_p50']:.1f}",
                     _pct(ttft, mode),
-                    f"{run['turn_overhead_ms_p50']:.2f}",
+                    _ms(run["turn_overhead_ms_p50"]),  # None: a server without its own report (--url)
                 )
             console.print(table, width=WIDTH)
             if any("gains" in run for run in modes.values()):
@@ -202,6 +202,10 @@ _SHORT_MODE = {"http-cached": "cached", "http-prev": "prev"}
 
 def _pct(r: float | None, mode: str) -> str:
     return "" if r is None or mode == BASELINE else f"{(r - 1) * 100:+.1f}%"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def _cut(title: str) -> str:

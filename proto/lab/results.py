@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import psutil
 
-from proto.lab.config import JITTER, BenchConfig, profile_named
+from proto.lab.config import JITTER, PEER_MODES, BenchConfig, profile_named
 from proto.lab.metrics import RolloutMetrics, Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.records import FLOOR_SPREAD, LOAD_PER_CORE, RolloutRecord, floor, noise, provenance
 from proto.lab.runner import BenchResult, CellKey, CellResult
@@ -93,6 +93,9 @@ def run_record(cell: CellResult) -> dict[str, Any]:
         # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
         "store_vs_cached": store_vs_cached(cell.traces),
         **design_fields(cell, metrics),
+        # A peer's or a --url server's: who served the cell, how it was timed, the gateway/upstream split
+        # (docs/lab.md, "Peers").
+        **({"peer": cell.peer} if cell.peer else {}),
     }
 
 
@@ -204,10 +207,11 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
 
 def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], config: BenchConfig) -> Any:
     """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model,
-    profile) as ``config`` runs it; None for a model the mock GPU does not know (``--url``'s)."""
+    profile) as ``config`` runs it; None for a model the mock GPU does not know (``--url``'s) and for a
+    peer (the fast model knows this server's modes only)."""
     from sampler.models import MODELS
 
-    if run["model"] not in MODELS:
+    if run["model"] not in MODELS or run["mode"] in PEER_MODES:
         return None
     c = config
     return compose(

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
@@ -32,9 +33,10 @@ from websockets.asyncio.client import connect
 from proto.client.frames import SENT
 from proto.client.http import HttpClient
 from proto.lab.clients import RolloutClient, make_client
-from proto.lab.config import WARM, BenchConfig, Profile, jitter_overrides, nonce, profile_named
+from proto.lab.config import PEER_MODES, WARM, BenchConfig, Profile, jitter_overrides, nonce, profile_named
 from proto.lab.design import draw_tool_times, mode_order, rollout_seed
 from proto.lab.metrics import Trace
+from proto.lab.peers import peer_info, run_peer_modes
 from proto.lab.plan import RolloutPlan, build_plan
 from proto.lab.predict import Calibration, calibrate
 from proto.lab.records import Floor, Load, floor, load_now
@@ -54,6 +56,7 @@ class CellResult:
     wall_s: float
     replay: Replay | None = None
     group: GroupResult | None = None  # the design, load and floors its (profile, workload, model) ran with
+    peer: dict[str, Any] | None = None  # who served it and how it was timed (proto/lab/peers.py)
 
 
 @dataclass
@@ -142,6 +145,7 @@ class GroupResult:
     load: Load
     floors: list[Floor]
     blocks: int  # server lifetimes: 1, or one per rollout index with fresh_server
+    peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # per peer mode: proto/lab/peers.py
 
 
 def _plans(replay: Replay, model: str, config: BenchConfig, index: int) -> list[tuple[Session, int | None]]:
@@ -163,13 +167,18 @@ async def run_group(
     config: BenchConfig,
     servers: Callable[[], contextlib.AbstractContextManager[Server]],
     on_turn: Callable[[], None] | None = None,
+    peer_flags: list[str] | None = None,
 ) -> tuple[dict[str, ModeTally], GroupResult]:
     """Every mode of one (profile, workload, model) over the same rollouts: rollout index ``i`` runs each
     mode once, in row ``i`` of the Williams design (proto/lab/design.py), every mode on the same plan and
     tool times (a distinct nonce each, so no KV prefix or cached item is shared). ``servers()`` gives the
     server: entered once, or once per rollout index with ``config.fresh_server``. The floors are measured on
-    the first server, before the warm-up; the load average is read around the whole group."""
+    the first server, before the warm-up; the load average is read around the whole group. A peer mode
+    (``--peer``) runs the same indices through its own processes, started with ``peer_flags``, after the
+    others (proto/lab/peers.py)."""
     tallies = {mode: ModeTally() for mode in modes}
+    ours = [m for m in modes if m not in PEER_MODES]
+    peer_modes = [m for m in modes if m in PEER_MODES]
     orders: list[list[str]] = []
     indices = list(range(config.rollouts))
     blocks = [[i] for i in indices] if config.fresh_server else [indices]
@@ -183,9 +192,13 @@ async def run_group(
                     floor("ws_ping", await ping_rtts_ms(ws_url, config.pings, config.api_key)),
                     floor("http_noop", await http_noop_rtts_ms(http_url, config.pings, config.api_key)),
                 ]
-            await _block(modes, replay, model, config, server, block, tallies, orders, on_turn)
+            if ours:
+                await _block(ours, replay, model, config, server, block, tallies, orders, on_turn)
+    peers = await run_peer_modes(
+        peer_modes, replay, model, config, peer_flags or [], indices, tallies, on_turn
+    )
     load = Load(before, load_now(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    return tallies, GroupResult(orders, load, floors, len(blocks))
+    return tallies, GroupResult(orders, load, floors, len(blocks), peers)
 
 
 async def _block(
@@ -438,7 +451,11 @@ async def run_bench(
             on_cell("fast model: calibrating every mode")
         h_max = 128_000 if not cells else h_max_of(workloads)
         result.calibration = await calibrate(
-            config.modes, config.calibration_rounds, h_max, config.api_key, on_turn
+            tuple(m for m in config.modes if m not in PEER_MODES),
+            config.calibration_rounds,
+            h_max,
+            config.api_key,
+            on_turn,
         )
     if not cells:
         result.wall_s = time.perf_counter() - t0
@@ -471,8 +488,11 @@ async def run_bench(
                     # long run's gen-2 pause grew with every cell and landed inside a measured round).
                     gc.collect()
                     gc.freeze()
+                    # A peer's upstream: a server of this project with the profile's flags (docs/lab.md,
+                    # "Peers").
+                    peer_flags = server_flags(profile_named(profile), config, config.engine)
                     tallies, shared = await run_group(
-                        modes, w, model, config, _server_of(config, server), on_turn
+                        modes, w, model, config, _server_of(config, server), on_turn, peer_flags
                     )
                     sessions = len(w.sessions) if w.trace else config.sessions
                     for mode in modes:
@@ -481,6 +501,7 @@ async def run_bench(
                             profile, w.name, model, mode, sessions, t.traces, t.cpu_s, t.wall_s, w
                         )
                         cell.group = shared
+                        cell.peer = shared.peers.get(mode) or peer_info(mode, config)
                         if on_done:  # the cell's record is written there; nothing keeps its traces after
                             on_done(cell)
     result.wall_s = time.perf_counter() - t0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -518,6 +519,7 @@ class Pipeline:
             output_tokens=usage.output_tokens,
             calls=_call_names(response.output),
             **text,
+            **_lab_report(builder),
         )
         self.ledger.record(
             LedgerRow(
@@ -535,6 +537,15 @@ class Pipeline:
                 reason=end_reason(response),
             )
         )
+
+
+def _lab_report(builder: ResponseBuilder) -> dict[str, Any]:
+    """The per-turn report and phases a terminal event carries as ``response.lab``, for the log at info
+    level: a gateway in front drops that field, and the lab reads them from the log instead (docs/lab.md,
+    "Peers"). Built only when the line is written."""
+    if not log.is_enabled_for(logging.INFO):
+        return {}
+    return {"lab_turns": msgspec.to_builtins(builder.lab.turns), "phases_ms": dict(builder.lab.phases_ms)}
 
 
 _KNOB_CLOCK = RealClock()  # precise sleeps for the latency knobs (the limits' clock may be virtual)
