@@ -116,12 +116,19 @@ async def http_noop_rtts_ms(http_url: str, count: int, api_key: str | None = Non
         http_url, api_key, observer=lambda frame: sent.append(frame.t) if frame.direction == SENT else None
     )
     try:
-        for _ in range(count):
+        # This server's /healthz; vLLM's /health on a server given by --url; a server with neither has no
+        # no-op route: its floor is recorded as unmeasured (n = 0), never guessed.
+        path = None
+        for candidate in ("/healthz", "/health"):
+            if (await client.get(candidate)).status_code == 200:
+                path = candidate
+                break
+        for _ in range(count if path is not None else 0):
             sent.clear()
-            response = await client.get("/healthz")
+            response = await client.get(path or "/healthz")
             t = client.clock()
             if response.status_code != 200 or not sent:
-                raise RuntimeError(f"GET /healthz: HTTP {response.status_code}")
+                raise RuntimeError(f"GET {path}: HTTP {response.status_code}")
             rtts.append((t - sent[0]) * 1e3)
     finally:
         await client.aclose()
@@ -490,7 +497,11 @@ async def run_bench(
                     gc.freeze()
                     # A peer's upstream: a server of this project with the profile's flags (docs/lab.md,
                     # "Peers").
-                    peer_flags = server_flags(profile_named(profile), config, config.engine)
+                    peer_flags = (
+                        server_flags(profile_named(profile), config, config.engine)
+                        if any(m in PEER_MODES for m in modes)
+                        else None
+                    )
                     tallies, shared = await run_group(
                         modes, w, model, config, _server_of(config, server), on_turn, peer_flags
                     )
