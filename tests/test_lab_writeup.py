@@ -185,3 +185,11 @@ def test_a_format_2_run_renders_percentiles_paired_gains_and_provenance() -> Non
                 assert interval(run["gains"][base]["e2e"]) in row
         assert row.endswith(f"| {'; '.join(run['noisy']) or 'no'} |")
     assert "predate the equal-rules method" not in text  # a format-2 run is under the current method
+
+
+def test_one_format_2_runs_report_has_its_paired_gains(capsys: pytest.CaptureFixture[str]) -> None:
+    from proto.lab.writeup import main
+
+    assert main([str(FORMAT2 / "quick" / "results.json"), "--title", "Quick"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("### Quick\n") and "#### Paired gains" in text and "Provenance: commit `" in text

@@ -5,10 +5,10 @@ never typed by hand.
         [--marker results] [--title Results]
     responses-lab bench report --lab [DIR] [--out FILE] [--notes NOTES.md]
 
-Prints one run's Markdown; with ``--write`` it replaces the text between the ``<!-- MARKER:begin -->`` and
-``<!-- MARKER:end -->`` markers of that file (``results`` unless ``--marker``). ``--again`` adds the
-repeatability check: every ratio of the first run (mode ÷ http, per profile) set against the same ratio of a
-second run of the same command.
+Prints one run's Markdown (a format-2 run: with its paired gains, :func:`paired_section`); with ``--write``
+it replaces the text between the ``<!-- MARKER:begin -->`` and ``<!-- MARKER:end -->`` markers of that file
+(``results`` unless ``--marker``). ``--again`` adds the repeatability check: every ratio of the first run
+(mode ÷ http, per profile) set against the same ratio of a second run of the same command.
 
 ``--lab`` writes the lab's results document (the fast model's calibration and its repeatability, the curves,
 predicted vs measured for every real-clock cell, the curves' validation points, history rewrites, the
@@ -869,7 +869,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.results is None:
         parser.error("a results.json, or --lab DIR")
-    text = render(load(args.results), load(args.again) if args.again else None, args.title)
+    results = load(args.results)
+    text = render(results, load(args.again) if args.again else None, args.title)
+    if results.get("format") is not None and results["runs"]:  # format 2: its intervals and provenance
+        text += "\n".join(["", "#### Paired gains", "", *paired_section(results)]).rstrip() + "\n"
     if args.write is None:
         print(text, end="")
     else:
