@@ -193,3 +193,26 @@ def test_one_format_2_runs_report_has_its_paired_gains(capsys: pytest.CaptureFix
     assert main([str(FORMAT2 / "quick" / "results.json"), "--title", "Quick"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("### Quick\n") and "#### Paired gains" in text and "Provenance: commit `" in text
+
+
+def test_a_scenarios_fast_model_gain_is_negative_when_the_mode_is_faster() -> None:
+    """proto/lab/scenarios.py's gains in the lab's one sign: `longlived` against `http` with production-like
+    hops and no tool time (predict-1's calibration) is faster, so negative; the seed's hop question still
+    finds the hop that saves 40 %."""
+    from proto.lab.config import PROFILES
+    from proto.lab.predict import Calibration, Hops
+    from proto.lab.scenarios import _seed_question, gain
+    from proto.lab.sweep import coding
+    from sampler.models import MODELS
+
+    kept = json.loads((KEPT / "predict-1" / "results.json").read_text(encoding="utf-8"))
+    cal = Calibration.from_json(kept["calibration"])
+    hops = Hops.of(PROFILES["production-like"])
+    g = gain(cal, "longlived", "http", coding(30), MODELS["mock-1000tps"], hops, 0.0)
+    assert g < 0
+    answers = _seed_question(cal)
+    assert answers["tools x0"]["longlived_e2e_gain_1000tps"] == pytest.approx(g)
+    need = answers["safety_hop_ms_for_minus_40pct_tools_x0"]
+    assert need is not None
+    at = gain(cal, "longlived", "http", coding(30), MODELS["mock-1000tps"], Hops(need, need / 10), 0.0)
+    assert at == pytest.approx(-0.40, abs=0.005)
