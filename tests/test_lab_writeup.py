@@ -4,11 +4,21 @@ sample's bar (docs/lab.md, "The validation sample"). Reads the committed results
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from proto.lab.writeup import lab, validation_section
+from proto.lab.writeup import (
+    FINDINGS_BEGIN,
+    FINDINGS_END,
+    interval,
+    lab,
+    notes_block,
+    scenario_answers,
+    scenario_section,
+    validation_section,
+)
 
 
 def test_the_kept_validation_sample_meets_its_bar(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,3 +57,162 @@ def test_validation_section_flags_a_gain_of_the_other_sign() -> None:
     assert rows[2] == "| p | ws | +1.0 % | -1.0 % | +0.0 % | +0.0 % | **no** |"
     assert rows[3].endswith("| -10.0 % | -5.0 % | +0.0 % | +0.0 % | yes |")
     assert rows[-1] == "Points whose measured E2E gain has the fast model's sign: **1 of 2**."
+
+
+KEPT = Path(__file__).resolve().parent.parent / "docs" / "results"
+FORMAT2 = Path(__file__).resolve().parent / "lab_format2"  # a real `bench --quick --profile local` run
+
+
+def _chdir_root(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(KEPT.parent.parent)
+    return lab(Path("docs/results"))
+
+
+def test_notes_findings_block_is_the_generated_findings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTES.md's findings block is the generator's text, word for word, and the same text is the
+    generated document's "Findings" section."""
+    text = _chdir_root(monkeypatch)
+    notes = Path("NOTES.md").read_text(encoding="utf-8")
+    block = notes.split(FINDINGS_BEGIN + "\n", 1)[1].split(FINDINGS_END, 1)[0]
+    assert block == notes_block(Path("docs/results"))
+    assert "## Findings\n\n" + block in text
+
+
+def test_findings_hold_the_kept_files_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figures the findings quote, recomputed by hand from the kept results.json files."""
+    monkeypatch.chdir(KEPT.parent.parent)
+    block = notes_block(Path("docs/results"))
+    runs = {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in KEPT.glob("*/results.json")}
+
+    def p50(run: str, profile: str, workload: str, model: str, mode: str, key: str) -> float:
+        (cell,) = [
+            r
+            for r in runs[run]["runs"]
+            if (r["profile"], r["workload"], r["model"], r["mode"]) == (profile, workload, model, mode)
+        ]
+        return float(cell[key])
+
+    def g(run: str, workload: str, model: str, mode: str, base: str, key: str, profile: str) -> str:
+        a = p50(run, profile, workload, model, mode, key)
+        return f"{(a / p50(run, profile, workload, model, base, key) - 1) * 100:+.1f} %"
+
+    coding = " / ".join(
+        g("sweep-coding", "coding-agent", m, "longlived", "http", "e2e_s_p50", "production-like")
+        for m in ("mock-1000tps", "mock-4000tps")
+    )
+    assert coding == "-6.7 % / -10.0 %" and f"E2E {coding}" in block
+    ttft = " / ".join(
+        g("validate-speed", "coding-agent", m, "longlived", "http", "ttft_ms_p50", "production-like")
+        for m in ("mock-65tps", "mock-1000tps", "mock-4000tps")
+    )
+    assert ttft == "-32.5 % / -46.5 % / -42.3 %" and f"TTFT p50 {ttft}" in block
+    ws8 = p50("scenario-sglang", "local", "chain-8", "mock-65tps", "ws", "ttft_ms_p50")
+    prev8 = p50("scenario-sglang", "local", "chain-8", "mock-65tps", "http-prev", "ttft_ms_p50")
+    assert f"{ws8:.2f} vs {prev8:.2f} ms" == "22.70 vs 25.22 ms" and "22.70 vs 25.22 ms" in block
+    rewrites = g(
+        "sweep-rewrites", "tracelab-session_workload_example", "mock-4000tps", "longlived", "http",
+        "ttft_ms_p50", "local",
+    )  # fmt: skip
+    assert rewrites.startswith("-") and f"({rewrites})" in block  # better than http's, as the file says
+    # the grid's TTFT headline is predicted, and says so
+    line = next(x for x in block.splitlines() if "The grid, predicted" in x)
+    assert "(predicted; measured above)" in line and "not measured" in line
+    assert "predate the equal-rules method" in block and "not comparable" in block
+
+
+def test_no_lab_figure_is_typed_outside_the_generated_text() -> None:
+    """NOTES.md's findings quote no figure outside the generated block but the published claims
+    (docs/lab.md, "Published claims"), and docs/lab.md types no gain (a signed percentage) that is not a
+    published claim."""
+    root = KEPT.parent.parent
+    notes = (root / "NOTES.md").read_text(encoding="utf-8")
+    lab_md = (root / "docs" / "lab.md").read_text(encoding="utf-8")
+    claims = lab_md.split("## Published claims", 1)[1]
+    published = set(re.findall(r"[−+-]?\d+(?:\.\d+)? ?%", claims))
+    section = notes.split("## The lab's findings\n", 1)[1].split("\n## ", 1)[0]
+    head, rest = section.split(FINDINGS_BEGIN, 1)
+    typed = head + rest.split(FINDINGS_END, 1)[1]
+    typed = re.sub(r"[−+-]?\d+(?:\.\d+)? ?%", lambda m: "" if m[0] in published else m[0], typed)
+    assert re.findall(r"(?<![\w.])\d+(?:\.\d+)?", typed) == []  # a number, not a name (E2E, p50)
+    gains = re.findall(r"[−+-]\d+(?:\.\d+)? ?%", lab_md.split("## Published claims", 1)[0])
+    assert [x for x in gains if x not in published] == []
+
+
+def test_kept_scenario_gains_are_read_in_the_labs_sign() -> None:
+    """A kept scenario (before the format field) wrote the share saved; the document shows mode ÷ base − 1,
+    negative = faster, as every other table. A format-2 file is already in that sign."""
+    old = json.loads((KEPT / "scenario-seed" / "results.json").read_text(encoding="utf-8"))
+    saved = old["scenario"]["fast_model"]["tools x0"]["longlived_e2e_gain_1000tps"]
+    assert saved > 0  # the kept file's convention: the share of http's E2E saved
+    assert scenario_answers(old)["tools x0"]["longlived_e2e_gain_1000tps"] == -saved
+    new = dict(old, format=2)
+    assert scenario_answers(new)["tools x0"]["longlived_e2e_gain_1000tps"] == saved
+    assert f"longlived_e2e_gain_1000tps: {-saved * 100:+.1f} %" in "\n".join(scenario_section(old))
+
+
+def test_interval_says_no_difference_when_it_holds_zero() -> None:
+    base = {"baseline": "http", "metric": "e2e", "pairs": 12}
+    assert (
+        interval(dict(base, gain=-0.062, low=-0.08, high=-0.041, verdict="faster")) == "-6.2 % [-8.0, -4.1]"
+    )
+    assert (
+        interval(dict(base, gain=-0.01, low=-0.03, high=0.01, verdict="no difference"))
+        == "no difference (-1.0 % [-3.0, +1.0])"
+    )
+    assert interval(dict(base, pairs=2, gain=-0.01, low=None, high=None, verdict="too few pairs")) == (
+        "-1.0 % (too few pairs, 2 pairs)"
+    )
+
+
+def test_a_format_2_run_renders_percentiles_paired_gains_and_provenance() -> None:
+    """The fixture is a real run's results.json (format 2): every mode's p50 / p90 / p99, its gains against
+    both baselines with intervals or a verdict, the noisy column and the provenance line, all from the
+    file."""
+    results = json.loads((FORMAT2 / "quick" / "results.json").read_text(encoding="utf-8"))
+    assert results["format"] == 2
+    text = lab(FORMAT2)
+    assert "## Run `quick`: paired gains" in text
+    section = text.split("## Run `quick`: paired gains", 1)[1].split("\n## ", 1)[0]
+    commit = results["provenance"]["commit"]
+    assert f"Provenance: commit `{commit[:12]}`" in section and results["provenance"]["cpu_model"] in section
+    assert "ws_ping p50" in section and "http_noop p50" in section
+    for run in results["runs"]:
+        e2e = run["e2e_s_pct"]
+        row = next(x for x in section.splitlines() if x.startswith(f"| {run['mode']} | {e2e['p50']:.2f} / "))
+        assert row.startswith(f"| {run['mode']} | {e2e['p50']:.2f} / {e2e['p90']:.2f} / {e2e['p99']:.2f} |")
+        for base in ("http", "http-cached"):
+            if base != run["mode"]:
+                assert interval(run["gains"][base]["e2e"]) in row
+        assert row.endswith(f"| {'; '.join(run['noisy']) or 'no'} |")
+    assert "predate the equal-rules method" not in text  # a format-2 run is under the current method
+
+
+def test_one_format_2_runs_report_has_its_paired_gains(capsys: pytest.CaptureFixture[str]) -> None:
+    from proto.lab.writeup import main
+
+    assert main([str(FORMAT2 / "quick" / "results.json"), "--title", "Quick"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("### Quick\n") and "#### Paired gains" in text and "Provenance: commit `" in text
+
+
+def test_a_scenarios_fast_model_gain_is_negative_when_the_mode_is_faster() -> None:
+    """proto/lab/scenarios.py's gains in the lab's one sign: `longlived` against `http` with production-like
+    hops and no tool time (predict-1's calibration) is faster, so negative; the seed's hop question still
+    finds the hop that saves 40 %."""
+    from proto.lab.config import PROFILES
+    from proto.lab.predict import Calibration, Hops
+    from proto.lab.scenarios import _seed_question, gain
+    from proto.lab.sweep import coding
+    from sampler.models import MODELS
+
+    kept = json.loads((KEPT / "predict-1" / "results.json").read_text(encoding="utf-8"))
+    cal = Calibration.from_json(kept["calibration"])
+    hops = Hops.of(PROFILES["production-like"])
+    g = gain(cal, "longlived", "http", coding(30), MODELS["mock-1000tps"], hops, 0.0)
+    assert g < 0
+    answers = _seed_question(cal)
+    assert answers["tools x0"]["longlived_e2e_gain_1000tps"] == pytest.approx(g)
+    need = answers["safety_hop_ms_for_minus_40pct_tools_x0"]
+    assert need is not None
+    at = gain(cal, "longlived", "http", coding(30), MODELS["mock-1000tps"], Hops(need, need / 10), 0.0)
+    assert at == pytest.approx(-0.40, abs=0.005)

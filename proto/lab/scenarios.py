@@ -57,10 +57,11 @@ def gain(
     scale: float,
     ttft: bool = False,
 ) -> float:
-    """−(mode ÷ base − 1): the fraction of ``base``'s E2E (or TTFT p50) that ``mode`` saves."""
+    """mode ÷ base − 1 on E2E (or TTFT p50), the lab's one sign (proto/lab/stats.py, ``SIGN``): negative =
+    ``mode`` faster than ``base``."""
     a = predict_cell(cal, mode, replay, spec, hops, tool_time_scale=scale)
     b = predict_cell(cal, base, replay, spec, hops, tool_time_scale=scale)
-    return 1 - (a.ttft_ms_p50 / b.ttft_ms_p50 if ttft else a.e2e_s_p50 / b.e2e_s_p50)
+    return (a.ttft_ms_p50 / b.ttft_ms_p50 if ttft else a.e2e_s_p50 / b.e2e_s_p50) - 1
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ def _seed_question(cal: Calibration) -> dict[str, Any]:
     # http end to end at 1 000 tokens/s, with the workload's tool times, a tenth of them, none?
     for scale in (1.0, 0.1, 0.0):
 
-        def saved(ms: float, s: float = scale) -> float:
-            return gain(cal, "longlived", "http", coding(30), wafer, Hops(ms, ms / 10), s)
+        def saved(ms: float, s: float = scale) -> float:  # the share saved: increasing with the hop
+            return -gain(cal, "longlived", "http", coding(30), wafer, Hops(ms, ms / 10), s)
 
         need = solve(saved, 0.40, 0.0, 2000.0, 14)
         out[f"safety_hop_ms_for_minus_40pct_tools_x{scale:g}"] = need

@@ -3,12 +3,12 @@ never typed by hand.
 
     responses-lab bench report bench-out/results.json [--again OTHER/results.json] [--write FILE]
         [--marker results] [--title Results]
-    responses-lab bench report --lab [DIR] [--out FILE]
+    responses-lab bench report --lab [DIR] [--out FILE] [--notes NOTES.md]
 
-Prints one run's Markdown; with ``--write`` it replaces the text between the ``<!-- MARKER:begin -->`` and
-``<!-- MARKER:end -->`` markers of that file (``results`` unless ``--marker``). ``--again`` adds the
-repeatability check: every ratio of the first run (mode ÷ http, per profile) set against the same ratio of a
-second run of the same command.
+Prints one run's Markdown (a format-2 run: with its paired gains, :func:`paired_section`); with ``--write``
+it replaces the text between the ``<!-- MARKER:begin -->`` and ``<!-- MARKER:end -->`` markers of that file
+(``results`` unless ``--marker``). ``--again`` adds the repeatability check: every ratio of the first run
+(mode ÷ http, per profile) set against the same ratio of a second run of the same command.
 
 ``--lab`` writes the lab's results document (the fast model's calibration and its repeatability, the curves,
 predicted vs measured for every real-clock cell, the curves' validation points, history rewrites, the
@@ -17,7 +17,11 @@ results.json) into ``--out`` (``docs/lab-results.md``; ``-`` prints it). The sec
 ``predict-1`` … ``predict-4`` (the calibration, run twice and twice again), ``sweep-coding``, ``turns-8``,
 ``turns-15``, ``hops-remote``, ``grid-predicted`` and ``grid-predicted-no-tools`` (``bench --predict``'s
 grids), ``scenario-seed`` / ``-sglang`` / ``-xai`` / ``-vllm``, ``quick-1`` and ``quick-2``,
-``sweep-rewrites``, ``sweep-traces``; a run that is missing leaves its section out.
+``sweep-rewrites``, ``sweep-traces``; a run that is missing leaves its section out. The document opens
+with the lab's one sign (proto/lab/stats.py, ``SIGN``), the findings (:func:`findings`: the figures
+NOTES.md quotes; ``--notes`` writes them into its marked block) and, for every run of format 2, its paired
+gains with their bootstrap intervals, noisy flags and provenance (:func:`paired_section`). Runs kept before
+format 2 (no ``format`` field) are read as they are, and named as predating the equal-rules method.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.markdown import TOLERANCE, change, render, value
 from proto.lab.results import cells, load
+from proto.lab.stats import SAME, SIGN
 
 RESULTS = Path("docs/results")
 DOCUMENT = Path("docs/lab-results.md")
@@ -121,7 +126,9 @@ def curve_table(
         return ["(no sweep in this run)"]
     modes = [m for m in MODES if any(r["mode"] == m for r in rows_) and m != "http"]
     out = [
-        f"| {x_label} | profile | http E2E s | " + " | ".join(f"{m} E2E / TTFT" for m in modes) + " |",
+        f"| {x_label} | profile | http E2E s (predicted) | "
+        + " | ".join(f"{m} E2E / TTFT (predicted)" for m in modes)
+        + " |",
         "|---|---|---|" + "---|" * len(modes),
     ]
     for profile in profiles:
@@ -149,9 +156,8 @@ def curves_section(results: dict[str, Any]) -> list[str]:
     sweep = results.get("sweep") or []
     scale = sweep[0]["tool_time_scale"] if sweep else 1.0
     return [
-        f"From **`{results['command']}`**; one session, coding-agent, tool times × {scale:g}. Gain = mode ÷ "
-        f"http − 1, "
-        "E2E / TTFT p50.",
+        f"From **`{results['command']}`**; **predicted by the fast model**, not measured; one session, "
+        f"coding-agent, tool times × {scale:g}. Gain vs http, E2E / TTFT p50.",
         "",
         "**Against decode speed** (each speed with its class's prefill: GPU-served 80 ms + 8.5 µs/token "
         "below 500 "
@@ -297,6 +303,7 @@ def grid_section(
     head = ["workload", "model"]
     for profile in profiles:
         head += [f"{profile} http E2E s", "ws", "longlived", "longlived TTFT"]
+    head = [h if h in ("workload", "model") else f"{h} (predicted)" for h in head]
     grid_keys = {(r["profile"], r["workload"], r["model"], r["mode"]) for r in rows}
     hits = {
         (*key, mode): run
@@ -318,7 +325,7 @@ def grid_section(
             if hits
             else "**Predicted by the fast model, not run on the real clock.**"
         )
-        + " Gain = mode ÷ http − 1, p50.",
+        + " Gain vs http, p50.",
         "",
         "| " + " | ".join(head) + " |",
         "|---|---|" + "---|" * (len(head) - 2),
@@ -347,7 +354,8 @@ def grid_section(
     out += [
         "",
         (
-            f"Largest E2E gain of a WebSocket design: **{best['predicted_e2e_vs_http'] * 100:+.1f} %** "
+            "Largest predicted E2E gain of a WebSocket design: "
+            f"**{best['predicted_e2e_vs_http'] * 100:+.1f} %** "
             f"({best['mode']}, {best['profile']} · {best['workload']} · {best['model']}). "
             if best
             else ""
@@ -366,9 +374,11 @@ def scenario_section(results: dict[str, Any]) -> list[str]:
         f"- **Conditions here**: {sc.get('conditions', '–')}",
         f"- **Command**: `{results['command']}`",
     ]
-    fast = sc.get("fast_model") or {}
+    fast = scenario_answers(results)
     if fast:
-        out.append("- **Fast model**: " + "; ".join(f"{k} = {_fmt_any(v)}" for k, v in fast.items()))
+        out.append(
+            "- **Fast model (predicted)**: " + "; ".join(f"{k} = {_fmt_any(v)}" for k, v in fast.items())
+        )
     if results["runs"]:
         out += ["", "Measured (real clock):", ""]
         for (profile, workload, model), modes in cells(results["runs"]).items():
@@ -387,12 +397,270 @@ def scenario_section(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def scenario_answers(results: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's fast-model answers in the lab's one sign (negative = faster). A run kept before the
+    format field (no ``format``) wrote its gains as the share saved, ``1 − mode ÷ base``: negated here."""
+    fast: dict[str, Any] = (results.get("scenario") or {}).get("fast_model") or {}
+    if results.get("format") is not None:
+        return fast
+
+    def flip(key: str, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: flip(k, x) for k, x in v.items()}
+        return -v if "gain" in key and isinstance(v, float) else v
+
+    return {k: flip(k, v) for k, v in fast.items()}
+
+
 def _fmt_any(v: Any) -> str:
     if isinstance(v, float):
         return f"{v * 100:+.1f} %" if abs(v) < 5 else f"{v:.1f}"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {_fmt_any(x)}" for k, x in v.items()) + "}"
     return "never (within 2 s)" if v is None else str(v)
+
+
+def _pct3(p: dict[str, Any] | None, digits: int) -> str:
+    if not p or p.get("p50") is None:
+        return "–"
+    return " / ".join(f"{p[k]:.{digits}f}" for k in ("p50", "p90", "p99"))
+
+
+def interval(g: dict[str, Any] | None) -> str:
+    """A paired gain with its bootstrap interval: ``−6.2 % [−8.0, −4.1]``; "no difference" when the
+    interval holds 0; the verdict alone when there are too few pairs for one."""
+    if not g or g.get("gain") is None:
+        return "–"
+    if g.get("low") is None or g.get("high") is None:
+        return f"{g['gain'] * 100:+.1f} % ({g['verdict']}, {g['pairs']} pairs)"
+    text = f"{g['gain'] * 100:+.1f} % [{g['low'] * 100:+.1f}, {g['high'] * 100:+.1f}]"
+    return f"no difference ({text})" if g["verdict"] == SAME else text
+
+
+def provenance_line(results: dict[str, Any]) -> str:
+    """Where and how a format-2 run ran: commit, CPU, load, floors."""
+    pv = results.get("provenance") or {}
+    commit = pv.get("commit")
+    loads = [r["load"] for r in results["runs"] if r.get("load")]
+    worst = max((max(x["before"][0], x["after"][0]) for x in loads), default=None)
+    floors = results.get("floors") or {}
+    floor_text = "; ".join(
+        f"{name} p50 {f['p50']:.3f} ms (p10–p90 {f['p10']:.3f}–{f['p90']:.3f})"
+        for name, f in floors.items()
+        if f and f.get("p50") is not None
+    )
+    return (
+        f"Provenance: commit `{commit[:12] if commit else 'unknown'}`"
+        + (" (dirty tree)" if pv.get("dirty") else "")
+        + f", {pv.get('cpu_model', '?')}, {pv.get('cores_usable', '?')} of {pv.get('cores', '?')} cores, "
+        f"kernel {pv.get('kernel', '?')}, Python {pv.get('python', '?')}, "
+        f"uvloop {pv.get('uvloop') or 'none'}; "
+        + (f"1-min load up to {worst:.2f} around the cells; " if worst is not None else "")
+        + f"floors: {floor_text or 'none measured'}."
+    )
+
+
+def paired_section(results: dict[str, Any]) -> list[str]:
+    """A format-2 run: per cell and mode, E2E and TTFT p50 / p90 / p99, the paired gains against both
+    baselines with their bootstrap 95 % intervals, and the noisy flags; the provenance line first."""
+    design = results.get("design") or {}
+    out = [
+        f"From **`{results['command']}`** (started {results['started_utc']}); "
+        f"{design.get('rollouts_per_mode', '?')} measured rollouts per mode"
+        + (" (`--quick`: fewer than a default cell's)" if design.get("quick") else "")
+        + ", modes interleaved per rollout, seed "
+        f"{design.get('seed', '?')}, jitter {'on' if design.get('jitter') else 'off'}.",
+        "",
+        provenance_line(results),
+        "",
+    ]
+    for (profile, workload, model), modes in cells(results["runs"]).items():
+        out += [
+            f"**{profile} · {workload} · {model}**",
+            "",
+            "| mode | E2E s p50 / p90 / p99 | TTFT ms p50 / p90 / p99 | E2E vs http | E2E vs http-cached "
+            "| TTFT vs http | TTFT vs http-cached | noisy |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for mode in MODES:
+            r = modes.get(mode)
+            if r is None:
+                continue
+            gains = r.get("gains") or {}
+            out.append(
+                f"| {mode} | {_pct3(r.get('e2e_s_pct'), 2)} | {_pct3(r.get('ttft_ms_pct'), 1)} | "
+                + " | ".join(
+                    interval((gains.get(base) or {}).get(metric))
+                    for metric in ("e2e", "ttft")
+                    for base in ("http", "http-cached")
+                )
+                + f" | {'; '.join(r.get('noisy') or []) or 'no'} |"
+            )
+        out.append("")
+    return out
+
+
+def method_note(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """What a reader needs to know of the kept runs written before the equal-rules method (no ``format``
+    field)."""
+    old = [name for name, r in runs.items() if r.get("format") is None]
+    if not old:
+        return []
+    return [
+        f"**Method.** {len(old)} of the {len(runs)} kept runs ("
+        + ", ".join(f"`{n}`" for n in old)
+        + ') predate the equal-rules method (docs/lab.md, "Equal rules", "Method", "Statistics"): '
+        "the classifier ran on `response.create` only (an append paid none), before the prefill, never "
+        "beside it; chain loads cost no store hop; every mode replayed one draw of the tool times, in a "
+        "fixed "
+        "order; the mock GPU's jitter was 0; and no interval was computed. Their design gains are **not "
+        "comparable** with runs under the new method, and their differences carry no confidence interval.",
+        "",
+    ]
+
+
+def _gain(modes: dict[str, Any], mode: str, base: str, key: str) -> float | None:
+    a, b = modes.get(mode), modes.get(base)
+    if a is None or b is None or not b.get(key):
+        return None
+    return float(a[key]) / float(b[key]) - 1
+
+
+def _pcts(xs: list[float | None]) -> str:
+    return " / ".join("–" if x is None else f"{x * 100:+.1f} %" for x in xs)
+
+
+def findings(runs: dict[str, dict[str, Any]], directory: Path = RESULTS) -> list[str]:
+    """The figures NOTES.md's findings quote, each computed from the kept runs (the block between
+    ``FINDINGS_BEGIN`` and ``FINDINGS_END`` there is this text)."""
+    by = {name: cells(r["runs"]) for name, r in runs.items() if r["runs"]}
+    out = [
+        f"**Sign, everywhere in the lab's tables**: {SIGN} (a run kept before format 2: its p50 ÷ the "
+        f"baseline's p50 − 1). A predicted figure is marked predicted. Every figure here is generated from "
+        f"`{directory}/*/results.json`.",
+        "",
+    ]
+    out += method_note(runs)
+    speed = by.get("validate-speed", {})
+    prod = [speed.get(("production-like", "coding-agent", m), {}) for m in MODELS3]
+    if all(prod):
+        out.append(
+            "- *End to end, measured* (`validate-speed`, coding-agent, production-like hops, tool times × 1, "
+            "65 / 1 000 / 4 000 tok/s): `longlived` vs `http` "
+            + _pcts([_gain(m, "longlived", "http", "e2e_s_p50") for m in prod])
+            + "; TTFT p50 "
+            + _pcts([_gain(m, "longlived", "http", "ttft_ms_p50") for m in prod])
+            + "."
+        )
+    grid = (runs.get("grid-predicted") or {}).get("grid") or []
+    if grid:
+        prod_cells = cells([r for r in grid if r["profile"] == "production-like"])
+        ttft = [
+            prod_cells.get(("production-like", "coding-agent", m), {})
+            .get("longlived", {})
+            .get("predicted_ttft_vs_http")
+            for m in MODELS3
+        ]
+        gains = [
+            r for r in grid if r["mode"] in ("ws", "longlived") and r["predicted_e2e_vs_http"] is not None
+        ]
+        best = min(gains, key=lambda r: r["predicted_e2e_vs_http"])
+        out.append(
+            f"- *The grid, predicted* (`grid-predicted`, the fast model, not measured): "
+            f"{sum(r['predicted_e2e_vs_http'] <= SEED_GAIN for r in gains)} of {len(gains)} `ws` and "
+            f"`longlived` cells predicted at or beyond the seed's {SEED_GAIN * 100:.0f} % end to end; the "
+            f"best predicted {best['predicted_e2e_vs_http'] * 100:+.1f} % "
+            f"({best['mode']}, {best['profile']} · "
+            f"{best['workload']} · {best['model']}). Predicted `longlived` TTFT vs `http` on coding-agent, "
+            f"production-like, 65 / 1 000 / 4 000 tok/s: {_pcts(ttft)} (predicted; measured above)."
+        )
+    sweep = by.get("sweep-coding", {})
+    fast = [sweep.get(("production-like", "coding-agent", m), {}) for m in ("mock-1000tps", "mock-4000tps")]
+    if all(fast):
+        out.append(
+            "- *At a tenth of the tool times, measured* (`sweep-coding`, production-like, 1 000 / 4 000 "
+            "tok/s): `longlived` vs `http` E2E "
+            + _pcts([_gain(m, "longlived", "http", "e2e_s_p50") for m in fast])
+            + ", TTFT "
+            + _pcts([_gain(m, "longlived", "http", "ttft_ms_p50") for m in fast])
+            + "."
+        )
+    sg = by.get("scenario-sglang", {})
+    chains = [sg.get(("local", f"chain-{n}", "mock-65tps"), {}) for n in (8, 40)]
+    if all(chains):
+        out.append(
+            "- *SGLang's gateway comparison, measured* (`scenario-sglang`, `ws` vs `http-prev`, TTFT p50 at "
+            "8 / 40 turns): "
+            + "; ".join(
+                f"{m['ws']['ttft_ms_p50']:.2f} vs {m['http-prev']['ttft_ms_p50']:.2f} ms "
+                f"({_pcts([_gain(m, 'ws', 'http-prev', 'ttft_ms_p50')])})"
+                for m in chains
+            )
+            + "."
+        )
+    rw = by.get("sweep-rewrites", {})
+    if rw:
+        out.append(
+            "- *Rewrites, measured* (`sweep-rewrites`, the rewrite-heavy trace, 4 000 tok/s, tools × 0.1): "
+            + "; ".join(
+                f"{p}: `longlived` TTFT {m['longlived']['ttft_ms_p50']:.1f} vs `http` "
+                f"{m['http']['ttft_ms_p50']:.1f} ms "
+                f"({_pcts([_gain(m, 'longlived', 'http', 'ttft_ms_p50')])}),"
+                f" E2E {_pcts([_gain(m, 'longlived', 'http', 'e2e_s_p50')])}"
+                for (p, _, _), m in rw.items()
+                if "longlived" in m and "http" in m
+            )
+            + "."
+        )
+    prev = [
+        m
+        for name, c in by.items()
+        for m in c.values()
+        if "http-prev" in m and "http" in m and m["http-prev"].get("predicted_e2e_s_p50")
+    ]
+    if prev:
+        slower = sum((_gain(m, "http-prev", "http", "e2e_s_p50") or 0.0) > 0 for m in prev)
+        other = sum(
+            ((_gain(m, "http-prev", "http", "e2e_s_p50") or 0.0) < 0)
+            != ((_gain(m, "http-prev", "http", "predicted_e2e_s_p50") or 0.0) < 0)
+            for m in prev
+        )
+        out.append(
+            f"- *`http-prev`, measured*: slower than `http` end to end in {slower} of {len(prev)} real-clock "
+            f"cells; its measured E2E gain vs `http` has the other sign than the fast model's in {other} of "
+            f"the {len(prev)}."
+        )
+    measured = [r for res in runs.values() for r in res["runs"] if r.get("prediction_error") is not None]
+    if measured:
+        worst = max(abs(r["prediction_error"]) for r in measured)
+        out.append(
+            f"- *The fast model against the real clock*: every kept real-clock cell ({len(measured)} mode "
+            f"cells) within {worst * 100:.1f} % of its prediction on E2E p50 — the absolute time, most of "
+            "it modelled; its error on the *gains* is larger (docs/lab-results.md, "
+            '"Three real-clock points of '
+            'each curve").'
+        )
+    return out
+
+
+FINDINGS_BEGIN, FINDINGS_END = "<!-- generated: bench report -->", "<!-- end generated -->"
+NOTES = Path("NOTES.md")
+MODELS3 = ("mock-65tps", "mock-1000tps", "mock-4000tps")
+
+
+def notes_block(directory: Path) -> str:
+    runs = {p.parent.name: load(p) for p in sorted(directory.glob("*/results.json"))}
+    return "\n".join(findings(runs, directory)).rstrip() + "\n"
+
+
+def write_notes(path: Path, text: str) -> None:
+    """Replace ``path``'s findings block (between ``FINDINGS_BEGIN`` and ``FINDINGS_END``) with ``text``."""
+    doc = path.read_text(encoding="utf-8")
+    if FINDINGS_BEGIN not in doc or FINDINGS_END not in doc:
+        raise SystemExit(f"{path}: no {FINDINGS_BEGIN} … {FINDINGS_END} block")
+    head, rest = doc.split(FINDINGS_BEGIN, 1)
+    _, tail = rest.split(FINDINGS_END, 1)
+    path.write_text(f"{head}{FINDINGS_BEGIN}\n{text}{FINDINGS_END}{tail}", encoding="utf-8")
 
 
 def lab(directory: Path) -> str:
@@ -404,7 +672,14 @@ def lab(directory: Path) -> str:
         f"directory per run under `{directory}/`, named as the sections below cite them). Read with "
         "docs/lab.md (the method, and which runs are kept and why).",
         "",
+        "## Findings",
+        "",
+        *findings(runs, directory),
+        "",
     ]
+    for name, results in runs.items():
+        if results.get("format") is not None and results["runs"]:
+            out += [f"## Run `{name}`: paired gains", "", *paired_section(results)]
     if "predict-1" in runs:
         out += [
             "## The fast model: per-round overhead on this machine",
@@ -440,9 +715,16 @@ def lab(directory: Path) -> str:
     out += [
         "## Predicted vs measured, every real-clock cell",
         "",
-        f"Largest |predicted − measured| / measured on E2E p50: **{worst * 100:.1f} %** (target 5 %).",
-        "",
-        *rows,
+        *(
+            ["No real-clock cell here carries a prediction (`--no-predict`)."]
+            if len(rows) == 2
+            else [
+                "Largest |predicted − measured| / measured on E2E p50: "
+                f"**{worst * 100:.1f} %** (target 5 %).",
+                "",
+                *rows,
+            ]
+        ),
         "",
     ]
     points = []
@@ -475,16 +757,21 @@ def lab(directory: Path) -> str:
             points.append(
                 (f"safety hop {hop} ms ({profile})", by.get(name, {}).get(key, {}) if key else {}, mode)
             )
-    out += [
-        "## Three real-clock points of each curve",
-        "",
-        "Each curve point measured on the real clock (tool times × 0.1, 2 sessions), its gain over http "
-        "beside the fast "
-        "model's for the same cell:",
-        "",
-        *validation_section(points),
-        "",
-    ]
+    shown = validation_section(points)
+    out += (
+        []
+        if len(shown) == 2
+        else [
+            "## Three real-clock points of each curve",
+            "",
+            "Each curve point measured on the real clock (tool times × 0.1, 2 sessions), its gain over http "
+            "beside the fast "
+            "model's for the same cell:",
+            "",
+            *shown,
+            "",
+        ]
+    )
     sample = sample_points(by)
     if any(modes for _, modes, _ in sample):
         out += [
@@ -516,11 +803,14 @@ def lab(directory: Path) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_lab(directory: Path, out: Path) -> None:
-    """The lab's results document from the runs kept in ``directory``, written to ``out`` (``-``: printed)."""
+def write_lab(directory: Path, out: Path, notes: Path | None = None) -> None:
+    """The lab's results document from the runs kept in ``directory``, written to ``out`` (``-``: printed);
+    with ``notes``, that file's findings block too (:func:`write_notes`)."""
     if not any(directory.glob("*/results.json")):
         raise SystemExit(f"{directory}: no kept run (DIR/NAME/results.json)")
     text = lab(directory)
+    if notes is not None:
+        write_notes(notes, notes_block(directory))
     if str(out) == "-":
         print(text, end="")
     else:
@@ -562,17 +852,27 @@ def main(argv: list[str] | None = None) -> int:
         default=DOCUMENT,
         help=f"with --lab: the file to write (default {DOCUMENT}; - prints)",
     )
+    parser.add_argument(
+        "--notes",
+        type=Path,
+        default=None,
+        help=f"with --lab: also replace this file's findings block ({NOTES}: {FINDINGS_BEGIN} … "
+        f"{FINDINGS_END})",
+    )
     parser.add_argument("--again", type=Path, default=None, help="a second run of the same command")
     parser.add_argument("--write", type=Path, default=None, help="replace the marked section of this file")
     parser.add_argument("--marker", default="results", help="the section's marker name")
     parser.add_argument("--title", default="Results", help="the generated document's title")
     args = parser.parse_args(argv)
     if args.lab is not None:
-        write_lab(args.lab, args.out)
+        write_lab(args.lab, args.out, args.notes)
         return 0
     if args.results is None:
         parser.error("a results.json, or --lab DIR")
-    text = render(load(args.results), load(args.again) if args.again else None, args.title)
+    results = load(args.results)
+    text = render(results, load(args.again) if args.again else None, args.title)
+    if results.get("format") is not None and results["runs"]:  # format 2: its intervals and provenance
+        text += "\n".join(["", "#### Paired gains", "", *paired_section(results)]).rstrip() + "\n"
     if args.write is None:
         print(text, end="")
     else:
