@@ -59,6 +59,10 @@ class EngineReport:
     # None where not measured (an engine in another process).
     lookup_ms: float | None = None
     first_late_ms: float | None = None
+    # Prompt tokens this turn stored in the prefix cache (full blocks it found missing and held after the
+    # turn): what prompt caching reports as ``cache_write_tokens`` (docs/protocol.md, "Prompt caching").
+    written_tokens: int = 0
+    block_size: int = 0  # the prefix cache's block (0: not reported, an engine in another process)
 
     def to_dict(self) -> dict[str, float | int]:
         """The engine's own figures (the API side's spans are not the engine's to report)."""
@@ -132,8 +136,10 @@ class PacedSequence(Protocol):
 
 
 class Engine(Protocol):
-    def open(self, keep_warm: bool = True) -> EngineSequence:
+    def open(self, keep_warm: bool = True, salt: int = 0) -> EngineSequence:
         """A sequence for one response. ``keep_warm``: the response may resume after a tool call, so its
         prefix is worth holding between turns (an engine in another process is asked to pin it; the
-        in-process mock GPU holds it anyway, as its ``pin-suspended`` knob says)."""
+        in-process mock GPU holds it anyway, as its ``pin-suspended`` knob says). ``salt``: seeds the
+        prefix cache's block keys, so only prompts opened with the same salt share blocks (the request
+        settings prompt caching keys on: docs/protocol.md, "Prompt caching")."""
         ...

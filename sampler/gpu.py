@@ -88,10 +88,10 @@ class MockGPU:
             steps.append(steps[-1] + self.timing.itl_s(self.slots.running))
         return steps[bisect.bisect_left(steps, at)]
 
-    def open(self, keep_warm: bool = True) -> GpuSequence:
+    def open(self, keep_warm: bool = True, salt: int = 0) -> GpuSequence:
         """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
-        holds its blocks between turns anyway, as ``pin-suspended`` says."""
-        return GpuSequence(self)
+        holds its blocks between turns anyway, as ``pin-suspended`` says. ``salt`` seeds its block keys."""
+        return GpuSequence(self, salt)
 
     def metrics(self) -> dict[str, float]:
         c = self.cache
@@ -108,8 +108,9 @@ class MockGPU:
 
 
 class GpuSequence:
-    def __init__(self, gpu: MockGPU) -> None:
+    def __init__(self, gpu: MockGPU, salt: int = 0) -> None:
         self._gpu = gpu
+        self._salt = salt  # the parent key of the chain's first block (``chain_keys``)
         self.last_report: EngineReport | None = None
         # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
         # output so far): what a turn cut short still bills. Reset when the next turn starts.
@@ -213,7 +214,7 @@ class GpuSequence:
                 else:
                     await clock.sleep_until(wake)
 
-            self._store(prompt_ids, output_ids)
+            written = self._store(prompt_ids, output_ids)
             self.last_report = EngineReport(
                 prompt_tokens=len(prompt_ids),
                 cached_tokens=cached,
@@ -223,6 +224,8 @@ class GpuSequence:
                 output_tokens=n,
                 lookup_ms=lookup_ms,
                 first_late_ms=pace.first_late_ms,
+                written_tokens=written,
+                block_size=spec.block_size,
             )
         finally:
             self._end_turn()
@@ -265,7 +268,7 @@ class GpuSequence:
             self._stale.extend(keys[reuse : self._held])
             self._held = reuse
         del keys[reuse:]
-        keys.extend(chain_keys(tokens_from(prompt, reuse * bs), bs, keys[-1] if reuse else 0))
+        keys.extend(chain_keys(tokens_from(prompt, reuse * bs), bs, keys[-1] if reuse else self._salt))
         if isinstance(prompt, Prompt):
             self._anchor, self._anchor_length, self._anchor_rewrites = (
                 prompt.log,
@@ -277,19 +280,23 @@ class GpuSequence:
             self._anchor, self._anchor_length, self._tail = None, 0, array("I")
         return keys
 
-    def _store(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+    def _store(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> int:
         """The chain becomes prompt + output; this sequence holds all of it (as far as the cache has room),
-        pinning only the blocks it did not hold yet, and lets go of what the chain lost."""
+        pinning only the blocks it did not hold yet, and lets go of what the chain lost. Returns the prompt
+        tokens written: full prompt blocks that were not stored before and are held now."""
         bs, cache, keys = self._gpu.spec.block_size, self._gpu.cache, self._keys
+        prompt_blocks = len(prompt_ids) // bs
+        missing = [i for i in range(self._held, min(prompt_blocks, len(keys))) if keys[i] not in cache]
         rest = tokens_from(prompt_ids, len(keys) * bs)  # the prompt's last, partial block
         rest.extend(output_ids)
-        keys.extend(chain_keys(rest, bs, keys[-1] if keys else 0))
+        keys.extend(chain_keys(rest, bs, keys[-1] if keys else self._salt))
         if self._anchor is not None:
             self._tail.extend(output_ids)
         # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0.
         self._held += len(cache.acquire(keys[self._held :]))
         cache.release(self._stale)
         self._stale = []
+        return sum(1 for i in missing if i < self._held) * bs
 
     def _release_held(self) -> None:
         cache = self._gpu.cache

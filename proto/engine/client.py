@@ -234,7 +234,9 @@ class RemoteModel:
         self.limits = limits or ModelLimits()
         self.capacity = capacity
 
-    def open(self, keep_warm: bool = True) -> RemoteSequence:
+    def open(self, keep_warm: bool = True, salt: int = 0) -> RemoteSequence:
+        # ``salt`` is not sent: the engine's own prefix cache decides its hits (docs/protocol.md, "Prompt
+        # caching").
         return RemoteSequence(
             self.engine, self.name, pin=keep_warm and self.engine.lab_extension, limits=self.limits
         )

@@ -26,11 +26,13 @@ import structlog
 
 from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
+from proto.core.caching import salt as cache_salt
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
     CALL_ITEMS,
     HOSTED_TOOL_NAMES,
+    Compaction,
     CustomTool,
     FunctionTool,
     Item,
@@ -275,6 +277,7 @@ class Pipeline:
         gpu: Engine | None = None,
         cache_scope: str | None = None,
         ticket: Ticket | None = None,
+        api_key_id: str | None = None,
     ) -> Prepared:
         """Pre-inference work for one response. ``history`` is context the response continues from
         (a stored chain, or HTTP's re-sent items); only what the transport says is new is scanned unless
@@ -283,7 +286,9 @@ class Pipeline:
         mutated) and its resolved ``gpu`` (no model resolution). ``cache_scope`` (``http-cached``: the API
         key id) scans, tokenizes and resolves through the item cache (``proto/server/stages/item_cache.py``).
         ``ticket``: the caller's place in admission, taken before it touched state a refusal must leave as
-        it was; without one, the response is admitted here (docs/protocol.md, "Admission").
+        it was; without one, the response is admitted here (docs/protocol.md, "Admission"). ``api_key_id``:
+        whose stored responses prompt cache diagnostics may compare with (docs/protocol.md, "Prompt
+        caching").
         """
         phases = phases if phases is not None else {}
         if ticket is None:
@@ -324,6 +329,8 @@ class Pipeline:
         await self.api_cost(mode, len(conversation.log), phases)
         builder = ResponseBuilder(response_id, request, mode, work)
         builder.lab.safety_flags = flags
+        if api_key_id is not None:
+            await self.cache_comparison(builder, request, new_items, api_key_id)
         script = script_source(conversation.items)
         turn = script_position(conversation.items, script, request.parallel)
         newest = conversation.items[-1] if conversation.items else None
@@ -332,7 +339,7 @@ class Pipeline:
             builder=builder,
             conversation=conversation,
             # Only the long-lived protocol resumes a response after a tool call: only it pins its prefix.
-            sequence=gpu.open(keep_warm=mode == "longlived"),
+            sequence=gpu.open(keep_warm=mode == "longlived", salt=cache_salt(builder.response)),
             policy=select_policy(
                 script,
                 self.settings.default_policy,
@@ -350,6 +357,7 @@ class Pipeline:
             input_items=list(new_items),
             summary=request.reasoning is not None and request.reasoning.summary is not None,
             encrypted_reasoning=request.includes("reasoning.encrypted_content"),
+            prewarm=bool(request.prompt_cache_options and request.prompt_cache_options.prewarm),
         )
         builder.lab.phases_ms = dict(phases)
         if ticket is None:
@@ -359,6 +367,20 @@ class Pipeline:
                 rollout.sequence.close()
                 raise
         return Prepared(rollout, gpu, ticket)
+
+    async def cache_comparison(
+        self, builder: ResponseBuilder, request: CreateBody, new_items: list[Item], api_key_id: str
+    ) -> None:
+        """The response prompt cache diagnostics compare with: ``prompt_cache_options``'s
+        ``comparison_response_id``, else ``previous_response_id``; none named, no diagnostics."""
+        options = request.prompt_cache_options
+        named = (options.comparison_response_id if options else None) or request.previous_response_id
+        if named is None:
+            return
+        stored = await self.store.get(named, api_key_id)
+        compared = _stored_response.decode(stored.response_json) if stored is not None else None
+        compacted = any(isinstance(item, Compaction) for item in new_items)
+        builder.cache_comparison = (compared, compacted)
 
     async def api_cost(self, mode: Mode, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
@@ -436,10 +458,12 @@ class Pipeline:
                 created_at=created,
                 completed_at=time.time(),
                 reason=end_reason(response),
+                cache_write_tokens=usage.input_tokens_details.cache_write_tokens,
             )
         )
 
 
+_stored_response = msgspec.json.Decoder(Response)
 _KNOB_CLOCK = RealClock()  # precise sleeps for the latency knobs (the limits' clock may be virtual)
 
 

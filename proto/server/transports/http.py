@@ -224,6 +224,7 @@ class HttpResponses:
             scan_history=body.previous_response_id is None,
             phases=phases,
             cache_scope=key if mode == "http-cached" else None,
+            api_key_id=key,
         )
 
     def _stream(self, prepared: Prepared, key: str, created: float) -> Response:

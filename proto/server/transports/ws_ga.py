@@ -239,7 +239,12 @@ class GaConnection(WebSocketConnection):
         cached = self._cached_for(start.stream_id, previous, work)
         phases: dict[str, float] = {}
         prepare = functools.partial(
-            self.pipeline.prepare, start.response_id, request, phases=phases, ticket=ticket
+            self.pipeline.prepare,
+            start.response_id,
+            request,
+            phases=phases,
+            ticket=ticket,
+            api_key_id=self.api_key_id,
         )
         with timed(phases, "store_load"):
             items = await resolve_references(self.pipeline, start.items, self.api_key_id, work)

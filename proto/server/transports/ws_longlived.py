@@ -170,6 +170,7 @@ class LongLivedConnection(WebSocketConnection):
             start.work,
             "longlived",
             scan_history=start.request.conversation is not None,
+            api_key_id=self.api_key_id,
         )
 
     # --------------------------------------------------------------------------------- EventSink
