@@ -161,3 +161,38 @@ async def test_the_ledger_bills_writes_at_their_rate(srv: ThreadedServer) -> Non
     assert billed_input("gpt-5.6", 1000, 200, 400) == 400 + 400 * 1.25
     assert billed_input("gpt-6", 1000, 0, 1000) == 1250
     assert billed_input("gpt-5.5", 1000, 0, 1000) == 1000
+
+
+async def test_a_compacted_window_is_named_as_such(srv: ThreadedServer) -> None:
+    """The window ``/responses/compact`` returns, sent in place of the history, misses for that reason."""
+    first = base("compacted")
+    first["input"] = [*first["input"], {"role": "assistant", "content": "A long answer. " * 40}]
+    baseline = await create(srv, "json", first)
+    async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as http:
+        reply = await http.post("/v1/responses/compact", json={"model": MODEL, "input": first["input"]})
+        assert reply.status_code == 200, reply.text
+        window = reply.json()["output"]
+    assert any(item["type"] == "compaction" for item in window)
+    compare = {"prompt_cache_options": {"comparison_response_id": baseline["id"]}}
+    after = await create(srv, "json", {**base("compacted", **compare), "input": window})
+    cached, _ = details(after)
+    could = min(baseline["usage"]["input_tokens"], after["usage"]["input_tokens"] - 1) // BLOCK * BLOCK
+    assert cached < could
+    assert after["prompt_cache_diagnostics"] == {
+        "type": "cache_miss",
+        "reason": "context_compacted",
+        "cache_missed_tokens": could - cached,
+        "comparison_reusable_tokens": could,
+    }
+
+
+async def test_an_unstored_chain_gets_no_diagnostics(srv: ThreadedServer) -> None:
+    """GA WebSocket mode's ``store: false`` chain lives in memory: ``previous_response_id`` names nothing
+    stored, and nothing was asked for, so the Response says nothing."""
+    async with GaClient(srv.url, ping_interval=None) as ga:
+        first = await ga.create(base("unstored", store=False), timeout=30)
+        follow = base("unstored", store=False, previous_response_id=first["id"])
+        follow["input"] = [{"role": "user", "content": "!say again"}]
+        second = await ga.create(follow, timeout=30)
+    assert second["prompt_cache_diagnostics"] is None
+    assert details(second)[0] > 0  # the chain's prefix was reused all the same

@@ -372,12 +372,16 @@ class Pipeline:
         self, builder: ResponseBuilder, request: CreateBody, new_items: list[Item], api_key_id: str
     ) -> None:
         """The response prompt cache diagnostics compare with: ``prompt_cache_options``'s
-        ``comparison_response_id``, else ``previous_response_id``; none named, no diagnostics."""
+        ``comparison_response_id``, else ``previous_response_id`` when that one is stored; none, no
+        diagnostics."""
         options = request.prompt_cache_options
-        named = (options.comparison_response_id if options else None) or request.previous_response_id
+        chosen = options.comparison_response_id if options else None
+        named = chosen or request.previous_response_id
         if named is None:
             return
         stored = await self.store.get(named, api_key_id)
+        if stored is None and chosen is None:
+            return  # a chain held only in memory (GA WebSocket, store false): nothing was asked, none said
         compared = _stored_response.decode(stored.response_json) if stored is not None else None
         compacted = any(isinstance(item, Compaction) for item in new_items)
         builder.cache_comparison = (compared, compacted)
