@@ -74,6 +74,9 @@ class EngineSequence(Protocol):
     # The turn in progress once the engine started it (prompt; cached tokens where the engine says), None
     # before: what a turn cut short bills (``sampler.loop.cut_turn``). Reset when the next turn starts.
     live: EngineReport | None
+    # Prompt caching's explicit mode: prompt blocks past this many tokens are not written to the prefix
+    # cache (None: all of them, as implicit mode; docs/protocol.md, "Prompt caching").
+    write_limit: int | None
 
     @property
     def limits(self) -> ModelLimits:

@@ -111,6 +111,7 @@ class GpuSequence:
     def __init__(self, gpu: MockGPU, salt: int = 0) -> None:
         self._gpu = gpu
         self._salt = salt  # the parent key of the chain's first block (``chain_keys``)
+        self.write_limit: int | None = None  # ``EngineSequence.write_limit``
         self.last_report: EngineReport | None = None
         # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
         # output so far): what a turn cut short still bills. Reset when the next turn starts.
@@ -292,8 +293,10 @@ class GpuSequence:
         keys.extend(chain_keys(rest, bs, keys[-1] if keys else self._salt))
         if self._anchor is not None:
             self._tail.extend(output_ids)
-        # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0.
-        self._held += len(cache.acquire(keys[self._held :]))
+        # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0. Under a
+        # write limit, only the blocks it covers (and those held already).
+        end = len(keys) if self.write_limit is None else max(self._held, self.write_limit // bs)
+        self._held += len(cache.acquire(keys[self._held : end]))
         cache.release(self._stale)
         self._stale = []
         return sum(1 for i in missing if i < self._held) * bs

@@ -196,3 +196,31 @@ async def test_an_unstored_chain_gets_no_diagnostics(srv: ThreadedServer) -> Non
         second = await ga.create(follow, timeout=30)
     assert second["prompt_cache_diagnostics"] is None
     assert details(second)[0] > 0  # the chain's prefix was reused all the same
+
+
+def explicit(transport: str, tail: str, breakpoint: bool = True) -> dict[str, Any]:
+    """Explicit mode: a long first message (with a breakpoint on its text) and a long second one."""
+    head: dict[str, Any] = {"type": "input_text", "text": "!say noted\n" + "The stable part of it. " * 30}
+    if breakpoint:
+        head["prompt_cache_breakpoint"] = {"mode": "explicit"}
+    body = base(transport + " explicit", prompt_cache_options={"mode": "explicit"})
+    body["input"] = [
+        {"role": "user", "content": [head]},
+        {"role": "user", "content": [{"type": "input_text", "text": f"{tail} " * 60}]},
+    ]
+    return body
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_explicit_mode_writes_up_to_its_breakpoint(srv: ThreadedServer, transport: str) -> None:
+    unmarked = await create(srv, transport, explicit(transport, "first", breakpoint=False))
+    assert unmarked["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+    assert details(unmarked) == (0, 0)  # explicit mode without a breakpoint writes nothing
+    assert details(await create(srv, transport, explicit(transport, "first", breakpoint=False))) == (0, 0)
+
+    marked = await create(srv, transport, explicit(transport, "first"))
+    cached, written = details(marked)
+    full = marked["usage"]["input_tokens"] // BLOCK * BLOCK
+    assert cached == 0 and 0 < written < full - 2 * BLOCK  # the second message is past the breakpoint
+    other = await create(srv, transport, explicit(transport, "second"))
+    assert details(other) == (written, 0)  # the prefix up to the breakpoint is read, nothing new written

@@ -18,6 +18,7 @@ from typing import Final
 
 import msgspec
 
+from proto.core import openai_types as oa
 from proto.core.response import (
     CacheHit,
     CacheMiss,
@@ -64,6 +65,27 @@ def salt(response: Response) -> int:
     """The prefix cache's seed for a response's prompts: the keyed settings that are not in its tokens."""
     keyed = [get(response) for reason, get in KEY_INPUTS if reason in _SALTED]
     return int.from_bytes(hashlib.blake2b(msgspec.json.encode(keyed), digest_size=8).digest(), "big") >> 1
+
+
+def has_breakpoint(item: object) -> bool:
+    """Whether one of the item's content blocks carries ``prompt_cache_breakpoint`` (a message's
+    ``content``, a tool output's ``output``): the breakpoint sits at the item's end, the granularity at
+    which the mock renders an item's text."""
+    for name in ("content", "output"):
+        parts = getattr(item, name, None)
+        if isinstance(parts, list) and any(getattr(p, "prompt_cache_breakpoint", None) for p in parts):
+            return True
+    return False
+
+
+def write_limit(options: oa.PromptCacheOptions | None, breakpoints: list[int]) -> int | None:
+    """How much of the prompt the GPU may write, given the prompt positions where the request's explicit
+    breakpoints end: ``explicit`` mode writes up to the latest of them (its latest four lie within it;
+    none: nothing); implicit mode's managed breakpoint is the prompt's end, past every explicit one
+    (None: all of it)."""
+    if options is None or options.mode != "explicit":
+        return None
+    return breakpoints[-1] if breakpoints else 0
 
 
 def diagnose(current: Response, compared: Response | None, first: TurnReport, compacted: bool) -> Diagnostics:

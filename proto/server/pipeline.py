@@ -26,6 +26,7 @@ import structlog
 
 from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
+from proto.core.caching import has_breakpoint, write_limit
 from proto.core.caching import salt as cache_salt
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
@@ -306,11 +307,16 @@ class Pipeline:
             self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
         )
 
+        breakpoints: list[int] = []  # where the input's explicit cache breakpoints end, in the prompt
+
         def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
                 conversation = render_context(tokenizer, work, request, history)
             conversation.work = work
-            conversation.add_input(new_items)
+            for item in new_items:
+                conversation.add_input([item])
+                if has_breakpoint(item):
+                    breakpoints.append(len(conversation.log))
             return conversation
 
         # The bodies the rendering tokenizes (instructions, and the history unless continuing a rendered
@@ -359,6 +365,7 @@ class Pipeline:
             encrypted_reasoning=request.includes("reasoning.encrypted_content"),
             prewarm=bool(request.prompt_cache_options and request.prompt_cache_options.prewarm),
         )
+        rollout.sequence.write_limit = write_limit(request.prompt_cache_options, breakpoints)
         builder.lab.phases_ms = dict(phases)
         if ticket is None:
             try:  # last, so that no failure of the work above holds a place
