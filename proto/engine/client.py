@@ -490,4 +490,7 @@ def _report(
         decode,
         output_tokens,
         {"engine_hop": to_first_ms - prefill - queue},
+        # the mock engine's prefix cache writes (vLLM reports none: docs/protocol.md, "Prompt caching")
+        written_tokens=lab.written_tokens if lab is not None else 0,
+        block_size=lab.block_size if lab is not None else 0,
     )
