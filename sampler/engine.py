@@ -59,6 +59,10 @@ class EngineReport:
     # None where not measured (an engine in another process).
     lookup_ms: float | None = None
     first_late_ms: float | None = None
+    # Prompt tokens this turn stored in the prefix cache (full blocks it found missing and held after the
+    # turn): what prompt caching reports as ``cache_write_tokens`` (docs/protocol.md, "Prompt caching").
+    written_tokens: int = 0
+    block_size: int = 0  # the prefix cache's block (0: not reported, an engine in another process)
 
     def to_dict(self) -> dict[str, float | int]:
         """The engine's own figures (the API side's spans are not the engine's to report)."""
@@ -70,6 +74,9 @@ class EngineSequence(Protocol):
     # The turn in progress once the engine started it (prompt; cached tokens where the engine says), None
     # before: what a turn cut short bills (``sampler.loop.cut_turn``). Reset when the next turn starts.
     live: EngineReport | None
+    # Prompt caching's explicit mode: prompt blocks past this many tokens are not written to the prefix
+    # cache (None: all of them, as implicit mode; docs/protocol.md, "Prompt caching").
+    write_limit: int | None
 
     @property
     def limits(self) -> ModelLimits:
@@ -142,5 +149,6 @@ class Engine(Protocol):
         """A sequence for one response. ``keep_warm``: the response may resume after a tool call, so its
         prefix is worth holding between turns (an engine in another process is asked to pin it; the
         in-process mock GPU holds it anyway, as its ``pin-suspended`` knob says). ``salt``: its tenant;
-        cached prefixes are shared only between sequences of one salt (vLLM's ``cache_salt``)."""
+        cached prefixes are shared only between sequences of one salt (vLLM's ``cache_salt``): the tenant and
+        the request settings prompt caching keys on (docs/protocol.md, "Prompt caching")."""
         ...

@@ -99,6 +99,8 @@ class GpuSequence:
     def __init__(self, gpu: MockGPU, seed: BlockKey = 0) -> None:
         self._gpu = gpu
         self._seed = seed  # the tenant's salt: the parent of the chain's first block
+        self.write_limit: int | None = None  # ``EngineSequence.write_limit``
+        self._written = 0  # the prompt tokens the turn in progress wrote to the cache (``_store``)
         self.last_report: EngineReport | None = None
         # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
         # output so far): what a turn cut short still bills. Reset when the next turn starts.
@@ -206,6 +208,7 @@ class GpuSequence:
                         await clock.sleep_until(at)
 
             assert req.first_at is not None and req.admitted_at is not None
+            written, self._written = self._written, 0
             self.last_report = EngineReport(
                 prompt_tokens=len(prompt_ids),
                 cached_tokens=req.cached,
@@ -215,6 +218,8 @@ class GpuSequence:
                 output_tokens=n,
                 lookup_ms=req.lookup_ms,
                 first_late_ms=pace.first_late_ms,
+                written_tokens=written,
+                block_size=self._gpu.spec.block_size,
             )
         finally:
             self._end_turn()
@@ -262,7 +267,7 @@ class GpuSequence:
 
     def completed(self, req: Request) -> None:
         """The turn's KV is computed: the chain becomes prompt + output."""
-        self._store(self._prompt, self._output)
+        self._written = self._store(self._prompt, self._output)
         self._gpu.cache.release(req.turn_pins)
         req.turn_pins = []
 
@@ -309,19 +314,25 @@ class GpuSequence:
             self._anchor, self._anchor_length, self._tail = None, 0, array("I")
         return keys
 
-    def _store(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+    def _store(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> int:
         """The chain becomes prompt + output; this sequence holds all of it (as far as the cache has room),
-        pinning only the blocks it did not hold yet, and lets go of what the chain lost."""
+        pinning only the blocks it did not hold yet, and lets go of what the chain lost. Returns the prompt
+        tokens written: full prompt blocks that were not stored before and are held now."""
         bs, cache, keys = self._gpu.spec.block_size, self._gpu.cache, self._keys
+        prompt_blocks = len(prompt_ids) // bs
+        missing = [i for i in range(self._held, min(prompt_blocks, len(keys))) if keys[i] not in cache]
         rest = tokens_from(prompt_ids, len(keys) * bs)  # the prompt's last, partial block
         rest.extend(output_ids)
         keys.extend(chain_keys(rest, bs, keys[-1] if keys else self._seed))
         if self._anchor is not None:
             self._tail.extend(output_ids)
-        # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0.
-        self._held += len(cache.acquire(keys[self._held :]))
+        # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0. Under a
+        # write limit, only the blocks it covers (and those held already).
+        end = len(keys) if self.write_limit is None else max(self._held, self.write_limit // bs)
+        self._held += len(cache.acquire(keys[self._held : end]))
         cache.release(self._stale)
         self._stale = []
+        return sum(1 for i in missing if i < self._held) * bs
 
     def _release_held(self) -> None:
         cache = self._gpu.cache

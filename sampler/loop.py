@@ -109,6 +109,8 @@ class Rollout:
     input_items: list[Item] = field(default_factory=list)
     summary: bool = False  # reasoning.summary asked for summaries of reasoning items
     encrypted_reasoning: bool = False  # include asked for reasoning.encrypted_content
+    # prompt_cache_options.prewarm: one turn that writes the prompt's prefix and generates nothing
+    prewarm: bool = False
     # The turn in progress (its encoder) once it reached the engine; None between turns.
     encoder: TurnEncoder | None = None
 
@@ -155,6 +157,15 @@ async def sample(rollout: Rollout) -> AsyncGenerator[Step, list[Item] | None]:
             resumed = yield Suspend(local)
             if resumed is None:
                 return
+
+
+async def prewarm(rollout: Rollout) -> None:
+    """One engine turn that generates nothing (``prompt_cache_options.prewarm``): the prompt is looked up
+    and its prefix written to the cache; the turn's report is recorded as any turn's is."""
+    produced: list[Item] = []
+    async with aclosing(_sample(rollout, rollout.conversation.prompt(), [], 0, produced)) as steps:
+        async for step in steps:
+            assert not isinstance(step, Emit) or not step.events, "a prewarm turn emits nothing"
 
 
 def _compacting(rollout: Rollout) -> bool:
@@ -350,6 +361,8 @@ async def _sample(
             decode_ms=report.decode_ms,
             output_tokens=report.output_tokens,
             phases_ms=phases,
+            written_tokens=report.written_tokens,
+            block_size=report.block_size,
         )
     )
     rollout.pending_phases.clear()

@@ -70,6 +70,8 @@ async def test_single_turn_exact_timing_and_report() -> None:
             "decode_ms": 4.0,
             "output_tokens": 5,
             "first_late_ms": 0.0,
+            "written_tokens": 96,  # the prompt's 6 full blocks, none stored before
+            "block_size": 16,
         }
     )
 
@@ -543,3 +545,30 @@ async def test_resuming_a_paced_turn_at_once_sleeps_in_the_task() -> None:
     task = asyncio.create_task(resume_at_once())
     await clock.run_until_idle()
     assert times(await task) == pytest.approx(times(expected), abs=1e-12)
+
+
+async def test_written_tokens_are_the_prompt_blocks_the_cache_stored() -> None:
+    """A turn writes the prompt's full blocks it found missing; a later prompt on the same prefix reads
+    them (cached) and writes only its own new blocks; a sequence with another salt shares none."""
+    gpu, clock = make()
+    first = gpu.open()
+    await run(clock, first, list(range(100)), 4)  # 6 full blocks stored
+    assert first.last_report is not None
+    assert (first.last_report.cached_tokens, first.last_report.written_tokens) == (0, 96)
+    first.close()
+    again = gpu.open()
+    await run(clock, again, [*range(100), *range(500, 540)], 4)  # 140 tokens: 8 full blocks
+    assert again.last_report is not None
+    assert (again.last_report.cached_tokens, again.last_report.written_tokens) == (96, 32)
+    again.close()
+    salted = gpu.open(salt="12345")
+    await run(clock, salted, list(range(100)), 4)
+    assert salted.last_report is not None
+    assert (salted.last_report.cached_tokens, salted.last_report.written_tokens) == (0, 96)
+    salted.close()
+    stored = gpu.cache.blocks_stored
+    resalted = gpu.open(salt="12345")
+    await run(clock, resalted, list(range(100)), 0)  # no output: a prewarm's turn reads what it wrote
+    assert resalted.last_report is not None
+    assert (resalted.last_report.cached_tokens, resalted.last_report.written_tokens) == (96, 0)
+    assert gpu.cache.blocks_stored == stored

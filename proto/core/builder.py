@@ -20,6 +20,7 @@ import time
 import msgspec
 
 from proto.core import openai_types as oa
+from proto.core.caching import diagnose
 from proto.core.events import (
     CompactionCompacting,
     ContentPartAdded,
@@ -147,6 +148,14 @@ class ResponseBuilder:
         self._flags_sent = 0  # lab.safety_flags likewise
         self._sequence = 0
         self._usage_sent = Usage()  # the running total when the last response.done left
+        # Set by the pipeline when the request names a response to compare with: that response (None: not
+        # found) and whether this input carries a compaction item (docs/protocol.md, "Prompt caching").
+        self.cache_comparison: tuple[Response | None, bool] | None = None
+        if request.prompt_cache_options is not None:
+            options = request.prompt_cache_options
+            self.response.prompt_cache_options = oa.PromptCacheOptions(
+                mode=options.mode or "implicit", ttl=options.ttl or "30m"
+            )
         self.lab.usage_total = self.usage  # the live response (stored, the HTTP reply): both are the total
         if request.text is not None:
             self.response.text = echo_text(request.text)
@@ -184,7 +193,12 @@ class ResponseBuilder:
 
     def record_turn(self, report: TurnReport) -> None:
         self.lab.turns.append(report)
-        self.usage.add(report.prompt_tokens, report.cached_tokens, report.output_tokens)
+        self.usage.add(
+            report.prompt_tokens, report.cached_tokens, report.output_tokens, report.written_tokens
+        )
+        if self.cache_comparison is not None and len(self.lab.turns) == 1:
+            compared, compacted = self.cache_comparison
+            self.response.prompt_cache_diagnostics = diagnose(self.response, compared, report, compacted)
 
     def suspend(self, calls: list[CallItem]) -> ResponseDone:
         # Only what is new since the last response.done travels with this one (this segment's output,

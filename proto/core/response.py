@@ -20,6 +20,8 @@ MODES: tuple[Mode, ...] = get_args(Mode)
 
 class InputTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
+    # Prompt tokens the mock GPU stored in its prefix cache (docs/protocol.md, "Prompt caching").
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(msgspec.Struct):
@@ -33,9 +35,10 @@ class Usage(msgspec.Struct, kw_only=True):
     output_tokens_details: OutputTokensDetails = msgspec.field(default_factory=OutputTokensDetails)
     total_tokens: int = 0
 
-    def add(self, input_tokens: int, cached_tokens: int, output_tokens: int) -> None:
+    def add(self, input_tokens: int, cached_tokens: int, output_tokens: int, written_tokens: int = 0) -> None:
         self.input_tokens += input_tokens
         self.input_tokens_details.cached_tokens += cached_tokens
+        self.input_tokens_details.cache_write_tokens += written_tokens
         self.output_tokens += output_tokens
         self.total_tokens = self.input_tokens + self.output_tokens
 
@@ -47,7 +50,9 @@ class Usage(msgspec.Struct, kw_only=True):
         spent = Usage(
             input_tokens=self.input_tokens - earlier.input_tokens,
             input_tokens_details=InputTokensDetails(
-                self.input_tokens_details.cached_tokens - earlier.input_tokens_details.cached_tokens
+                self.input_tokens_details.cached_tokens - earlier.input_tokens_details.cached_tokens,
+                self.input_tokens_details.cache_write_tokens
+                - earlier.input_tokens_details.cache_write_tokens,
             ),
             output_tokens=self.output_tokens - earlier.output_tokens,
             output_tokens_details=OutputTokensDetails(
@@ -82,6 +87,8 @@ class TurnReport(msgspec.Struct, kw_only=True):
     decode_ms: float
     output_tokens: int
     phases_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    written_tokens: int = 0  # prompt tokens the turn stored in the prefix cache
+    block_size: int = 0  # the prefix cache's block (0: the engine does not report it)
 
 
 class LabInfo(msgspec.Struct, kw_only=True):
@@ -234,6 +241,42 @@ def echo_service_tier(tier: str | None) -> str:
     return ECHOED_TIERS.get(tier or "auto", tier or "auto")
 
 
+# ``prompt_cache_diagnostics``, in OpenAI's shapes; ``proto.core.caching`` finds them (docs/protocol.md,
+# "Prompt caching").
+MissReason = Literal[
+    "model_changed",
+    "prompt_cache_key_changed",
+    "tools_changed",
+    "text_format_changed",
+    "reasoning_effort_changed",
+    "verbosity_changed",
+    "context_compacted",
+    "input_changed",
+    "service_tier_changed",
+]
+
+
+class CacheHit(msgspec.Struct, tag="cache_hit", tag_field="type"):
+    pass
+
+
+class CacheMiss(msgspec.Struct, tag="cache_miss", tag_field="type", kw_only=True):
+    cache_missed_tokens: int
+    reason: MissReason
+    comparison_reusable_tokens: int | None = None
+
+
+class ComparisonResponseNotFound(msgspec.Struct, tag="comparison_response_not_found", tag_field="type"):
+    pass
+
+
+class Unavailable(msgspec.Struct, tag="unavailable", tag_field="type"):
+    pass
+
+
+Diagnostics = CacheHit | CacheMiss | ComparisonResponseNotFound | Unavailable
+
+
 class Response(msgspec.Struct, kw_only=True):
     """Every field the Open Responses ``ResponseResource`` requires is always present, with the values
     OpenAI's API returns: defaults are echoed as values (``temperature`` 1.0, ``top_p`` 1.0, penalties 0.0,
@@ -284,6 +327,10 @@ class Response(msgspec.Struct, kw_only=True):
     # "Reasoning inputs withheld from the model, in input order": the mock renders every one (context mode
     # all_turns), so none.
     input_transformations: list[dict[str, str]] = msgspec.field(default_factory=list)
+    # Echoed when the request set them; the diagnostics when it named a response to compare with
+    # (docs/protocol.md, "Prompt caching").
+    prompt_cache_options: oa.PromptCacheOptions | None = None
+    prompt_cache_diagnostics: Diagnostics | None = None
     lab: LabInfo | None = None
 
 

@@ -265,6 +265,7 @@ class RemoteSequence:
         # Once the first tokens arrived (the prefill is done): the prompt, what a cut turn bills. The engine
         # says its cached tokens only in the last chunk, so a cut turn reports none.
         self.live: EngineReport | None = None
+        self.write_limit: int | None = None  # not sent: the engine's own cache decides what it keeps
         self.progress = 0.0  # the server clock's time of the last sign of life from the engine
         self._busy = False
         self._closed = False
@@ -498,4 +499,7 @@ def _report(
         decode,
         output_tokens,
         {"engine_hop": to_first_ms - prefill - queue},
+        # the mock engine's prefix cache writes (vLLM reports none: docs/protocol.md, "Prompt caching")
+        written_tokens=lab.written_tokens if lab is not None else 0,
+        block_size=lab.block_size if lab is not None else 0,
     )

@@ -67,6 +67,7 @@ from sampler.loop import (
     Wait,
     cut_turn,
     delivered,
+    prewarm,
     sample,
 )
 from sampler.models import ContextLengthExceeded, context_message
@@ -204,6 +205,11 @@ class ResponseDriver:
             )
         if not proceed:
             return builder.incomplete("cancelled")
+        if self.prepared.rollout.prewarm:
+            await prewarm(
+                self.prepared.rollout
+            )  # writes the cache, generates nothing, whatever generate says
+            return builder.completed()
         if not generate:
             return builder.completed()
         try:

@@ -29,12 +29,15 @@ import structlog
 
 from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
+from proto.core.caching import has_breakpoint, write_limit
+from proto.core.caching import salt as cache_salt
 from proto.core.create import configured
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody
 from proto.core.items import (
     CALL_ITEMS,
     HOSTED_TOOL_NAMES,
+    Compaction,
     CustomTool,
     FunctionTool,
     Item,
@@ -382,11 +385,16 @@ class Pipeline:
             self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
         )
 
+        breakpoints: list[int] = []  # where the input's explicit cache breakpoints end, in the prompt
+
         def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
                 conversation = render_context(tokenizer, work, request, history)
             conversation.work = work
-            conversation.add_input(new_items)
+            for item in new_items:
+                conversation.add_input([item])
+                if has_breakpoint(item):
+                    breakpoints.append(len(conversation.log))
             return conversation
 
         # The bodies the rendering tokenizes (instructions, and the history unless continuing a rendered
@@ -408,6 +416,8 @@ class Pipeline:
         builder = ResponseBuilder(context.response_id, request, design.mode, work)
         builder.lab.safety_flags = flags
         builder.response.service_tier = served.tier
+        if context.api_key_id:  # whose stored responses the diagnostics may compare with
+            await self.cache_comparison(builder, request, new_items, context.api_key_id)
         script = script_source(conversation.items)
         turn = script_position(conversation.items, script, request.parallel, async_tool_names(request.tools))
         newest = conversation.items[-1] if conversation.items else None
@@ -415,9 +425,12 @@ class Pipeline:
         rollout = Rollout(
             builder=builder,
             conversation=conversation,
-            # Only a design that resumes a response after a tool call pins its prefix; the prefix cache is
-            # the key's own (docs/mock-gpu.md, "Prefix cache per tenant").
-            sequence=gpu.open(keep_warm=design.keep_warm, salt=context.api_key_id),
+            # Only a design that resumes a response after a tool call pins its prefix. The prefix cache is
+            # the key's own (docs/mock-gpu.md, "Prefix cache per tenant"), and within it keyed on the request
+            # settings prompt caching keys on (docs/protocol.md, "Prompt caching").
+            sequence=gpu.open(
+                keep_warm=design.keep_warm, salt=f"{context.api_key_id}\x1f{cache_salt(builder.response)}"
+            ),
             policy=select_policy(
                 script,
                 self.settings.default_policy,
@@ -435,7 +448,9 @@ class Pipeline:
             input_items=list(new_items),
             summary=request.reasoning is not None and request.reasoning.summary is not None,
             encrypted_reasoning=request.includes("reasoning.encrypted_content"),
+            prewarm=bool(request.prompt_cache_options and request.prompt_cache_options.prewarm),
         )
+        rollout.sequence.write_limit = write_limit(request.prompt_cache_options, breakpoints)
         builder.lab.phases_ms = dict(phases)
         if ticket is None:
             try:  # last, so that no failure of the work above holds a place
@@ -454,6 +469,24 @@ class Pipeline:
                 "ledger_unavailable",
                 f"usage cannot be recorded ({why}); no response is served until the database takes writes",
             )
+
+    async def cache_comparison(
+        self, builder: ResponseBuilder, request: CreateBody, new_items: list[Item], api_key_id: str
+    ) -> None:
+        """The response prompt cache diagnostics compare with: ``prompt_cache_options``'s
+        ``comparison_response_id``, else ``previous_response_id`` when that one is stored; none, no
+        diagnostics."""
+        options = request.prompt_cache_options
+        chosen = options.comparison_response_id if options else None
+        named = chosen or request.previous_response_id
+        if named is None:
+            return
+        stored = await self.store.get(named, api_key_id)
+        if stored is None and chosen is None:
+            return  # a chain held only in memory (GA WebSocket, store false): nothing was asked, none said
+        compared = _stored_response.decode(stored.response_json) if stored is not None else None
+        compacted = any(isinstance(item, Compaction) for item in new_items)
+        builder.cache_comparison = (compared, compacted)
 
     async def api_cost(self, design: Design, history_tokens: int, phases: dict[str, float]) -> None:
         """The modelled per-request work of a real Python Responses server (``--api-cost-ms`` +
@@ -535,6 +568,7 @@ class Pipeline:
                 created_at=created,
                 completed_at=time.time(),
                 reason=end_reason(response),
+                cache_write_tokens=usage.input_tokens_details.cache_write_tokens,
             )
         )
 
@@ -548,6 +582,7 @@ def _lab_report(builder: ResponseBuilder) -> dict[str, Any]:
     return {"lab_turns": msgspec.to_builtins(builder.lab.turns), "phases_ms": dict(builder.lab.phases_ms)}
 
 
+_stored_response = msgspec.json.Decoder(Response)
 _KNOB_CLOCK = RealClock()  # precise sleeps for the latency knobs (the limits' clock may be virtual)
 
 

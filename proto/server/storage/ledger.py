@@ -78,6 +78,7 @@ from typing import Any, Final
 
 import structlog
 
+from proto.core.caching import billed_input
 from proto.core.response import MODES
 from proto.server.storage.database import (
     Connection,
@@ -181,6 +182,9 @@ MIGRATIONS: Migrations = (
     # (the new table numbers them afresh: ``seq`` on PostgreSQL, the rowid on SQLite).
     _rebuild("usage", _USAGE_COLUMNS, ("usage_by_key ON usage (api_key_id, created_at)",)),
     _rebuild("open_responses", _OPEN_COLUMNS_DDL, ()),
+    # 4: prompt tokens written to the prefix cache, billed at their own rate (docs/protocol.md, "Prompt
+    # caching"); rows from before it wrote none.
+    ("ALTER TABLE usage ADD COLUMN cache_write_tokens {int} NOT NULL DEFAULT 0",),
 )
 
 
@@ -236,6 +240,13 @@ class LedgerRow:
     # Why it ended other than completed: the terminal event's incomplete_details.reason or error code
     # ("cancelled", "max_output_tokens", "engine_failure", …); "server_crashed" from reconcile(); "" if none.
     reason: str = ""
+    cache_write_tokens: int = 0  # input tokens written to the prompt cache (a part of input_tokens)
+
+    @property
+    def billed_input_tokens(self) -> float:
+        """Input at the uncached rate, cached reads apart: writes at their model's rate (1.25 from GPT-5.6:
+        ``proto.core.caching.write_rate``)."""
+        return billed_input(self.model, self.input_tokens, self.cached_tokens, self.cache_write_tokens)
 
     def __post_init__(self) -> None:
         # Refused at record() time, on the caller's stack, rather than later in the writer thread.
@@ -252,6 +263,7 @@ class LedgerRow:
             cached_tokens=self.cached_tokens,
             output_tokens=self.output_tokens,
             turns=self.turns,
+            cache_write_tokens=self.cache_write_tokens,
         )
         _check_times(created_at=self.created_at, completed_at=self.completed_at)
 

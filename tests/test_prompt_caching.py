@@ -1,0 +1,226 @@
+"""Prompt caching as OpenAI reports and bills it (docs/protocol.md, "Prompt caching"), over a real server on
+every transport: a client that changes one cache-keyed input at a time against a baseline response gets the
+matching ``cache_miss`` reason, and only where the mock GPU's prefix cache really missed (its
+``cached_tokens`` below the baseline's reusable prefix); an unchanged request is a ``cache_hit``; writes are
+counted as the GPU stored them and the ledger keeps them; ``prewarm`` writes without output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from helpers import MODEL, SLOW_MODEL, running, state, wait_for
+
+from proto.client.ga import GaClient
+from proto.client.http import HttpClient
+from proto.client.longlived import LongLivedClient
+from proto.core.caching import KEY_INPUTS, billed_input
+from proto.server.serve import ThreadedServer
+
+pytestmark = pytest.mark.process  # every test starts a server
+
+BLOCK = 16  # the mock models' prefix-cache block (sampler.models.ModelSpec.block_size)
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[ThreadedServer]:
+    with running() as server:
+        yield server
+
+
+async def create(srv: ThreadedServer, transport: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One response over ``transport``, to its terminal Response."""
+    if transport == "json":
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as http:
+            reply = await http.post("/v1/responses", json=body)
+            assert reply.status_code == 200, reply.text
+            return dict(reply.json())
+    if transport == "sse":
+        async with HttpClient(srv.http_url) as client:
+            return await client.create({**body, "stream": True})
+    if transport == "ga":
+        async with GaClient(srv.url, ping_interval=None) as ga:
+            return await ga.create(body, timeout=30)
+    async with LongLivedClient(srv.url, ping_interval=None) as longlived:
+        return dict((await longlived.rollout(body, {})).response)
+
+
+def base(transport: str, **fields: Any) -> dict[str, Any]:
+    """A prompt of many blocks whose opening (instructions) is this transport's own: each transport's
+    baseline writes its prefix fresh."""
+    instructions = f"You answer for the {transport} transport. " + " ".join(
+        f"Rule {i}: keep every answer short and plain." for i in range(40)
+    )
+    return {
+        "model": MODEL,
+        "instructions": instructions,
+        # a user message of several blocks: a tool list (rendered after the instructions) moves all of it
+        "input": [{"role": "user", "content": "!say cached\n" + "Here is the question at length. " * 30}],
+        "prompt_cache_key": "team-a",
+        "store": True,
+        **fields,
+    }
+
+
+def details(response: dict[str, Any]) -> tuple[int, int]:
+    usage = response["usage"]["input_tokens_details"]
+    return usage["cached_tokens"], usage["cache_write_tokens"]
+
+
+# One change at a time, each to one cache-keyed input (proto.core.caching.KEY_INPUTS), and the reason the
+# diagnostics must name for it.
+CHANGES: dict[str, dict[str, Any]] = {
+    "model_changed": {"model": SLOW_MODEL},
+    "prompt_cache_key_changed": {"prompt_cache_key": "team-b"},
+    "service_tier_changed": {"service_tier": "flex"},
+    "tools_changed": {"tools": [{"type": "function", "name": "grep"}]},
+    "text_format_changed": {"text": {"format": {"type": "json_object"}}},
+    "reasoning_effort_changed": {"reasoning": {"effort": "high"}},
+    "verbosity_changed": {"text": {"verbosity": "high"}},
+    "input_changed": {"instructions": "Other rules, from the first token on, for the transport: "},
+}
+
+TRANSPORTS = ["json", "sse", "ga", "longlived"]
+
+
+def test_every_keyed_input_has_a_change() -> None:
+    assert set(CHANGES) == {reason for reason, _ in KEY_INPUTS} | {"input_changed"}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_one_change_at_a_time_names_the_miss_the_gpu_had(srv: ThreadedServer, transport: str) -> None:
+    baseline = await create(srv, transport, base(transport, prompt_cache_options={"ttl": "30m"}))
+    assert baseline["prompt_cache_options"] == {"mode": "implicit", "ttl": "30m"}
+    assert baseline["prompt_cache_diagnostics"] is None  # no response named to compare with
+    prompt = baseline["usage"]["input_tokens"]
+    assert details(baseline) == (0, prompt // BLOCK * BLOCK)  # a fresh prefix: every full block written
+    reusable = prompt // BLOCK * BLOCK  # the baseline's full blocks, as the next prompt can match them
+    compare = {"prompt_cache_options": {"comparison_response_id": baseline["id"]}}
+
+    same = await create(srv, transport, base(transport, **compare))
+    assert same["prompt_cache_diagnostics"] == {"type": "cache_hit"}
+    assert details(same) == (reusable, 0)
+
+    for reason, change in CHANGES.items():
+        if reason == "input_changed":  # this transport's own: another one may have written the first
+            change = {"instructions": change["instructions"] + transport}
+        changed = await create(srv, transport, {**base(transport, **compare), **change})
+        cached, written = details(changed)
+        # what of the baseline's prefix this prompt could have matched (its last token is always computed)
+        could = min(prompt, changed["usage"]["input_tokens"] - 1) // BLOCK * BLOCK
+        assert cached < could, (reason, cached)  # the GPU missed: the diagnostics may say so
+        assert written > 0, reason
+        assert changed["prompt_cache_diagnostics"] == {
+            "type": "cache_miss",
+            "reason": reason,
+            "cache_missed_tokens": could - cached,
+            "comparison_reusable_tokens": could,
+        }, reason
+
+    missing = await create(
+        srv, transport, base(transport, prompt_cache_options={"comparison_response_id": "resp_none"})
+    )
+    assert missing["prompt_cache_diagnostics"] == {"type": "comparison_response_not_found"}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_previous_response_id_is_the_default_comparison(srv: ThreadedServer, transport: str) -> None:
+    first = await create(srv, transport, base(transport + " chain"))
+    follow = base(transport + " chain", previous_response_id=first["id"])
+    follow["input"] = [{"role": "user", "content": "!say again"}]
+    second = await create(srv, transport, follow)
+    assert second["prompt_cache_diagnostics"] == {"type": "cache_hit"}
+    assert details(second)[0] >= first["usage"]["input_tokens"] // BLOCK * BLOCK
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_prewarm_writes_without_output_and_is_read_after(srv: ThreadedServer, transport: str) -> None:
+    warm = await create(srv, transport, base(transport + " warm", prompt_cache_options={"prewarm": True}))
+    assert warm["status"] == "completed"
+    assert warm["output"] == [] and warm["usage"]["output_tokens"] == 0
+    prompt = warm["usage"]["input_tokens"]
+    assert details(warm) == (0, prompt // BLOCK * BLOCK)
+    real = await create(srv, transport, base(transport + " warm"))
+    assert details(real) == (prompt // BLOCK * BLOCK, 0)
+    assert real["output"]
+
+
+async def test_the_ledger_bills_writes_at_their_rate(srv: ThreadedServer) -> None:
+    response = await create(srv, "json", base("ledger"))
+    cached, written = details(response)
+    ledger = state(srv).pipeline.ledger
+    await wait_for(lambda: ledger.get(response["id"]) is not None, "the usage row")
+    row = ledger.get(response["id"])
+    assert row is not None
+    assert (row.cached_tokens, row.cache_write_tokens) == (cached, written) and written > 0
+    # mock models are not GPT-5.6 or later: a write costs what uncached input costs
+    assert row.billed_input_tokens == response["usage"]["input_tokens"] - cached
+    assert billed_input("gpt-5.6", 1000, 200, 400) == 400 + 400 * 1.25
+    assert billed_input("gpt-6", 1000, 0, 1000) == 1250
+    assert billed_input("gpt-5.5", 1000, 0, 1000) == 1000
+
+
+async def test_a_compacted_window_is_named_as_such(srv: ThreadedServer) -> None:
+    """The window ``/responses/compact`` returns, sent in place of the history, misses for that reason."""
+    first = base("compacted")
+    first["input"] = [*first["input"], {"role": "assistant", "content": "A long answer. " * 40}]
+    baseline = await create(srv, "json", first)
+    async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as http:
+        reply = await http.post("/v1/responses/compact", json={"model": MODEL, "input": first["input"]})
+        assert reply.status_code == 200, reply.text
+        window = reply.json()["output"]
+    assert any(item["type"] == "compaction" for item in window)
+    compare = {"prompt_cache_options": {"comparison_response_id": baseline["id"]}}
+    after = await create(srv, "json", {**base("compacted", **compare), "input": window})
+    cached, _ = details(after)
+    could = min(baseline["usage"]["input_tokens"], after["usage"]["input_tokens"] - 1) // BLOCK * BLOCK
+    assert cached < could
+    assert after["prompt_cache_diagnostics"] == {
+        "type": "cache_miss",
+        "reason": "context_compacted",
+        "cache_missed_tokens": could - cached,
+        "comparison_reusable_tokens": could,
+    }
+
+
+async def test_an_unstored_chain_gets_no_diagnostics(srv: ThreadedServer) -> None:
+    """GA WebSocket mode's ``store: false`` chain lives in memory: ``previous_response_id`` names nothing
+    stored, and nothing was asked for, so the Response says nothing."""
+    async with GaClient(srv.url, ping_interval=None) as ga:
+        first = await ga.create(base("unstored", store=False), timeout=30)
+        follow = base("unstored", store=False, previous_response_id=first["id"])
+        follow["input"] = [{"role": "user", "content": "!say again"}]
+        second = await ga.create(follow, timeout=30)
+    assert second["prompt_cache_diagnostics"] is None
+    assert details(second)[0] > 0  # the chain's prefix was reused all the same
+
+
+def explicit(transport: str, tail: str, breakpoint: bool = True) -> dict[str, Any]:
+    """Explicit mode: a long first message (with a breakpoint on its text) and a long second one."""
+    head: dict[str, Any] = {"type": "input_text", "text": "!say noted\n" + "The stable part of it. " * 30}
+    if breakpoint:
+        head["prompt_cache_breakpoint"] = {"mode": "explicit"}
+    body = base(transport + " explicit", prompt_cache_options={"mode": "explicit"})
+    body["input"] = [
+        {"role": "user", "content": [head]},
+        {"role": "user", "content": [{"type": "input_text", "text": f"{tail} " * 60}]},
+    ]
+    return body
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_explicit_mode_writes_up_to_its_breakpoint(srv: ThreadedServer, transport: str) -> None:
+    unmarked = await create(srv, transport, explicit(transport, "first", breakpoint=False))
+    assert unmarked["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+    assert details(unmarked) == (0, 0)  # explicit mode without a breakpoint writes nothing
+    assert details(await create(srv, transport, explicit(transport, "first", breakpoint=False))) == (0, 0)
+
+    marked = await create(srv, transport, explicit(transport, "first"))
+    cached, written = details(marked)
+    full = marked["usage"]["input_tokens"] // BLOCK * BLOCK
+    assert cached == 0 and 0 < written < full - 2 * BLOCK  # the second message is past the breakpoint
+    other = await create(srv, transport, explicit(transport, "second"))
+    assert details(other) == (written, 0)  # the prefix up to the breakpoint is read, nothing new written
