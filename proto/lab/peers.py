@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -273,13 +273,14 @@ async def run_peer_modes(
     indices: Sequence[int],
     tallies: dict[str, Any],
     on_turn: Callable[[], None] | None,
+    block: Callable[..., Awaitable[None]],
 ) -> dict[str, dict[str, Any]]:
     """A group's peer modes: each one's processes started for it, then the group's rollout indices run
     through the gateway's WebSocket by the runner's own ``_block`` (the same plans and seeded tool times as
     the group's other modes, so its gains pair by rollout index; it runs after them, not interleaved with
     them), the upstream's reports attached, and the split. CPU is the gateway's and the upstream's
-    together."""
-    from proto.lab.runner import _block  # the runner dispatches here: imported late, no cycle
+    together. ``block`` is the runner's ``_block``, handed over so that this module does not import the
+    runner."""
 
     out: dict[str, dict[str, Any]] = {}
     for mode in modes:
@@ -290,7 +291,7 @@ async def run_peer_modes(
 
             before = len(tallies[mode].traces)
             server = ("peer", gateway.ws_url, gateway.http_url, cpu, ())
-            await _block([mode], replay, model, config, server, indices, tallies, [], on_turn)
+            await block([mode], replay, model, config, server, indices, tallies, [], on_turn)
             traces = tallies[mode].traces[before:]
             want = sum(len(t.kinds) for t in traces)
             records = await _records(upstream, want)

@@ -202,7 +202,7 @@ async def run_group(
             if ours:
                 await _block(ours, replay, model, config, server, block, tallies, orders, on_turn)
     peers = await run_peer_modes(
-        peer_modes, replay, model, config, peer_flags or [], indices, tallies, on_turn
+        peer_modes, replay, model, config, peer_flags or [], indices, tallies, on_turn, _block
     )
     load = Load(before, load_now(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     return tallies, GroupResult(orders, load, floors, len(blocks), peers)
