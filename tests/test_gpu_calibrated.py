@@ -63,8 +63,8 @@ def test_every_profile_is_a_catalogue_class_with_its_knobs_and_sources() -> None
 async def test_100_concurrent_3k_prefills_take_the_budgeted_steps_of_the_tables() -> None:
     """The first arrival is scheduled alone; the other 99 pack 8 192-token steps in FIFO order, each chunk
     attending to its own sequence's tokens already in KV. A turn's first token comes at the end of the step
-    that finishes its prompt: 37 steps of the tables, ~16 s for the last, where a timer per sequence would
-    give each turn its own single prefill (~0.4 s)."""
+    that finishes its prompt: 38 steps of the tables, 12.2 s for the last, where a timer per sequence would
+    give each turn its own single prefill (0.12 s)."""
     clock = FakeClock()
     gpu = MockGPU(SPEC, clock)
     n, isl = 100, 3000
