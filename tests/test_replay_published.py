@@ -73,3 +73,12 @@ def test_the_vllm_ci_suite_prints_a_ratio_per_profiled_run(capsys: pytest.Captur
     for ln in lines:
         ratio = float(ln.rstrip(" |").rsplit("|", 1)[1])
         assert 0.5 < ratio < 2.0  # the runs the step-overhead knob is fitted to
+
+
+def test_each_profile_replays_on_its_calibrated_catalogue_class() -> None:
+    rp = _script()
+    for profile in profiles():
+        spec = rp.spec_for(profile)
+        assert spec.step_profile == profile and MODELS[spec.name] is spec
+    with pytest.raises(KeyError, match="no catalogue model"):
+        rp.spec_for("h999-nothing")
