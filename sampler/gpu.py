@@ -415,10 +415,12 @@ class _Pace:
         return 0 if self.seq._closed else self.release_at(self.now(), limit)
 
     def release_at(self, now: float, limit: int) -> int:
-        """Release the tokens whose step has ended, up to ``limit`` and an injected failure."""
+        """Release the tokens whose step has ended, up to ``limit`` and an injected failure. The scheduler
+        is advanced to ``now`` first, also under the coalescing floor: a preempted turn waiting at the head
+        of the queue wakes at a step boundary with its floor still ahead, and must process that boundary."""
+        self.sched.advance(now)
         if now < self.floor:
             return 0
-        self.sched.advance(now)
         req = self.req
         pending = req.pending
         if not pending or pending[0][0] > now:

@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sampler.steptables import StepTables
+
 # The knob names of llm-d-inference-sim (hyphenated) mapped to our fields.
 _PUBLIC_NAMES: dict[str, str] = {
     "time-to-first-token": "time_to_first_token_ms",
@@ -388,6 +390,72 @@ _H100_8B = Calibration(
     },
 )
 
+
+# The calibrated classes: a measured step profile each (``sampler/profiles/<profile>.json``, docs/mock-gpu.md,
+# "Step tables"). Their knobs are the profile's ``knobs`` section, read here when the catalogue is built;
+# the step loop times every step from the profile's tables, so the per-sequence figures below (a lone
+# decode's step, a full chunk's per-token time) are the tables' summary for ``GET /v1/models``, the lab's
+# sweeps and its predictor, not what the mock runs on.
+_CALIBRATED_KNOBS = {  # llm-d name -> the profile's knob
+    "step-overhead": "step-overhead",
+    "prefill-overhead": "prefill-dispatch",
+    "max-num-batched-tokens": "max-num-batched-tokens",
+    "max-num-seqs": "max-num-seqs",
+    "kv-cache-size": "kv-cache-size",
+    "block-size": "block-size",
+}
+_SUMMARY_CONTEXT = 1024  # the context of the lone decode whose step is the class's inter-token latency
+_SUMMARY_CHUNK = 8192  # the chunk whose per-token time is the class's prefill-time-per-token
+
+
+def _calibrated(name: str, profile: str) -> ModelSpec:
+    tables = StepTables.load(profile)
+    p = tables.provenance
+    where = f"sampler/profiles/{profile}.json"
+    measured = (
+        f"{p['package']} (system {p['system']}, backend {p['backend']} {p['backend_version']}, model "
+        f"{p['model']} {p['quant']}, TP{p['tp']}): measured kernel step tables, {where}"
+    )
+    overhead = tables.knob("step-overhead")
+    lone = overhead + tables.step_ms([], [_SUMMARY_CONTEXT])
+    seqs = int(tables.knob("max-num-seqs"))
+    # llm-d's load factor (the analytic predictor's), f so that 256 decodes step as the tables say.
+    full = overhead + tables.step_ms([], [_SUMMARY_CONTEXT] * 256)
+    factor = 1.0 + (full / lone - 1.0) * (seqs - 1) / 255.0
+    sources = {
+        **_BATCH_SOURCE,
+        **{
+            ours: f"{where} knobs: {tables.knobs[theirs]['source']}"
+            for ours, theirs in _CALIBRATED_KNOBS.items()
+        },
+        "step-profile": measured,
+        "inter-token-latency": f"{measured} -> a lone decode's step at {_SUMMARY_CONTEXT} tokens of context, "
+        "step-overhead included (a summary: every step is timed from the tables)",
+        "prefill-time-per-token": f"{measured} -> one {_SUMMARY_CHUNK}-token chunk's step over its tokens "
+        "(a summary: every chunk is timed from the tables, with the context it attends to)",
+        "time-factor-under-load": f"{measured} -> 256 decodes' step over a lone decode's (a summary for the "
+        "analytic predictor)",
+        "kv-read-time-per-token": "0: decode attention, KV reads included, is in the profile's decode table",
+        "spec-acceptance": f"{where} knobs: {tables.knobs['spec-acceptance']['source']}",
+    }
+    dispatch = tables.knob("prefill-dispatch")
+    return ModelSpec(
+        name=name,
+        time_to_first_token_ms=dispatch,
+        prefill_overhead_ms=dispatch,
+        prefill_time_per_token_ms=tables.step_ms([(_SUMMARY_CHUNK, 0)], []) / _SUMMARY_CHUNK,
+        inter_token_latency_ms=lone,
+        max_num_seqs=seqs,
+        time_factor_under_load=factor,
+        kv_cache_size=int(tables.knob("kv-cache-size")),
+        block_size=int(tables.knob("block-size")),
+        max_num_batched_tokens=int(tables.knob("max-num-batched-tokens")),
+        step_overhead_ms=overhead,
+        step_profile=profile,
+        calibration=Calibration(hardware=str(p["hardware"]), sources=sources),
+    )
+
+
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -395,6 +463,10 @@ MODELS: dict[str, ModelSpec] = {
         _model("mock-1000tps", 1000.0, 1.0, 0.039, 1.6e-8, _WAFER),
         _model("mock-4000tps", 4000.0, 1.0, 0.039, 1.6e-8, _WAFER_BURST, (_SPEC_K, _SPEC_ACCEPTANCE)),
         _model("mock-h100-8b", 1000.0 / 12.0, 30.0, 0.25, 3.9e-5, _H100_8B),
+        _calibrated("mock-h200-llama8b", "h200-llama3.1-8b-tp1-vllm"),
+        _calibrated("mock-h200-llama70b", "h200-llama3.1-70b-tp8-vllm"),
+        _calibrated("mock-h200-llama70b-tp4", "h200-llama3.1-70b-tp4-vllm"),
+        _calibrated("mock-h100-llama70b-fp8", "h100-llama3.1-70b-fp8-tp2-vllm"),
     )
 }
 

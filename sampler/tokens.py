@@ -188,14 +188,17 @@ class Tokenizer:
                 return text[:end]
         return text
 
-    async def prepare(self, texts: Iterable[str], limits: ModelLimits | None = None) -> dict[str, list[int]]:
+    async def prepare(
+        self, texts: Iterable[str], limits: ModelLimits | None = None, start: int = 0
+    ) -> dict[str, list[int]]:
         """The ids of ``texts``, tokenized a slice at a time with the loop free between slices (about
         ``SLICE_CHARS`` of text, or one slice past ``RUN_CHARS``), for ``encode`` to take under ``prepared``:
         how a large input is tokenized without holding the loop for it. Counted when ``encode`` takes them,
         not here. With ``limits``: raises ``ContextLengthExceeded`` as soon as the ids so far pass the
-        context window (the prompt holds at least these), without tokenizing the rest."""
+        context window (the prompt holds at least these, after the ``start`` tokens it holds already: an
+        append's conversation), without tokenizing the rest."""
         ready: dict[str, list[int]] = {}
-        budget, total = SLICE_CHARS, 0
+        budget, total = SLICE_CHARS, start
         for text in texts:
             if text in ready or self._holds(text):
                 continue

@@ -12,10 +12,8 @@ The published figures are data, with their sources: ``sampler/profiles/published
 * vLLM's CI latency runs: one batch of 8 prompts of 32 tokens, 128 output tokens each, end to end.
 
 The mock is driven through its Python API (``MockGPU`` / ``GpuSequence.run_turn`` on a ``FakeClock``); the
-only input is a ``ModelSpec``. The catalogue's entry for a profile is used when it has one
-(``resolve_model(profile)``); until then the spec is derived from the profile's step tables for the
-per-sequence timer (``spec_from_tables``): a lone decode's step as the ITL, a full 8 k chunk's time per
-token as the prefill slope, the step overhead as the prefill floor, vLLM's batch and KV knobs.
+only input is a ``ModelSpec``: the catalogue's calibrated class that runs the benchmark's profile
+(``spec_for``), so every step is timed from the profile's tables with the profile's knobs.
 """
 
 from __future__ import annotations
@@ -35,45 +33,20 @@ sys.path.insert(0, str(ROOT))
 
 from sampler.clock import FakeClock  # noqa: E402
 from sampler.gpu import MockGPU  # noqa: E402
-from sampler.models import Calibration, ModelSpec, resolve_model  # noqa: E402
-from sampler.steptables import PROFILES_DIR, StepTables  # noqa: E402
+from sampler.models import MODELS, ModelSpec  # noqa: E402
+from sampler.steptables import PROFILES_DIR  # noqa: E402
 
 PUBLISHED = PROFILES_DIR / "published"
 COALESCE_S = 0.05  # wake-ups coalesced (tokens released together; no deadline moves): replay cost only
 
 
-def spec_from_tables(profile: str) -> ModelSpec:
-    """A per-sequence-timer spec for the mock of today, from the profile's tables (see the module doc)."""
-    st = StepTables.load(profile)
-    overhead = st.knob("step-overhead")
-    lone = st.step_ms([], [1024]) + overhead
-    full = st.step_ms([], [1024] * 256) + overhead
-    chunk = 8192
-    per_token = st.step_ms([(chunk, 0)], []) / chunk
-    seqs = int(st.knob("max-num-seqs"))
-    # llm-d's load factor reaches f at max-num-seqs: f so that 256 running sequences step as the table says.
-    f = 1.0 + (full / lone - 1.0) * (seqs - 1) / 255.0
-    source = f"derived from sampler/profiles/{profile}.json for the per-sequence timer (replay_published.py)"
-    return ModelSpec(
-        name=profile,
-        time_to_first_token_ms=overhead,
-        prefill_overhead_ms=overhead,
-        prefill_time_per_token_ms=per_token,
-        inter_token_latency_ms=lone,
-        max_num_seqs=seqs,
-        time_factor_under_load=f,
-        kv_cache_size=int(st.knob("kv-cache-size")),
-        block_size=int(st.knob("block-size")),
-        max_output_tokens=65_536,
-        calibration=Calibration(hardware=str(st.provenance["hardware"]), sources={"*": source}),
-    )
-
-
 def spec_for(profile: str) -> ModelSpec:
-    try:
-        return resolve_model(profile)
-    except KeyError:
-        return spec_from_tables(profile)
+    """The catalogue's calibrated class for ``profile`` (its ``step_profile``): the step loop, timed from the
+    profile's tables, with the knobs the catalogue read from the profile."""
+    for spec in MODELS.values():
+        if spec.step_profile == profile:
+            return spec
+    raise KeyError(f"no catalogue model runs the profile {profile!r} (sampler/models.py)")
 
 
 @dataclass

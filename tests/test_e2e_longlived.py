@@ -559,6 +559,19 @@ async def test_api_key_guards_the_handshake_and_models(make_server: ServerFactor
             assert knob in settings
     # The --model-override of the fast model shows in its settings.
     assert models[MODEL]["settings"]["prefill-overhead"] == 1.0
+    # The calibrated classes: a measured step profile each, the knobs it gives, the package that measured it.
+    for name, profile in (
+        ("mock-h200-llama8b", "h200-llama3.1-8b-tp1-vllm"),
+        ("mock-h200-llama70b", "h200-llama3.1-70b-tp8-vllm"),
+        ("mock-h100-llama70b-fp8", "h100-llama3.1-70b-fp8-tp2-vllm"),
+    ):
+        model = models[name]
+        assert model["settings"]["step-profile"] == profile
+        sources = model["calibration"]["sources"]
+        assert sources["step-profile"].startswith("aiconfigurator-core 0.12.0 (system h")
+        knobs = ("step-overhead", "max-num-batched-tokens", "max-num-seqs", "kv-cache-size", "block-size")
+        for knob in knobs:
+            assert sources[knob].startswith(f"sampler/profiles/{profile}.json knobs: "), (name, knob)
 
 
 @pytest.mark.process

@@ -675,3 +675,35 @@ def test_the_lab_runs_on_a_spawned_engine_behind_two_workers_and_shows_the_hop(t
         assert run["usage"]["output_tokens"] > 0
     # The supervisor's workers and the lab's engine, read by psutil: together they did cost CPU.
     assert sum(run["server_cpu_ms_per_turn"] for run in results["runs"]) > 0
+
+
+async def test_the_engine_serves_the_calibrated_classes_and_its_step_metrics(topology: Topology) -> None:
+    """The engine lists the calibrated classes with their profile and sources, runs one (a completion on
+    mock-h200-llama8b is timed from its step tables), and exports the step loop's counters per model:
+    vLLM's ``vllm:num_preemptions_total``, the steps run, the blocks pinned by suspended sequences."""
+    url = topology.engine.http_url
+    calibrated = "mock-h200-llama8b"
+    before = scrape(url)
+    async with httpx.AsyncClient(base_url=url, timeout=GUARD) as http:
+        models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+        for name, profile in (
+            (calibrated, "h200-llama3.1-8b-tp1-vllm"),
+            ("mock-h200-llama70b", "h200-llama3.1-70b-tp8-vllm"),
+            ("mock-h100-llama70b-fp8", "h100-llama3.1-70b-fp8-tp2-vllm"),
+        ):
+            assert models[name]["settings"]["step-profile"] == profile
+            sources = models[name]["calibration"]["sources"]
+            assert "aiconfigurator-core" in sources["step-profile"] and profile in sources["kv-cache-size"]
+        done = await http.post(
+            "/v1/completions",
+            json={"model": calibrated, "prompt": [1, 2, 3], "max_tokens": 4, "stream": False},
+        )
+        assert done.status_code == 200, done.text
+    after = scrape(url)
+    for name in models:
+        assert ("vllm:num_preemptions_total", name) in after
+        assert ("responses_lab_engine_kv_blocks_pinned_suspended", name) in after
+    # one prefill step (its first token) and three decode steps
+    steps = ("responses_lab_engine_steps_total", calibrated)
+    assert after[steps] - before[steps] == 4
+    assert after[("vllm:num_preemptions_total", calibrated)] == 0

@@ -220,3 +220,28 @@ async def test_fifo_queue_no_overtaking_and_overload() -> None:
     await clock.run_until_idle()
     await asyncio.gather(tasks[0], tasks[2], late)
     assert order == [0, 2, 3]
+
+
+@pytest.mark.timeout(30)  # before the fix the preempted turn spun on the loop forever (a guard, not a bound)
+async def test_a_preempted_coalesced_turn_processes_the_boundary_it_wakes_at() -> None:
+    """As the KV-pressure test, but each turn's tokens are coalesced (``every_s`` 50 ms, as the published-run
+    replay drives them). b, preempted and at the head of the queue, wakes at the step boundary while its
+    coalescing floor is still ahead: it must process that boundary, not sleep until it again (at once, on a
+    FakeClock) forever."""
+    gpu, clock = make(kv_cache_size=24)
+    rng = random.Random(4)
+
+    async def run(seq: GpuSequence) -> int:
+        got = 0
+        ids = prompt(rng, 64)
+        async with aclosing(seq.run_turn(ids, list(range(200)), every_s=0.05)) as it:
+            async for k in it:
+                got += k
+        return got
+
+    ta = asyncio.create_task(run(gpu.open()))
+    await clock.settle()
+    tb = asyncio.create_task(run(gpu.open()))
+    await clock.run_until_idle()
+    assert (await ta, await tb) == (200, 200)
+    assert gpu.metrics()["preemptions"] == 1

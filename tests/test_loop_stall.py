@@ -14,7 +14,7 @@ import time
 
 import httpx
 import pytest
-from helpers import GUARD, MODEL, TERMINAL_OR_ERROR, running, until
+from helpers import GUARD, MODEL, TERMINAL_OR_ERROR, create, output, running, until
 from websockets.asyncio.client import connect
 
 from proto.load.chaos_stall import prose
@@ -146,3 +146,27 @@ async def test_an_input_past_the_window_is_refused_before_the_rest_is_tokenized(
             # Each connection serves on.
             await ga.send(json.dumps({"type": "response.create", "model": MODEL, "input": "!say ok"}))
             assert (await until(ga, TERMINAL_OR_ERROR))[-1]["type"] == "response.completed"
+
+
+async def test_an_append_past_the_window_is_refused_before_the_rest_is_tokenized() -> None:
+    """A long-lived response's appended tool output is held to the window as a create's input is: counted
+    from the conversation's tokens so far, and refused one slice past it (the response fails with
+    ``context_length_exceeded``), never tokenized whole."""
+    window = 131_072
+    text = "word " * 3_000_000
+    with running() as srv:
+        async with connect(srv.url + "?protocol=longlived", max_size=None) as ws:
+            await ws.send(json.dumps(create("!call grep {}\n!say never")))
+            done = (await until(ws, {"response.done", *TERMINAL_OR_ERROR}))[-1]
+            assert done["type"] == "response.done", done
+            call_id = done["pending_calls"][0]["call_id"]
+            await ws.send(json.dumps({"type": "response.append", "input": [output(call_id, text)]}))
+            terminal = (await until(ws, TERMINAL_OR_ERROR))[-1]
+            assert terminal["type"] == "response.failed", terminal
+            error = terminal["response"]["error"]
+            assert error["code"] == "context_length_exceeded", error
+            counted = int(error["message"].split("at least ")[1].split(")")[0])
+            assert window < counted <= window + SLICE_CHARS + RUN_CHARS, error["message"]
+            # The connection serves on.
+            await ws.send(json.dumps(create("!say ok")))
+            assert (await until(ws, TERMINAL_OR_ERROR))[-1]["type"] == "response.completed"

@@ -48,14 +48,14 @@ def test_published_figures_name_their_source_and_a_committed_profile() -> None:
 
 def test_a_lone_request_replays_as_the_spec_says() -> None:
     rp = _script()
-    # 30 ms + 0.25 ms per uncached token, 12 ms per token; without the KV read per token of context that
-    # the step loop adds to a decode step (docs/mock-gpu.md, "Timing model"), so the arithmetic is exact
-    spec = MODELS["mock-h100-8b"].override(kv_read_time_per_token_ms=0.0)
+    # 30 ms + 0.25 ms per uncached token; a decode step 12 ms + 39 ns per token of context (400 + i)
+    spec = MODELS["mock-h100-8b"]
     run = asyncio.run(rp.replay(spec, 400, 50, 1, 1))
     assert run.ttft_ms == [pytest.approx(30.0 + 400 * 0.25)]
-    assert run.itl_ms == [pytest.approx(12.0)]
+    decode = sum(12.0 + 3.9e-5 * (400 + i) for i in range(49))
+    assert run.itl_ms == [pytest.approx(decode / 49)]
     assert run.output_tokens == 50
-    assert run.makespan_s == pytest.approx((130.0 + 49 * 12.0) / 1000)
+    assert run.makespan_s == pytest.approx((130.0 + decode) / 1000)
 
 
 def test_closed_loop_clients_send_their_next_request_when_the_last_ends() -> None:
@@ -75,3 +75,12 @@ def test_the_vllm_ci_suite_prints_a_ratio_per_profiled_run(capsys: pytest.Captur
     for ln in lines:
         ratio = float(ln.rstrip(" |").rsplit("|", 1)[1])
         assert 0.5 < ratio < 2.0  # the runs the step-overhead knob is fitted to
+
+
+def test_each_profile_replays_on_its_calibrated_catalogue_class() -> None:
+    rp = _script()
+    for profile in profiles():
+        spec = rp.spec_for(profile)
+        assert spec.step_profile == profile and MODELS[spec.name] is spec
+    with pytest.raises(KeyError, match="no catalogue model"):
+        rp.spec_for("h999-nothing")

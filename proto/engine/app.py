@@ -1,9 +1,9 @@
 """``responses-lab engine``: the mock GPU as its own process, behind vLLM's completions API (``wire``).
 
 One process serves every API process that points ``--engine`` at it, so their responses share one prefix
-KV cache and one batch queue per model, as they would share a real vLLM. The pacing, the cache, the slots,
-the load factor, jitter and failure injection are ``sampler.gpu.MockGPU``'s, unchanged; this module only
-puts them on the wire:
+KV cache and one engine-step loop per model, as they would share a real vLLM. The step loop (its batch, the
+step times of the model's profile or cited figures, KV admission and preemption), the cache, jitter and
+failure injection are ``sampler.gpu.MockGPU``'s; this module only puts them on the wire:
 
 * ``POST /v1/completions`` — token-id prompt, ``max_tokens`` tokens streamed as they come due (the mock
   has no end-of-sequence token: it always says exactly ``max_tokens``, as vLLM does with ``ignore_eos``
@@ -389,6 +389,19 @@ class EngineCollector(Collector):
             "KV blocks stored, evictable ones included",
             labels=labels,
         )
+        # vLLM's counter (v1 engine, vllm/v1/metrics/loggers.py): a running request sent back to the queue
+        # because the KV cache was full; its blocks are recomputed when it is admitted again.
+        preemptions = CounterMetricFamily(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels=labels
+        )
+        pinned = GaugeMetricFamily(
+            "responses_lab_engine_kv_blocks_pinned_suspended",
+            "KV blocks pinned by suspended sequences (waiting for a tool), counted against capacity",
+            labels=labels,
+        )
+        steps = CounterMetricFamily(
+            "responses_lab_engine_steps", "Engine steps run (one batch each)", labels=labels
+        )
         for name, gpu in self.engine.gpus.items():
             values = gpu.metrics()
             key = [name, "0"]
@@ -398,7 +411,10 @@ class EngineCollector(Collector):
             queries.add_metric(key, values["prefix_cache_queries"])
             hits.add_metric(key, values["prefix_cache_hits"])
             stored.add_metric(key, values["kv_blocks_stored"])
-        yield from (running, waiting, usage, queries, hits, stored)
+            preemptions.add_metric(key, values["preemptions"])
+            pinned.add_metric(key, values["kv_blocks_pinned_suspended"])
+            steps.add_metric(key, values["steps"])
+        yield from (running, waiting, usage, queries, hits, stored, preemptions, pinned, steps)
         yield GaugeMetricFamily(
             "responses_lab_engine_pinned_sequences",
             "sequences whose KV blocks are held between requests",

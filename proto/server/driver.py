@@ -400,7 +400,8 @@ class ResponseDriver:
 
     async def _ingest(self, items: list[Item]) -> list[Item]:
         if items:
-            self._classify_beside(await self.pipeline.ingest(self.prepared.rollout, items))
+            prepared = self.prepared
+            self._classify_beside(await self.pipeline.ingest(prepared.rollout, items, prepared.gpu.limits))
         return items
 
     async def _persist(self, terminal: ServerEvent) -> ServerEvent:

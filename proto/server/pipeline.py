@@ -107,16 +107,18 @@ async def tokenized(
     texts: Callable[[], Iterable[str]],
     work: Callable[[], T],
     limits: ModelLimits | None = None,
+    start: int = 0,
 ) -> T:
     """``work`` (a rendering that tokenizes ``texts``, ``chars`` of them) inline when at most one slice;
     when larger, the texts are tokenized first a slice at a time on the loop (``Tokenizer.prepare``; not on
     a thread: see ``sampler.tokens.SLICE_CHARS``) and ``work`` takes their ids. With the model's
     ``limits``, an input whose tokens pass its context window is refused (``context_length_exceeded``,
-    before a response starts) as soon as that is certain, without tokenizing the rest."""
+    before a response starts) as soon as that is certain, without tokenizing the rest; ``start``: the tokens
+    the prompt holds already (an append's conversation)."""
     if chars <= SLICE_CHARS:
         return work()
     try:
-        ready = await tokenizer.prepare(texts(), limits)
+        ready = await tokenizer.prepare(texts(), limits, start)
     except ContextLengthExceeded as exc:
         raise ClientError("context_length_exceeded", context_message(exc), "input") from exc
     with prepared(ready):
@@ -502,11 +504,13 @@ class Pipeline:
             return
         await knob(phases, "api_cost", ms)
 
-    async def ingest(self, rollout: Rollout, items: list[Item]) -> float:
+    async def ingest(self, rollout: Rollout, items: list[Item], limits: ModelLimits | None = None) -> float:
         """Items appended to an open response: through the safety stage under the same rules as a create
         (an append of tool outputs pays the classifier's hop as a GA WebSocket create of them does), then
         rendered and tokenized once, on arrival (when large, the scan on a worker thread, ``off_loop``, and
-        the tokenization a slice at a time, ``tokenized``). Returns the hop owed beside the next prefill
+        the tokenization a slice at a time, ``tokenized``). With the model's ``limits``, items that take the
+        conversation past its window are refused as a create's input is, as soon as that is certain (the
+        response fails with ``context_length_exceeded``). Returns the hop owed beside the next prefill
         (ms; ``--safety-placement beside``)."""
         phases = rollout.pending_phases
         lab = rollout.builder.lab
@@ -525,6 +529,8 @@ class Pipeline:
                 chars,
                 lambda: texts,
                 functools.partial(rollout.conversation.add_input, items),
+                limits,
+                len(rollout.conversation.log),
             )
         for name, ms in phases.items():
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
