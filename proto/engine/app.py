@@ -389,16 +389,30 @@ class EngineCollector(Collector):
             "KV blocks stored, evictable ones included",
             labels=labels,
         )
+        # The mock GPU's own KV and scheduler figures (docs/mock-gpu.md), which vLLM has no names for: the
+        # lab's fleet runs (docs/lab.md, "Fleets") read them here.
+        blocks = GaugeMetricFamily(
+            "responses_lab_engine_kv_blocks",
+            "KV blocks: capacity, in use, pinned by suspended sequences",
+            labels=[*labels, "part"],
+        )
+        preemptions = CounterMetricFamily(
+            "responses_lab_engine_preemptions", "requests preempted (recompute) for KV", labels=labels
+        )
         for name, gpu in self.engine.gpus.items():
             values = gpu.metrics()
             key = [name, "0"]
+            blocks.add_metric([*key, "capacity"], float(gpu.spec.kv_cache_size))
+            blocks.add_metric([*key, "used"], values["kv_blocks_used"])
+            blocks.add_metric([*key, "pinned_suspended"], values["kv_blocks_pinned_suspended"])
+            preemptions.add_metric(key, values["preemptions"])
             running.add_metric(key, values["running"])
             waiting.add_metric(key, values["waiting"])
             usage.add_metric(key, values["kv_usage"])
             queries.add_metric(key, values["prefix_cache_queries"])
             hits.add_metric(key, values["prefix_cache_hits"])
             stored.add_metric(key, values["kv_blocks_stored"])
-        yield from (running, waiting, usage, queries, hits, stored)
+        yield from (running, waiting, usage, queries, hits, stored, blocks, preemptions)
         yield GaugeMetricFamily(
             "responses_lab_engine_pinned_sequences",
             "sequences whose KV blocks are held between requests",
