@@ -38,7 +38,7 @@ from proto.lab.plan import build_plan
 from proto.lab.traces import load_replay
 from proto.processes import ChildEngine, ChildServer
 
-SAMPLE_S = 0.05  # how often the engine's KV gauges are sampled during a cell
+SETTLE_POLL_S = 0.05  # how often the engine is asked whether it has settled between cells
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class FleetConfig:
     slo_e2e_s: float = 60.0
     seed: int = 1
     jitter: bool = True
+    # How often the engine's KV gauges are read during a cell. Each read walks the suspended sequences'
+    # blocks on the engine's loop (distinct pinned blocks), so hundreds of agents want a longer period.
+    sample_s: float = 0.05
 
 
 def arrivals(n: int, rate: float, seed: int) -> list[float]:
@@ -135,7 +138,7 @@ class Occupancy:
 
 
 async def _sample(
-    client: httpx.AsyncClient, url: str, model: str, into: Occupancy, stop: asyncio.Event
+    client: httpx.AsyncClient, url: str, model: str, into: Occupancy, stop: asyncio.Event, every_s: float
 ) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -143,7 +146,7 @@ async def _sample(
         into.samples.append(await scrape(client, url, model))
         into.times.append(round(loop.time() - start, 4))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), SAMPLE_S)
+            await asyncio.wait_for(stop.wait(), every_s)
 
 
 # ---- one cell ------------------------------------------------------------------------------------
@@ -175,7 +178,7 @@ class FleetCell:
     engine_queue_time_ms_sum: float
     engine_requests: float
     engine_prefix_hit_rate: float
-    kv_used_mean: float  # blocks, sampled every SAMPLE_S
+    kv_used_mean: float  # blocks, sampled every FleetConfig.sample_s
     kv_used_max: float
     kv_pinned_mean: float
     kv_pinned_max: float
@@ -305,7 +308,8 @@ async def run_cell(
             before = await scrape(http, engine_url, config.model)
             occupancy, stop = Occupancy(), asyncio.Event()
             sampler = asyncio.get_running_loop().create_task(
-                _sample(http, engine_url, config.model, occupancy, stop), name="fleet-kv-sampler"
+                _sample(http, engine_url, config.model, occupancy, stop, config.sample_s),
+                name="fleet-kv-sampler",
             )
             loop = asyncio.get_running_loop()
             start = loop.time()
@@ -343,7 +347,7 @@ async def settle(url: str, model: str, timeout_s: float = 30.0) -> bool:
                 return True
             if loop.time() > end:
                 return False
-            await asyncio.sleep(SAMPLE_S)  # polling the engine's gauges: it has no event to wait on
+            await asyncio.sleep(SETTLE_POLL_S)  # polling the engine's gauges: it has no event to wait on
 
 
 async def run_fleet(
@@ -419,6 +423,7 @@ def parser() -> argparse.ArgumentParser:
     add("--slo-ttft-ms", type=float, default=d.slo_ttft_ms, help="goodput's SLO: every turn's TTFT within")
     add("--slo-e2e-s", type=float, default=d.slo_e2e_s, help="goodput's SLO: the rollout's E2E within")
     add("--seed", type=int, default=d.seed, help="the arrivals', tool times' and jitter's seed")
+    add("--kv-sample-ms", type=float, default=d.sample_s * 1e3, help="read the engine's KV gauges this often")
     add("--no-jitter", action="store_true", help="the mock GPU without its lab jitter")
     add("--out", type=Path, default=None, help="write DIR/fleet.json")
     return p
@@ -459,6 +464,7 @@ def main(argv: Sequence[str]) -> int:
         slo_e2e_s=args.slo_e2e_s,
         seed=args.seed,
         jitter=not args.no_jitter,
+        sample_s=args.kv_sample_ms / 1e3,
     )
     print(HEADER, flush=True)
     t0 = time.time()
