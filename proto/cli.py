@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     # bench's flags live in proto/lab/bench.py; everything after `bench` is handed to it.
     commands.add_parser(
         "bench",
-        help="the latency lab: one workload over the four transports; bench report, bench repredict",
+        help="the latency lab: one workload over the four transports; bench report, repredict, fleet",
         add_help=False,
     )
     commands.add_parser(

@@ -77,6 +77,14 @@ class MockGPU:
             seq._release_held()
         return bool(expired)
 
+    def _pinned_suspended(self) -> int:
+        """Distinct blocks the suspended sequences hold: a prefix two of them share (the same instructions)
+        is one block in the cache, pinned once."""
+        held: set[BlockKey] = set()
+        for seq in self._suspended:
+            held.update(seq._keys[: seq._held])
+        return len(held)
+
     def metrics(self) -> dict[str, float]:
         c, sched = self.cache, self.scheduler
         return {
@@ -85,7 +93,7 @@ class MockGPU:
             "kv_usage": c.usage,
             "kv_blocks_used": float(c.blocks_used),
             "kv_blocks_stored": float(c.blocks_stored),
-            "kv_blocks_pinned_suspended": float(sum(seq._held for seq in self._suspended)),
+            "kv_blocks_pinned_suspended": float(self._pinned_suspended()),
             "prefix_cache_hit_rate": c.hit_rate,
             "prefix_cache_queries": float(c.queries),
             "prefix_cache_hits": float(c.hits),

@@ -19,6 +19,7 @@ COMMANDS = [
     "bench merge",
     "bench report",
     "bench repredict",
+    "bench fleet",
     "engine",
     "soak",
     "chaos",

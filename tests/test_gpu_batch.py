@@ -245,3 +245,21 @@ async def test_a_preempted_coalesced_turn_processes_the_boundary_it_wakes_at() -
     await clock.run_until_idle()
     assert (await ta, await tb) == (200, 200)
     assert gpu.metrics()["preemptions"] == 1
+
+
+async def test_a_prefix_two_suspended_sequences_share_is_pinned_once() -> None:
+    """Two sequences with the same first 64 tokens (4 shared blocks) then 64 of their own, both suspended:
+    the cache holds 4 + 2 x 4 (+ their outputs') blocks, and the pinned count is those distinct blocks,
+    never more than the blocks in use."""
+    gpu, clock = make(pin_suspended=True)
+    rng = random.Random(11)
+    shared = prompt(rng, 64)
+    seqs = [gpu.open(), gpu.open()]
+    for seq in seqs:
+        task = asyncio.create_task(collect(clock, seq, shared + prompt(rng, 64), 16))
+        await clock.run_until_idle()
+        await task
+        seq.suspend()
+    m = gpu.metrics()
+    assert m["kv_blocks_pinned_suspended"] == m["kv_blocks_used"]
+    assert m["kv_blocks_pinned_suspended"] == 4 + 2 * ((128 + 16) // 16 - 4)

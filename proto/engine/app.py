@@ -402,6 +402,13 @@ class EngineCollector(Collector):
         steps = CounterMetricFamily(
             "responses_lab_engine_steps", "Engine steps run (one batch each)", labels=labels
         )
+        # The mock GPU's KV by part, which vLLM has no name for: the lab's fleet runs (docs/lab.md, "Fleets")
+        # read them here.
+        blocks = GaugeMetricFamily(
+            "responses_lab_engine_kv_blocks",
+            "KV blocks: capacity, in use, pinned by suspended sequences",
+            labels=[*labels, "part"],
+        )
         for name, gpu in self.engine.gpus.items():
             values = gpu.metrics()
             key = [name, "0"]
@@ -414,7 +421,10 @@ class EngineCollector(Collector):
             preemptions.add_metric(key, values["preemptions"])
             pinned.add_metric(key, values["kv_blocks_pinned_suspended"])
             steps.add_metric(key, values["steps"])
-        yield from (running, waiting, usage, queries, hits, stored, preemptions, pinned, steps)
+            blocks.add_metric([*key, "capacity"], float(gpu.spec.kv_cache_size))
+            blocks.add_metric([*key, "used"], values["kv_blocks_used"])
+            blocks.add_metric([*key, "pinned_suspended"], values["kv_blocks_pinned_suspended"])
+        yield from (running, waiting, usage, queries, hits, stored, preemptions, pinned, steps, blocks)
         yield GaugeMetricFamily(
             "responses_lab_engine_pinned_sequences",
             "sequences whose KV blocks are held between requests",

@@ -320,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         return repredict_main(argv[1:])
     if argv and argv[0] == "merge":
         return merge(argv[1:])
+    if argv and argv[0] == "fleet":
+        from proto.lab.fleet import main as fleet_main
+
+        return fleet_main(argv[1:])
     return run(argv)
 
 

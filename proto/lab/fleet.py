@@ -1,0 +1,476 @@
+"""Many agents on one shared engine (docs/lab.md, "Fleets"): ``responses-lab bench fleet``.
+
+N desynchronised agents arrive by a seeded Poisson process and each runs one rollout of the workload's plan
+(proto/lab/plan.py) with its own seeded tool-time draws (proto/lab/design.py), through the real stack: the
+lab's rollout clients → ``responses-lab serve --engine URL`` → a ``responses-lab engine`` process (the mock
+GPU: chunked prefill, KV capacity, preemption, pinned suspended blocks; docs/mock-gpu.md). Every cell —
+(agents, KV budget, pinning, mode) — gets a fresh engine and server, so the engine's counters are the
+cell's own and no cell inherits another's cache; every mode of a (agents, KV, pinning) replays the same
+arrival schedule and the same tool times.
+
+The engine's figures (preemptions, queue time, prefix-cache queries and hits, KV blocks in use and pinned)
+come from its ``/metrics``, scraped before and after the cell and sampled during it; the per-turn figures
+(TTFT, queue wait, cached tokens) from what the clients saw and the server reported (``response.lab.turns``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from proto.core.response import MODES
+from proto.helpfmt import HelpFormatter
+from proto.lab.clients import make_client
+from proto.lab.config import JITTER, nonce
+from proto.lab.design import draw_tool_times, rollout_seed
+from proto.lab.metrics import Trace, percentile, rollout_metrics
+from proto.lab.plan import build_plan
+from proto.lab.traces import load_replay
+from proto.processes import ChildEngine, ChildServer
+
+SETTLE_POLL_S = 0.05  # how often the engine is asked whether it has settled between cells
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    modes: tuple[str, ...] = ("http-cached", "ws", "longlived")
+    workload: str = "coding-agent"
+    model: str = "mock-4000tps"
+    agents: tuple[int, ...] = (8, 64)
+    rate: float = 4.0  # agent arrivals per second (Poisson)
+    turns: int | None = 6  # the workload shortened to this many turns (None: all)
+    tool_time_scale: float = 0.05
+    pins: tuple[bool, ...] = (True, False)  # the engine's pin-suspended
+    kv_blocks: tuple[int | None, ...] = (None,)  # the engine's kv-cache-size (None: the model's own)
+    # The SLO a rollout meets for goodput: every turn's TTFT and the whole rollout's E2E within these. A
+    # stated knob, not an outside figure: set it to the product's own target.
+    slo_ttft_ms: float = 1000.0
+    slo_e2e_s: float = 60.0
+    seed: int = 1
+    jitter: bool = True
+    # How often the engine's KV gauges are read during a cell. Each read walks the suspended sequences'
+    # blocks on the engine's loop (distinct pinned blocks), so hundreds of agents want a longer period.
+    sample_s: float = 0.05
+
+
+def arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """``n`` arrival times (s after the cell's start) of a Poisson process at ``rate`` per second: the first
+    at 0, then exponential gaps drawn from a stream of their own (same seed, same schedule, in every mode)."""
+    if rate <= 0:
+        raise ValueError("rate must be > 0")
+    rng = random.Random(f"fleet-arrivals:{seed}")
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(round(t, 6))
+        t += rng.expovariate(rate)
+    return out
+
+
+# ---- the engine's own figures ---------------------------------------------------------------------------
+
+
+@dataclass
+class EngineScrape:
+    """One read of the engine's ``/metrics`` for one model."""
+
+    preemptions: float = 0.0
+    queue_time_s_sum: float = 0.0
+    queue_time_count: float = 0.0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    kv_capacity: float = 0.0
+    kv_used: float = 0.0
+    kv_pinned: float = 0.0
+    waiting: float = 0.0
+    running: float = 0.0
+
+
+def parse_engine_metrics(text: str, model: str) -> EngineScrape:
+    out = EngineScrape()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("model_name") != model:
+                continue
+            name, part = s.name, s.labels.get("part")
+            if name == "vllm:num_preemptions_total":
+                out.preemptions = s.value
+            elif name == "vllm:request_queue_time_seconds_sum":
+                out.queue_time_s_sum = s.value
+            elif name == "vllm:request_queue_time_seconds_count":
+                out.queue_time_count = s.value
+            elif name == "vllm:prefix_cache_queries_total":
+                out.prefix_queries = s.value
+            elif name == "vllm:prefix_cache_hits_total":
+                out.prefix_hits = s.value
+            elif name == "vllm:num_requests_waiting":
+                out.waiting = s.value
+            elif name == "vllm:num_requests_running":
+                out.running = s.value
+            elif name == "responses_lab_engine_kv_blocks" and part == "capacity":
+                out.kv_capacity = s.value
+            elif name == "responses_lab_engine_kv_blocks" and part == "used":
+                out.kv_used = s.value
+            elif name == "responses_lab_engine_kv_blocks" and part == "pinned_suspended":
+                out.kv_pinned = s.value
+    return out
+
+
+async def scrape(client: httpx.AsyncClient, url: str, model: str) -> EngineScrape:
+    response = await client.get(f"{url}/metrics")
+    response.raise_for_status()
+    return parse_engine_metrics(response.text, model)
+
+
+@dataclass
+class Occupancy:
+    samples: list[EngineScrape] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
+async def _sample(
+    client: httpx.AsyncClient, url: str, model: str, into: Occupancy, stop: asyncio.Event, every_s: float
+) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not stop.is_set():
+        into.samples.append(await scrape(client, url, model))
+        into.times.append(round(loop.time() - start, 4))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+
+
+# ---- one cell ------------------------------------------------------------------------------------
+
+
+@dataclass
+class FleetCell:
+    mode: str
+    agents: int
+    pin_suspended: bool
+    kv_blocks: float  # the engine's capacity, as it reports it
+    rate: float
+    wall_s: float
+    rollouts: int
+    completed: int
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    e2e_s_p50: float
+    e2e_s_p99: float
+    goodput_rps: float  # rollouts per second meeting the SLO, over the cell's wall time
+    slo_met: int
+    queue_wait_ms_p50: float
+    queue_wait_ms_p99: float
+    queue_wait_ms_sum: float  # every turn's, as the server reported it
+    turns: int
+    prefix_hit_rate_client: float  # cached / prompt tokens over the turns' reports
+    # The engine's own, over the cell (after minus before):
+    engine_preemptions: float
+    engine_queue_time_ms_sum: float
+    engine_requests: float
+    engine_prefix_hit_rate: float
+    kv_used_mean: float  # blocks, sampled every FleetConfig.sample_s
+    kv_used_max: float
+    kv_pinned_mean: float
+    kv_pinned_max: float
+    kv_samples: int
+    waiting_max: float
+    arrivals_s: list[float]
+    seeds: list[int]
+    # (s after the start, blocks used, blocks pinned by suspended sequences, requests waiting) per sample
+    kv_trace: list[tuple[float, float, float, float]]
+    settled: bool = True  # the engine held nothing of the previous cell when this one started
+
+
+def _cell_figures(
+    mode: str,
+    pin: bool,
+    config: FleetConfig,
+    schedule: list[float],
+    seeds: list[int],
+    traces: list[Trace],
+    before: EngineScrape,
+    after: EngineScrape,
+    occupancy: Occupancy,
+    wall_s: float,
+) -> FleetCell:
+    rollouts = [rollout_metrics(t) for t in traces]
+    ttfts = [turn.ttft_ms for r in rollouts for turn in r.turns]
+    e2es = [r.e2e_s for r in rollouts]
+    reports = [rep for t in traces for rep in t.reports]
+    waits = [float(rep["queue_wait_ms"]) for rep in reports]
+    prompt = sum(int(rep["prompt_tokens"]) for rep in reports)
+    cached = sum(int(rep["cached_tokens"]) for rep in reports)
+    met = sum(
+        1
+        for r in rollouts
+        if r.e2e_s <= config.slo_e2e_s and all(turn.ttft_ms <= config.slo_ttft_ms for turn in r.turns)
+    )
+    queries = after.prefix_queries - before.prefix_queries
+    used = [s.kv_used for s in occupancy.samples]
+    pinned = [s.kv_pinned for s in occupancy.samples]
+    return FleetCell(
+        mode=mode,
+        agents=len(schedule),
+        pin_suspended=pin,
+        kv_blocks=after.kv_capacity,
+        rate=config.rate,
+        wall_s=wall_s,
+        rollouts=len(traces),
+        completed=sum(1 for t in traces if t.status == "completed"),
+        ttft_ms_p50=percentile(ttfts, 50),
+        ttft_ms_p99=percentile(ttfts, 99),
+        e2e_s_p50=percentile(e2es, 50),
+        e2e_s_p99=percentile(e2es, 99),
+        goodput_rps=met / wall_s if wall_s > 0 else 0.0,
+        slo_met=met,
+        queue_wait_ms_p50=percentile(waits, 50),
+        queue_wait_ms_p99=percentile(waits, 99),
+        queue_wait_ms_sum=sum(waits),
+        turns=len(reports),
+        prefix_hit_rate_client=cached / prompt if prompt else 0.0,
+        engine_preemptions=after.preemptions - before.preemptions,
+        engine_queue_time_ms_sum=(after.queue_time_s_sum - before.queue_time_s_sum) * 1e3,
+        engine_requests=after.queue_time_count - before.queue_time_count,
+        engine_prefix_hit_rate=(after.prefix_hits - before.prefix_hits) / queries if queries else 0.0,
+        kv_used_mean=sum(used) / len(used) if used else 0.0,
+        kv_used_max=max(used, default=0.0),
+        kv_pinned_mean=sum(pinned) / len(pinned) if pinned else 0.0,
+        kv_pinned_max=max(pinned, default=0.0),
+        kv_samples=len(occupancy.samples),
+        waiting_max=max((s.waiting for s in occupancy.samples), default=0.0),
+        arrivals_s=schedule,
+        seeds=seeds,
+        kv_trace=[
+            (t, s.kv_used, s.kv_pinned, s.waiting)
+            for t, s in zip(occupancy.times, occupancy.samples, strict=True)
+        ],
+    )
+
+
+def engine_overrides(config: FleetConfig, pin: bool, kv_blocks: int | None) -> list[str]:
+    """The engine's ``--model-override`` flags for one cell: the lab's jitter (docs/lab.md, "Jitter"), then
+    the factors."""
+    knobs = [f"pin-suspended={'true' if pin else 'false'}"]
+    if kv_blocks is not None:
+        knobs.append(f"kv-cache-size={kv_blocks}")
+    if config.jitter:
+        knobs += [f"{k}={v}" for k, v in JITTER.items()] + [f"seed={config.seed}"]
+    return ["--model-override", f"{config.model}:{','.join(knobs)}"]
+
+
+@contextlib.contextmanager
+def stack(config: FleetConfig, pin: bool, kv_blocks: int | None) -> Iterator[tuple[ChildEngine, ChildServer]]:
+    """A fresh engine process and an API server in front of it, stopped on exit."""
+    engine = ChildEngine(engine_overrides(config, pin, kv_blocks))
+    server: ChildServer | None = None
+    try:
+        engine.wait_ready()
+        server = ChildServer(["--engine", engine.http_url, "--log-level", "warning"])
+        server.wait_ready()
+        yield engine, server
+    finally:
+        if server is not None:
+            server.stop()
+        engine.stop()
+
+
+async def run_cell(
+    mode: str,
+    config: FleetConfig,
+    n: int,
+    pin: bool,
+    kv_blocks: int | None,
+    engine_url: str,
+    server: ChildServer,
+) -> tuple[FleetCell, list[Trace]]:
+    """Every agent's connection opened first (not timed), then each agent's rollout started at its arrival."""
+    replay = load_replay(config.workload).shortened(config.turns)
+    schedule = arrivals(n, config.rate, config.seed)
+    seeds = [rollout_seed(config.seed, 0, k) for k in range(n)]
+    plans = [
+        build_plan(draw_tool_times(replay.sessions[0], seed), config.model, nonce(), config.tool_time_scale)
+        for seed in seeds
+    ]
+    clients = [make_client(mode, server.ws_url, server.http_url) for _ in range(n)]
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        try:
+            await asyncio.gather(*(c.open() for c in clients))
+            before = await scrape(http, engine_url, config.model)
+            occupancy, stop = Occupancy(), asyncio.Event()
+            sampler = asyncio.get_running_loop().create_task(
+                _sample(http, engine_url, config.model, occupancy, stop, config.sample_s),
+                name="fleet-kv-sampler",
+            )
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+
+            async def agent(k: int) -> Trace:
+                delay = start + schedule[k] - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # the open loop's arrival, not a stand-in for work
+                trace = await clients[k].rollout(plans[k])
+                trace.arrival_s, trace.session_index, trace.seed = schedule[k], k, seeds[k]
+                return trace
+
+            try:
+                traces = list(await asyncio.gather(*(agent(k) for k in range(n))))
+            finally:
+                stop.set()
+                await sampler
+            wall_s = loop.time() - start
+            after = await scrape(http, engine_url, config.model)
+        finally:
+            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    cell = _cell_figures(mode, pin, config, schedule, seeds, traces, before, after, occupancy, wall_s)
+    return cell, traces
+
+
+async def settle(url: str, model: str, timeout_s: float = 30.0) -> bool:
+    """Wait until the engine holds nothing for the last cell: no request running or waiting, no block
+    pinned by a suspended sequence (closed connections release theirs). False if it never did."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        while True:
+            now = await scrape(http, url, model)
+            if now.running == 0 and now.waiting == 0 and now.kv_pinned == 0:
+                return True
+            if loop.time() > end:
+                return False
+            await asyncio.sleep(SETTLE_POLL_S)  # polling the engine's gauges: it has no event to wait on
+
+
+async def run_fleet(
+    config: FleetConfig, on_cell: Callable[[FleetCell], None] | None = None
+) -> list[FleetCell]:
+    """Every (agents, KV budget, pinning) group on a fresh engine and server, its modes one after another
+    on it, each once the engine has settled (the engine's counters are read as differences around each
+    cell; the earlier modes' blocks stay stored but evictable, and no prefix is shared across rollouts)."""
+    cells: list[FleetCell] = []
+    for n in config.agents:
+        for kv in config.kv_blocks:
+            for pin in config.pins:
+                with stack(config, pin, kv) as (engine, server):
+                    for mode in config.modes:
+                        settled = await settle(engine.http_url, config.model)
+                        cell, _ = await run_cell(mode, config, n, pin, kv, engine.http_url, server)
+                        cell.settled = settled
+                        cells.append(cell)
+                        if on_cell:
+                            on_cell(cell)
+    return cells
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def _kv(text: str) -> tuple[int | None, ...]:
+    return tuple(None if x == "default" else int(x) for x in text.split(",") if x)
+
+
+def _pins(text: str) -> tuple[bool, ...]:
+    values = {"on": True, "off": False}
+    try:
+        return tuple(values[x] for x in text.split(",") if x)
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(f"--pin takes on,off: got {exc}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="responses-lab bench fleet",
+        formatter_class=HelpFormatter,
+        description="N agents arriving by a seeded Poisson process, each running one rollout, against one "
+        "shared engine process behind the API server; every mode on the same schedule and tool times.",
+    )
+    d = FleetConfig()
+    add = p.add_argument
+    add("--modes", default=",".join(d.modes), help=f"modes to compare, from {', '.join(MODES)}")
+    add("--workload", default=d.workload, help="the workload every agent runs one rollout of")
+    add("--model", default=d.model, help="the mock model the engine serves")
+    add(
+        "--agents", type=_ints, default=",".join(map(str, d.agents)), help="loads: agents per cell, e.g. 8,64"
+    )
+    add("--rate", type=float, default=d.rate, help="agent arrivals per second (Poisson)")
+    add("--turns", type=int, default=d.turns, help="shorten the workload to this many turns")
+    add("--tool-time-scale", type=float, default=d.tool_time_scale, help="multiplies every drawn tool time")
+    add(
+        "--pin",
+        type=_pins,
+        default=",".join("on" if x else "off" for x in d.pins),
+        help="the engine's pin-suspended: on, off or on,off",
+    )
+    add(
+        "--kv-blocks",
+        type=_kv,
+        default=",".join("default" if x is None else str(x) for x in d.kv_blocks),
+        help="the engine's kv-cache-size, e.g. default,2000",
+    )
+    add("--slo-ttft-ms", type=float, default=d.slo_ttft_ms, help="goodput's SLO: every turn's TTFT within")
+    add("--slo-e2e-s", type=float, default=d.slo_e2e_s, help="goodput's SLO: the rollout's E2E within")
+    add("--seed", type=int, default=d.seed, help="the arrivals', tool times' and jitter's seed")
+    add("--kv-sample-ms", type=float, default=d.sample_s * 1e3, help="read the engine's KV gauges this often")
+    add("--no-jitter", action="store_true", help="the mock GPU without its lab jitter")
+    add("--out", type=Path, default=None, help="write DIR/fleet.json")
+    return p
+
+
+HEADER = (
+    f"{'mode':<12}{'agents':>7}{'pin':>5}{'kv':>8}{'ttft p50':>10}{'p99':>9}{'e2e p50':>9}{'p99':>8}"
+    f"{'good/s':>8}{'qwait p99':>10}{'hit':>6}{'preempt':>8}{'kv max':>8}{'pinned':>8}"
+)
+
+
+def row(c: FleetCell) -> str:
+    return (
+        f"{c.mode:<12}{c.agents:>7}{'on' if c.pin_suspended else 'off':>5}{c.kv_blocks:>8.0f}"
+        f"{c.ttft_ms_p50:>10.1f}{c.ttft_ms_p99:>9.1f}{c.e2e_s_p50:>9.2f}{c.e2e_s_p99:>8.2f}"
+        f"{c.goodput_rps:>8.2f}{c.queue_wait_ms_p99:>10.1f}{c.engine_prefix_hit_rate:>6.2f}"
+        f"{c.engine_preemptions:>8.0f}{c.kv_used_max:>8.0f}{c.kv_pinned_max:>8.0f}"
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    modes = tuple(m for m in args.modes.split(",") if m)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser().error(f"unknown mode(s) {', '.join(unknown)}; expected from {', '.join(MODES)}")
+    config = FleetConfig(
+        modes=modes,
+        workload=args.workload,
+        model=args.model,
+        agents=args.agents,
+        rate=args.rate,
+        turns=args.turns,
+        tool_time_scale=args.tool_time_scale,
+        pins=args.pin,
+        kv_blocks=args.kv_blocks,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_e2e_s=args.slo_e2e_s,
+        seed=args.seed,
+        jitter=not args.no_jitter,
+        sample_s=args.kv_sample_ms / 1e3,
+    )
+    print(HEADER, flush=True)
+    t0 = time.time()
+    cells = asyncio.run(run_fleet(config, on_cell=lambda c: print(row(c), flush=True)))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        doc = {"config": asdict(config), "started": t0, "cells": [asdict(c) for c in cells]}
+        (args.out / "fleet.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return 0

@@ -1,0 +1,115 @@
+"""``responses-lab bench fleet``: a small fleet through a real server and engine process, every mode on the
+same arrival schedule and tool times, its figures held to the engine's own /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from proto.core.response import MODES
+from proto.lab.fleet import FleetCell, FleetConfig, arrivals, main, run_fleet
+
+SMALL = FleetConfig(
+    modes=tuple(MODES),
+    model="mock-4000tps",
+    agents=(6,),
+    rate=8.0,
+    turns=3,
+    tool_time_scale=0.02,
+    pins=(True,),
+    seed=7,
+)
+
+
+def test_arrivals_are_a_seeded_poisson_schedule() -> None:
+    a = arrivals(2000, 4.0, seed=3)
+    assert a == arrivals(2000, 4.0, seed=3)
+    assert a != arrivals(2000, 4.0, seed=4)
+    assert a[0] == 0.0 and all(x < y for x, y in itertools.pairwise(a))
+    gaps = [y - x for x, y in itertools.pairwise(a)]
+    mean = sum(gaps) / len(gaps)
+    assert 0.9 * 0.25 < mean < 1.1 * 0.25  # exponential gaps of mean 1 / rate
+    # Exponential: the standard deviation equals the mean (a fixed-gap schedule would have none).
+    sd = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5
+    assert 0.85 < sd / mean < 1.15
+    with pytest.raises(ValueError):
+        arrivals(3, 0.0, seed=1)
+
+
+@pytest.fixture(scope="module")
+def pinned_cells() -> list[FleetCell]:
+    return asyncio.run(run_fleet(SMALL))
+
+
+@pytest.fixture(scope="module")
+def unpinned_cells() -> list[FleetCell]:
+    return asyncio.run(run_fleet(dataclasses.replace(SMALL, modes=("longlived",), pins=(False,))))
+
+
+@pytest.mark.process
+def test_every_mode_runs_the_same_schedule_and_draws(pinned_cells: list[FleetCell]) -> None:
+    assert [c.mode for c in pinned_cells] == list(MODES)
+    for c in pinned_cells:
+        assert c.settled
+        assert c.arrivals_s == arrivals(6, 8.0, seed=7)
+        assert c.seeds == pinned_cells[0].seeds and len(set(c.seeds)) == 6
+        assert c.rollouts == c.completed == 6
+        assert c.turns == 6 * 3  # every agent's every turn reported
+        assert c.slo_met <= c.rollouts and c.goodput_rps == pytest.approx(c.slo_met / c.wall_s)
+        assert c.e2e_s_p50 <= c.e2e_s_p99 and c.ttft_ms_p50 <= c.ttft_ms_p99
+
+
+@pytest.mark.process
+def test_the_figures_are_the_engines_own(pinned_cells: list[FleetCell]) -> None:
+    for c in pinned_cells:
+        # Every turn the clients saw is one engine request, and the queue wait the server reported per
+        # turn sums to the engine's queue-time histogram.
+        assert c.engine_requests == c.turns
+        assert c.queue_wait_ms_sum == pytest.approx(c.engine_queue_time_ms_sum, rel=1e-6, abs=1e-3 * c.turns)
+        # A cache far above demand: nothing preempted.
+        assert c.engine_preemptions == 0
+        assert c.kv_samples > 0
+        for _, used, pinned, _ in c.kv_trace:
+            assert 0 <= pinned <= used <= c.kv_blocks
+        # The client's cached/prompt ratio counts the same lookups the engine's counters do.
+        assert c.prefix_hit_rate_client == pytest.approx(c.engine_prefix_hit_rate, abs=0.02)
+
+
+@pytest.mark.process
+def test_pinning_holds_suspended_kv_only_when_on(
+    pinned_cells: list[FleetCell], unpinned_cells: list[FleetCell]
+) -> None:
+    on = next(c for c in pinned_cells if c.mode == "longlived")
+    (off,) = unpinned_cells
+    assert on.pin_suspended and not off.pin_suspended
+    assert on.kv_pinned_max > 0  # suspended long-lived responses hold their blocks through tool time
+    assert off.kv_pinned_max == 0  # off: stored but evictable at once
+    assert off.arrivals_s == on.arrivals_s and off.seeds == on.seeds
+
+
+@pytest.mark.process
+def test_a_kv_budget_below_demand_queues_and_loses_prefix_hits(
+    pinned_cells: list[FleetCell], tmp_path: Path
+) -> None:
+    """The same schedule and draws on 1 200 blocks (six agents' prompts need ~450 each): turns wait for KV
+    in the engine's queue and suspended prefixes are evicted, so the queue wait grows and the hit rate
+    falls. Through the command line, which writes fleet.json."""
+    out = tmp_path / "fleet"
+    argv = ["--modes", "longlived", "--agents", "6", "--rate", "8", "--turns", "3", "--tool-time-scale"]
+    argv += ["0.02", "--pin", "on", "--kv-blocks", "1200", "--seed", "7", "--out", str(out)]
+    assert main(argv) == 0
+    (tight,) = json.loads((out / "fleet.json").read_text())["cells"]
+    roomy = next(c for c in pinned_cells if c.mode == "longlived")
+    assert tight["kv_blocks"] == 1200 and roomy.kv_blocks > 6 * 3 * 500
+    assert tight["arrivals_s"] == roomy.arrivals_s and tight["seeds"] == roomy.seeds
+    assert tight["completed"] == 6
+    assert tight["engine_requests"] == tight["turns"] == 18
+    assert tight["queue_wait_ms_sum"] == pytest.approx(tight["engine_queue_time_ms_sum"], rel=1e-6, abs=0.02)
+    assert tight["queue_wait_ms_sum"] > roomy.queue_wait_ms_sum
+    assert tight["engine_prefix_hit_rate"] < roomy.engine_prefix_hit_rate
+    assert all(0 <= pinned <= used for _, used, pinned, _ in tight["kv_trace"])
