@@ -21,7 +21,10 @@ def test_auto_serves_on_uvloop_and_httptools_and_either_can_be_pinned_off() -> N
     ):
         with running(**overrides) as srv:
             assert srv.loop is not None and type(srv.loop).__module__.split(".")[0] == loop_module
-            assert srv.server.config.http_protocol_class.__name__ == protocol
+            # the class uvicorn serves with: the parser's own, behind the request-head guard
+            # (docs/operations.md, "Unfinished request heads")
+            served = srv.server.config.http_protocol_class
+            assert protocol in [c.__name__ for c in served.__mro__]
             assert httpx.get(srv.http_url + "/healthz", timeout=10).status_code == 200
 
 
