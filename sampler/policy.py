@@ -191,6 +191,9 @@ class Workload:
     first_user_text: str  # the task, without directives
     first_user_tokens: int  # system prompt + tool schemas + task: what the client pads the first message to
     turns: tuple[TurnPlan, ...]
+    # "tracelab": the tool times are one draw from TraceLab's fit (proto/lab/synthetic.py), and the lab
+    # draws them again per rollout seed (docs/lab.md, "Statistics"); "fixed" (the default): as written.
+    tool_times: str = "fixed"
 
     def prompt_tokens_by_turn(self) -> list[int]:
         """The prompt size before each turn (and after the last): history grows by the model's output
@@ -232,7 +235,10 @@ def workload_from_json(d: dict[str, Any]) -> Workload:
         first_user_text=str(d["first_user_text"]),
         first_user_tokens=int(d["first_user_tokens"]),
         turns=tuple(_turn_from_json(t) for t in d["turns"]),
+        tool_times=str(d.get("tool_times", "fixed")),
     )
+    if w.tool_times not in ("fixed", "tracelab"):
+        raise ValueError(f"workload {w.name!r}: tool_times must be fixed or tracelab, not {w.tool_times!r}")
     if parse_script(w.first_user_text) is not None:
         raise ValueError(f"workload {w.name!r}: first_user_text must not contain directive lines")
     return w

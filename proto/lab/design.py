@@ -58,7 +58,10 @@ def rollout_seed(seed: int, index: int, session: int) -> int:
 def draw_tool_times(session: Session, seed: int) -> Session:
     """``session`` with each tool round's wait drawn again: per call from the fitted tool-time distribution,
     the round waiting for its slowest call (parallel calls overlap), as the shipped workloads were drawn
-    (proto/lab/synthetic.py). Rounds without calls keep their wait. Same seed, same times."""
+    (proto/lab/synthetic.py). Rounds without calls keep their wait. Same seed, same times. A session whose
+    workload wrote its times as they are (``tool_times`` "fixed": a user's own file) keeps them."""
+    if not session.drawn:
+        return session
     rng = random.Random(seed)
     rounds = tuple(
         dataclasses.replace(r, tool_wait_s=round(max(tool_time_s(rng) for _ in r.calls), 3)) if r.calls else r

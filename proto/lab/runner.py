@@ -163,7 +163,8 @@ def _plans(replay: Replay, model: str, config: BenchConfig, index: int) -> list[
     out: list[tuple[Session, int | None]] = []
     for k in range(config.sessions):
         seed = rollout_seed(config.seed, index, k)
-        out.append((draw_tool_times(replay.sessions[0], seed), seed))
+        first = replay.sessions[0]
+        out.append((draw_tool_times(first, seed), seed if first.drawn else None))
     return out
 
 

@@ -122,6 +122,7 @@ def coding_agent(turns: int = 30) -> dict[str, Any]:
         "TraceLab's heavy-tailed fit (p50 0.3 s, p90 13.6 s).",
         "first_user_text": "Sessions leak between tenants after logout. Find the cause, fix it, add a test.",
         "first_user_tokens": 6000,  # system prompt + tool schemas + task, as agent harnesses send
+        "tool_times": "tracelab",  # one draw of the fit: the lab draws again per rollout seed
         "turns": steps,
     }
 
@@ -144,5 +145,6 @@ def long_context() -> dict[str, Any]:
         "history reaches ~100 k tokens; tool times drawn from TraceLab's heavy-tailed fit.",
         "first_user_text": "Read the service and explain how a request flows through its caches.",
         "first_user_tokens": 12_000,
+        "tool_times": "tracelab",
         "turns": turns,
     }

@@ -72,6 +72,7 @@ class Session:
     first_tokens: int | None = (
         None  # synthetic: the first message's body tokens (traces: rounds[0].input_tokens)
     )
+    drawn: bool = False  # its tool times are one draw of a distribution, drawn again per rollout seed
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def _shorten(s: Session, turns: int) -> Session:
     if turns >= len(s.rounds):
         return s
     kept = (*s.rounds[: max(turns - 1, 0)], Round(20, (), 0.0, text="Stopping here (shortened run)."))
-    return Session(s.name, s.arrival_s, kept, s.first_tokens)
+    return Session(s.name, s.arrival_s, kept, s.first_tokens, s.drawn)
 
 
 # ---- synthetic workloads --------------------------------------------------------------------------
@@ -122,7 +123,8 @@ def from_workload(w: Workload) -> Replay:
             )
         else:
             rounds.append(Round(t.output_tokens or 0, (), 0.0, text=t.text))
-    session = Session(w.name, 0.0, tuple(rounds), first_tokens=w.first_user_tokens)
+    drawn = w.tool_times == "tracelab"
+    session = Session(w.name, 0.0, tuple(rounds), first_tokens=w.first_user_tokens, drawn=drawn)
     return Replay(w.name, w.description, (session,), trace=False)
 
 
