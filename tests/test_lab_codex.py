@@ -34,6 +34,7 @@ from codex import (
 from proto.core.response import MODES
 from proto.lab.bench import main as bench_main
 from proto.lab.codex_rollout import RolloutError, derive_rounds, is_rollout
+from proto.lab.config import BenchConfig
 from proto.lab.plan import build_plan
 from proto.lab.traces import TRACELAB, load_replay, replay_names
 
@@ -352,6 +353,8 @@ def replayed(recorded: Recorded, tmp_path_factory: pytest.TempPathFactory) -> di
             "10",
             "--warmup",
             "0",
+            "--rollouts",
+            "1",  # one replay of the file: its counts are summed below
             "--out",
             str(out),
             # Ten times the GPU's speed: the same tokens, a tenth of the modelled time.
@@ -370,7 +373,7 @@ def test_bench_replays_codex_s_own_file_in_every_mode(recorded: Recorded, replay
     rows = derive_rounds(recorded.rollout)
     waits = sum(max(t["tool_wall_latency_ms"] for t in r["tools"]) / 1e3 for r in rows if r["tools"])
     scale = replayed["config"]["tool_time_scale"]
-    assert scale == 0.1 and waits > 0
+    assert scale == BenchConfig.quick_preset().tool_time_scale and waits > 0
     runs = {run["mode"]: run for run in replayed["runs"]}
     assert set(runs) == set(MODES)
     for mode, run in runs.items():
