@@ -16,8 +16,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import pydantic
 import pytest
+from client_cases import TWO_TURNS, Weather
 from codex import KEY, LabServer, lab_process
 from helpers import MODEL
 from openai import AsyncOpenAI
@@ -31,16 +31,7 @@ from openai.lib.responses_websocket import (
 pytestmark = pytest.mark.process  # every test starts a server or a process
 
 # Two user turns, each a tool call and an answer (one script line per model turn, over the whole chain).
-TWO_TURNS = (
-    'Find the mean.\n!call grep {"pattern": "def mean"}\n!say Found it.\n'
-    '!call read_file {"path": "a.py"}\n!say Read it.'
-)
 WEATHER = {"city": "Oslo", "celsius": -3}
-
-
-class Weather(pydantic.BaseModel):
-    city: str
-    celsius: int
 
 
 @pytest.fixture(scope="module")

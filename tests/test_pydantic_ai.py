@@ -17,23 +17,13 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pydantic
 import pytest
+from client_cases import TWO_TURNS, Weather
 from codex import KEY, LabServer, lab_process
 from helpers import MODEL
 from openai import AsyncOpenAI
 
 pytestmark = pytest.mark.process  # every test starts a server or a process
-
-TWO_TURNS = (
-    'Find the mean.\n!call grep {"pattern": "def mean"}\n!say Found it.\n'
-    '!call read_file {"path": "a.py"}\n!say Read it.'
-)
-
-
-class Weather(pydantic.BaseModel):
-    city: str
-    celsius: int
 
 
 @pytest.fixture(scope="module")

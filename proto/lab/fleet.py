@@ -95,33 +95,30 @@ class EngineScrape:
     running: float = 0.0
 
 
+# (metric, its ``part`` label) -> the EngineScrape field it fills (proto/engine/app.py exports them).
+_SCRAPED: dict[tuple[str, str | None], str] = {
+    ("vllm:num_preemptions_total", None): "preemptions",
+    ("vllm:request_queue_time_seconds_sum", None): "queue_time_s_sum",
+    ("vllm:request_queue_time_seconds_count", None): "queue_time_count",
+    ("vllm:prefix_cache_queries_total", None): "prefix_queries",
+    ("vllm:prefix_cache_hits_total", None): "prefix_hits",
+    ("vllm:num_requests_waiting", None): "waiting",
+    ("vllm:num_requests_running", None): "running",
+    ("responses_lab_engine_kv_blocks", "capacity"): "kv_capacity",
+    ("responses_lab_engine_kv_blocks", "used"): "kv_used",
+    ("responses_lab_engine_kv_blocks", "pinned_suspended"): "kv_pinned",
+}
+
+
 def parse_engine_metrics(text: str, model: str) -> EngineScrape:
     out = EngineScrape()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.labels.get("model_name") != model:
                 continue
-            name, part = s.name, s.labels.get("part")
-            if name == "vllm:num_preemptions_total":
-                out.preemptions = s.value
-            elif name == "vllm:request_queue_time_seconds_sum":
-                out.queue_time_s_sum = s.value
-            elif name == "vllm:request_queue_time_seconds_count":
-                out.queue_time_count = s.value
-            elif name == "vllm:prefix_cache_queries_total":
-                out.prefix_queries = s.value
-            elif name == "vllm:prefix_cache_hits_total":
-                out.prefix_hits = s.value
-            elif name == "vllm:num_requests_waiting":
-                out.waiting = s.value
-            elif name == "vllm:num_requests_running":
-                out.running = s.value
-            elif name == "responses_lab_engine_kv_blocks" and part == "capacity":
-                out.kv_capacity = s.value
-            elif name == "responses_lab_engine_kv_blocks" and part == "used":
-                out.kv_used = s.value
-            elif name == "responses_lab_engine_kv_blocks" and part == "pinned_suspended":
-                out.kv_pinned = s.value
+            field_name = _SCRAPED.get((s.name, s.labels.get("part")))
+            if field_name is not None:
+                setattr(out, field_name, s.value)
     return out
 
 
