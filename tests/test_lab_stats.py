@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import statistics
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -16,7 +19,7 @@ from proto.client.frames import SENT, Frame
 from proto.client.http import HttpClient
 from proto.lab.config import PROFILES, BenchConfig, jitter_overrides
 from proto.lab.design import draw_tool_times, mode_order, rollout_seed, williams_rows
-from proto.lab.records import ROOT, Floor, Load, noise, provenance
+from proto.lab.records import ROOT, CpuTime, Floor, Load, cpu_between, noise, provenance, tree_cpu
 from proto.lab.results import add_gains, design_json, floors_json, run_record
 from proto.lab.runner import CellResult, run_bench, server_flags
 from proto.lab.stats import FASTER, FEW, SAME, SLOWER, paired_gain, percentiles
@@ -147,6 +150,9 @@ def test_provenance_names_the_commit_the_cpu_and_the_versions() -> None:
     assert p.cpu_model and p.kernel and p.cores >= 1 and p.cores_usable >= 1
     assert p.python.count(".") == 2
     assert p.uvloop is not None  # a dev install has it (pyproject's dev extra)
+    assert p.scheduler is not None and p.scheduler.startswith(
+        ("SCHED_OTHER nice ", "SCHED_RR ", "SCHED_FIFO ")
+    )
 
 
 def test_a_noisy_cell_says_why() -> None:
@@ -157,6 +163,29 @@ def test_a_noisy_cell_says_why() -> None:
     assert noise(quiet, [calm]) == []
     assert noise(busy, [calm]) == ["load 2.50 > 1 x 2 cores"]
     assert noise(quiet, [wide]) == ["http_noop floor spread 2.10 > 1"]
+
+
+def test_the_labs_own_wait_for_a_core_decides_where_the_kernel_says_it() -> None:
+    """With schedstat, the machine's load average alone does not flag a cell: the lab's own processes'
+    run-queue wait does."""
+    calm = Floor("ws_ping", 100, 0.08, 0.09, 0.12, 0.44)
+    shared_but_served = Load((6.0, 5.0, 4.0), (7.0, 5.0, 4.0), 2, CpuTime(run_ms=1000.0, wait_ms=20.0))
+    starved = Load((0.5, 0.4, 0.3), (0.9, 0.5, 0.3), 2, CpuTime(run_ms=1000.0, wait_ms=300.0))
+    assert noise(shared_but_served, [calm]) == []
+    assert noise(starved, [calm]) == ["the lab's processes waited for a core 30% of their CPU time > 5%"]
+
+
+@pytest.mark.process
+def test_the_lab_reads_its_own_process_trees_cpu_and_wait() -> None:
+    before = tree_cpu()
+    assert before is not None and any(pid == os.getpid() for pid, _ in before)
+    child = subprocess.Popen([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"])
+    seen = tree_cpu()
+    child.wait()
+    assert seen is not None and any(pid == child.pid for pid, _ in seen)  # a descendant is counted
+    sum(i * i for i in range(1_000_000))
+    spent = cpu_between(before, tree_cpu())
+    assert spent is not None and spent.run_ms > 0 and spent.wait_ms >= 0
 
 
 def test_jitter_is_on_by_default_seeded_and_can_be_turned_off() -> None:

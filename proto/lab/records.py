@@ -2,9 +2,12 @@
 machine was around each cell (:class:`Load`), the floors measured in the run (:class:`Floor`), and one
 :class:`RolloutRecord` per measured rollout. Encoded into results.json with ``msgspec.to_builtins``.
 
-**A noisy cell** (flagged in the tables): the 1-minute load average before or after its group above
-``LOAD_PER_CORE`` × the usable cores (more runnable threads than cores: someone waited), or a floor whose
-spread ((p90 − p10) ÷ p50) exceeds ``FLOOR_SPREAD``.
+**A noisy cell** (flagged in the tables): the lab's own processes (this one and every descendant: the
+servers, an engine, a peer) waited in a run queue for a core more than ``WAIT_SHARE`` of the time they ran
+during its group (:func:`tree_cpu`, from the kernel's per-thread ``schedstat``), or a floor whose spread
+((p90 − p10) ÷ p50) exceeds ``FLOOR_SPREAD``. Where the kernel gives no ``schedstat``, the 1-minute load
+average before or after the group above ``LOAD_PER_CORE`` × the usable cores stands in (more runnable
+threads than cores: someone waited, though not necessarily the lab).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 
 LOAD_PER_CORE = 1.0
 FLOOR_SPREAD = 1.0
+WAIT_SHARE = 0.05
 
 
 class Provenance(msgspec.Struct, frozen=True):
@@ -32,6 +36,21 @@ class Provenance(msgspec.Struct, frozen=True):
     cores_usable: int  # the lab process's affinity
     python: str
     uvloop: str | None  # None: not installed (the server then runs on asyncio's loop)
+    scheduler: str | None = None  # the lab process's CPU scheduling (:func:`scheduling`), its children's too
+
+
+def scheduling() -> str | None:
+    """The lab process's scheduling policy, as its children inherit it: ``SCHED_OTHER nice 0``, or a
+    real-time ``SCHED_RR 10`` (``chrt -r 10``: the lab's processes run before any ordinary process, so
+    a machine's other work does not delay them; docs/lab.md, "Kept runs"). None off Linux."""
+    if not hasattr(os, "sched_getscheduler"):
+        return None
+    policy = os.sched_getscheduler(0)
+    names = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR"}
+    name = names.get(policy, f"policy {policy}")
+    if policy in (os.SCHED_FIFO, os.SCHED_RR):
+        return f"{name} {os.sched_getparam(0).sched_priority}"
+    return f"{name} nice {os.getpriority(os.PRIO_PROCESS, 0)}"
 
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout the lab runs from
@@ -143,6 +162,7 @@ def provenance() -> Provenance:
         cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores,
         python=platform.python_version(),
         uvloop=uvloop,
+        scheduler=scheduling(),
     )
 
 
@@ -165,12 +185,23 @@ def floor(name: str, rtts_ms: Sequence[float]) -> Floor:
     return Floor(name, len(rtts_ms), p10, p50, p90, (p90 - p10) / p50 if p50 > 0 else None)
 
 
+class CpuTime(msgspec.Struct, frozen=True):
+    """The lab's process tree over a group (:func:`tree_cpu`, after − before): milliseconds on a core and
+    milliseconds runnable but waiting in a run queue for one."""
+
+    run_ms: float
+    wait_ms: float
+
+
 class Load(msgspec.Struct, frozen=True):
-    """``os.getloadavg()`` (1, 5, 15 min) just before a group's first rollout and just after its last."""
+    """``os.getloadavg()`` (1, 5, 15 min) just before a group's first rollout and just after its last, and
+    the lab's own processes' CPU and run-queue wait over the group (None where the kernel has no
+    ``schedstat``)."""
 
     before: tuple[float, float, float]
     after: tuple[float, float, float]
     cores: int
+    lab_cpu: CpuTime | None = None
 
 
 def load_now() -> tuple[float, float, float]:
@@ -178,10 +209,65 @@ def load_now() -> tuple[float, float, float]:
     return (round(a, 2), round(b, 2), round(c, 2))
 
 
+def _descendants(root: int) -> list[int]:
+    """``root`` and every live process below it, from /proc/<pid>/stat's parent field."""
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(entry.path, "stat").read_text(encoding="ascii", errors="replace")
+            parent[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
+        tree.extend(frontier)
+    return tree
+
+
+def tree_cpu(root: int | None = None) -> dict[tuple[int, int], tuple[int, int]] | None:
+    """Per thread of ``root`` (this process) and its descendants: (ns on a core, ns waiting in a run queue)
+    so far, from /proc/<pid>/task/<tid>/schedstat (the kernel's scheduler statistics: its first two
+    fields). None where the kernel has none. :func:`cpu_between` subtracts two readings."""
+    if not Path("/proc/self/schedstat").exists():
+        return None
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    for pid in _descendants(os.getpid() if root is None else root):
+        with contextlib.suppress(OSError):
+            for task in os.scandir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    fields = Path(task.path, "schedstat").read_text(encoding="ascii").split()
+                    out[(pid, int(task.name))] = (int(fields[0]), int(fields[1]))
+    return out
+
+
+def cpu_between(
+    before: dict[tuple[int, int], tuple[int, int]] | None,
+    after: dict[tuple[int, int], tuple[int, int]] | None,
+) -> CpuTime | None:
+    """The threads' run and wait between two :func:`tree_cpu` readings: a thread born meanwhile counts
+    from 0; one that ended meanwhile is missed (the lab's servers outlive their groups)."""
+    if before is None or after is None:
+        return None
+    run = wait = 0
+    for key, (r, w) in after.items():
+        r0, w0 = before.get(key, (0, 0))
+        run += r - r0
+        wait += w - w0
+    return CpuTime(round(run / 1e6, 3), round(wait / 1e6, 3))
+
+
 def noise(load: Load | None, floors: Sequence[Floor]) -> list[str]:
     """Why a cell is noisy (the module docstring's rule); [] for a quiet one."""
     reasons = []
-    if load is not None:
+    if load is not None and load.lab_cpu is not None:
+        cpu = load.lab_cpu
+        if cpu.run_ms > 0 and cpu.wait_ms > WAIT_SHARE * cpu.run_ms:
+            reasons.append(
+                f"the lab's processes waited for a core {cpu.wait_ms / cpu.run_ms:.0%} of their CPU time"
+                f" > {WAIT_SHARE:.0%}"
+            )
+    elif load is not None:
         worst = max(load.before[0], load.after[0])
         if worst > LOAD_PER_CORE * load.cores:
             reasons.append(f"load {worst:.2f} > {LOAD_PER_CORE:g} x {load.cores} cores")

@@ -28,7 +28,7 @@ import psutil
 
 from proto.lab.config import JITTER, PEER_MODES, BenchConfig, profile_named
 from proto.lab.metrics import RolloutMetrics, Trace, percentile, rollout_metrics, store_vs_cached, summarize
-from proto.lab.records import FLOOR_SPREAD, LOAD_PER_CORE, RolloutRecord, floor, noise, provenance
+from proto.lab.records import FLOOR_SPREAD, LOAD_PER_CORE, WAIT_SHARE, RolloutRecord, floor, noise, provenance
 from proto.lab.runner import BenchResult, CellKey, CellResult
 from proto.lab.stats import MIN_ROLLOUTS, SIGN, paired_gain, percentiles
 from proto.lab.traces import Replay
@@ -179,7 +179,11 @@ def design_json(config: BenchConfig) -> dict[str, Any]:
         "rollouts_per_mode": config.sessions * config.rollouts,
         "default_rollouts_per_mode_at_least": MIN_ROLLOUTS,
         "quick": config.quick,
-        "noisy_when": {"load_per_core_above": LOAD_PER_CORE, "floor_spread_above": FLOOR_SPREAD},
+        "noisy_when": {
+            "lab_wait_share_above": WAIT_SHARE,
+            "load_per_core_above": LOAD_PER_CORE,  # only where the kernel has no schedstat
+            "floor_spread_above": FLOOR_SPREAD,
+        },
     }
 
 

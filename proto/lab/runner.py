@@ -39,7 +39,7 @@ from proto.lab.metrics import Trace
 from proto.lab.peers import peer_info, run_peer_modes
 from proto.lab.plan import RolloutPlan, build_plan
 from proto.lab.predict import Calibration, calibrate
-from proto.lab.records import Floor, Load, floor, load_now
+from proto.lab.records import Floor, Load, cpu_between, floor, load_now, tree_cpu
 from proto.lab.traces import Replay, Session, load_replay
 from proto.processes import ChildEngine, ChildServer, cpu_seconds
 
@@ -192,6 +192,7 @@ async def run_group(
     blocks = [[i] for i in indices] if config.fresh_server else [indices]
     floors: list[Floor] = []
     before = load_now()
+    cpu_before = tree_cpu()
     for block in blocks:
         with servers() as server:
             if not floors:
@@ -205,7 +206,8 @@ async def run_group(
     peers = await run_peer_modes(
         peer_modes, replay, model, config, peer_flags or [], indices, tallies, on_turn, _block
     )
-    load = Load(before, load_now(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    load = Load(before, load_now(), cores, cpu_between(cpu_before, tree_cpu()))
     return tallies, GroupResult(orders, load, floors, len(blocks), peers)
 
 
