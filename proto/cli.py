@@ -7,49 +7,38 @@ import sys
 
 from proto.helpfmt import HelpFormatter, apply
 
+# Each command's parser is its module's own: ``main`` hands everything after the command's name to it, so
+# ``responses-lab COMMAND --help`` is that module's help (serve's is built here, from ``Settings``).
+COMMANDS = {
+    "demo": "a coding-agent rollout over the long-lived protocol (proto/demo)",
+    "bench": "the latency lab: one workload over the four transports; bench report, repredict, merge, fleet",
+    "engine": "the mock GPU as its own process, behind vLLM's completions API (proto/engine)",
+    "soak": "load and soak: N connections x M turns, RSS, leaks (proto/load/soak.py)",
+    "chaos": "the long chaos run: every fault scenario, round after round (proto/load/chaos.py)",
+    "perf": "the hot-path regression suite: turn, cpu, stream, capacity, rss, deflate, topology, engine "
+    "(proto/perf)",
+}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="responses-lab", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
 
+def parser() -> argparse.ArgumentParser:
+    """``responses-lab``'s own parser: ``serve``'s flags, and a name for every other command."""
     from proto.server.config import add_arguments
 
+    top = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="responses-lab", description=__doc__)
+    commands = top.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the server (mock GPU behind every transport)")
     add_arguments(serve)
-    demo = commands.add_parser("demo", help="a coding-agent rollout over the long-lived protocol")
-    demo.add_argument("--url", default=None, help="a running server (default: start one)")
-    demo.add_argument("--model", default="mock-1000tps", help="the mock model the rollout runs on")
-    # bench's flags live in proto/lab/bench.py; everything after `bench` is handed to it.
-    commands.add_parser(
-        "bench",
-        help="the latency lab: one workload over the four transports; bench report, repredict, fleet",
-        add_help=False,
-    )
-    commands.add_parser(
-        "engine",
-        help="the mock GPU as its own process, behind vLLM's completions API (proto/engine)",
-        add_help=False,
-    )
-    commands.add_parser(
-        "soak", help="load and soak: N connections x M turns, RSS, leaks (proto/load/soak.py)", add_help=False
-    )
-    commands.add_parser(
-        "chaos",
-        help="the long chaos run: every fault scenario, round after round (proto/load/chaos.py)",
-        add_help=False,
-    )
-    commands.add_parser(
-        "perf",
-        help="the hot-path regression suite: turn, cpu, stream, capacity, rss, deflate, topology "
-        "(proto/perf)",
-        add_help=False,
-    )
+    for name, text in COMMANDS.items():
+        commands.add_parser(name, help=text, add_help=False)
+    return apply(top)  # serve formats its help as every subcommand does
 
-    apply(parser)  # serve and demo format their help as every subcommand does
-    args, rest = parser.parse_known_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args, rest = cli.parse_known_args(argv)
     if args.command == "serve":
         if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            cli.error(f"unrecognized arguments: {' '.join(rest)}")
         from proto.server.config import from_args
 
         settings = from_args(args)
@@ -65,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from proto.demo import main as demo_main
 
-        return demo_main([*(["--url", args.url] if args.url else []), "--model", args.model, *rest])
+        return demo_main(rest)
     if args.command == "bench":
         from proto.lab.bench import main as bench_main
 
@@ -86,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         from proto.perf import main as perf_main
 
         return perf_main(rest)
-    parser.error(f"unknown command {args.command!r}")
+    cli.error(f"unknown command {args.command!r}")
     return 2
 
 

@@ -4,15 +4,20 @@ show theirs): each option's help ends with its default, descriptions keep their 
 from __future__ import annotations
 
 import argparse
+import re
+
+# How a help text states its own default: "(default: all)", "(default 4; --quick 2)", "default 0: never".
+# "e.g. default,2000" names a value, not the default.
+STATED = re.compile(r"\bdefault[: ]")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Appends ``(default: …)`` to an option's help unless the help already states it; ``None`` reads as
-    "none", booleans as "on" / "off", lists comma-separated."""
+    """Appends ``(default: …)`` to an option's help unless the help already states it (``STATED``);
+    ``None`` reads as "none", booleans as "on" / "off", lists comma-separated."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or not action.option_strings or action.default is argparse.SUPPRESS:
+        if STATED.search(text) or not action.option_strings or action.default is argparse.SUPPRESS:
             return text
         if action.required:
             return text + " (required)"

@@ -79,14 +79,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="responses-lab demo",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
-    parser.add_argument(
+    server = parser.add_argument_group("server")
+    rollout = parser.add_argument_group("rollout")
+    server.add_argument(
         "--url", help="ws://HOST:PORT/v1/responses of a running server (default: start one on loopback)"
     )
-    parser.add_argument("--model", default="mock-1000tps", help="mock model (default: %(default)s)")
-    parser.add_argument(
+    rollout.add_argument("--model", default="mock-1000tps", help="the mock model the rollout runs on")
+    server.add_argument(
         "--api-key",
         default=os.environ.get("RESPONSES_LAB_API_KEY"),
-        help="bearer key, if the server wants one",
+        help="bearer key, if the server wants one (default: env RESPONSES_LAB_API_KEY, else none)",
     )
     args = parser.parse_args(argv)
     if args.url:

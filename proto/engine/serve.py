@@ -16,23 +16,30 @@ DEFAULT_PORT = 8100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    network = parser.add_argument_group("network")
+    models = parser.add_argument_group("models")
+    logging = parser.add_argument_group("logging")
+    network.add_argument(
         "--host", default="127.0.0.1", help="bind address; without --api-key only loopback is allowed"
     )
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port")
-    parser.add_argument(
+    network.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port")
+    models.add_argument(
         "--model-override",
         action="append",
         default=None,
         metavar="MODEL:KNOB=V,…",
         help="the models' knobs, as `serve --model-override` takes them (repeatable)",
     )
-    parser.add_argument(
+    network.add_argument(
         "--api-key", default=None, help="require `Authorization: Bearer KEY` (as `vllm serve --api-key`)"
     )
-    parser.add_argument("--log-level", default="warning", help="structlog level (JSON lines)")
-    parser.add_argument("--loop", default="auto", help="auto | uvloop | asyncio")
-    parser.add_argument("--http", default="auto", help="auto | httptools | h11")
+    logging.add_argument("--log-level", default="warning", help="structlog level (JSON lines)")
+    network.add_argument(
+        "--loop", default="auto", help="event loop: auto (uvloop when installed), uvloop or asyncio"
+    )
+    network.add_argument(
+        "--http", default="auto", help="HTTP parser: auto (httptools when installed), httptools or h11"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

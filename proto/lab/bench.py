@@ -63,16 +63,21 @@ def _csv(value: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    grid = parser.add_argument_group("the grid: modes, workloads, models, profiles")
+    rollouts = parser.add_argument_group("rollouts: sizes, seed, jitter")
+    servers = parser.add_argument_group("the servers measured")
+    fast_model = parser.add_argument_group("the fast model")
+    output = parser.add_argument_group("output and long sweeps")
+    servers.add_argument(
         "--url",
         default=None,
         help="a running Responses server's WebSocket URL, this project's or any other (timed from the client "
         "side only, and each run record's peer.timing says so; default: start one per profile)",
     )
-    parser.add_argument(
+    grid.add_argument(
         "--modes", type=_csv, default=None, help=f"comma list of {','.join(MODES)} (default: all)"
     )
-    parser.add_argument(
+    grid.add_argument(
         "--peer",
         action="append",
         choices=PEER_MODES,
@@ -80,39 +85,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run another project's server as one more mode, in front of this server's http mode: "
         'agentic-api (vLLM\'s gateway; `make peers` installs it; docs/lab.md, "Peers")',
     )
-    parser.add_argument(
+    grid.add_argument(
         "--workload", type=_csv, default=None, help="NAME or FILE, comma list (default: coding-agent)"
     )
-    parser.add_argument(
+    grid.add_argument(
         "--model", type=_csv, default=None, help="comma list (default: mock-1000tps; --quick: mock-4000tps)"
     )
-    parser.add_argument(
+    grid.add_argument(
         "--profile",
         type=_csv,
         default=None,
         help=f"the rules factor: presets {','.join(PROFILES)} or hops:SAFETY/RESOLVE/STORE[:before|beside]"
         "[:user|new|all] (default: local,production-like,production-like-beside)",
     )
-    parser.add_argument(
+    rollouts.add_argument(
         "--sessions", type=int, default=None, help="concurrent rollouts per mode (default 4; --quick 2)"
     )
-    parser.add_argument(
+    rollouts.add_argument(
         "--rollouts", type=int, default=None, help="measured rollouts per session (default 3; --quick 2)"
     )
-    parser.add_argument(
+    rollouts.add_argument(
         "--warmup", type=int, default=None, help="uncounted warm-up rollouts per session (default 1)"
     )
-    parser.add_argument(
-        "--turns", type=int, default=None, help="shorten the workload to N turns (--quick: 15)"
+    rollouts.add_argument(
+        "--turns", type=int, default=None, help="shorten the workload to N turns (default: all; --quick: 15)"
     )
-    parser.add_argument(
-        "--tool-time-scale", type=float, default=None, help="multiply recorded tool times (--quick: 0.1)"
+    rollouts.add_argument(
+        "--tool-time-scale",
+        type=float,
+        default=None,
+        help="multiply recorded tool times (default 1.0; --quick 0.02)",
     )
-    parser.add_argument(
+    rollouts.add_argument(
         "--pings", type=int, default=None, help="WebSocket pings for the floor (default 500; --quick 200)"
     )
-    parser.add_argument("--api-key", default=None, help="bearer key for a running server given by --url")
-    parser.add_argument(
+    servers.add_argument("--api-key", default=None, help="bearer key for a running server given by --url")
+    servers.add_argument(
         "--model-override",
         action="append",
         default=None,
@@ -120,13 +128,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="passed to the servers the lab starts, e.g. mock-1000tps:prefill-time-per-token=0.025 "
         "(repeatable)",
     )
-    parser.add_argument(
+    fast_model.add_argument(
         "--predict",
         action="store_true",
         help="the fast model only: calibrate every mode, compose the curves, predict every cell of the grid "
         "(none run on the real clock)",
     )
-    parser.add_argument(
+    fast_model.add_argument(
         "--calibration",
         type=Path,
         default=None,
@@ -134,83 +142,87 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --predict: the fast model's calibration from a kept run's results.json (or run.json) "
         "instead of measuring one",
     )
-    parser.add_argument(
+    fast_model.add_argument(
         "--no-predict",
         action="store_true",
         help="skip the fast model's calibration (no predictions, no sweep)",
     )
-    parser.add_argument(
+    fast_model.add_argument(
         "--predict-rounds",
         type=int,
         default=None,
         help="calibration rounds per mode (default 240; --quick 120)",
     )
-    parser.add_argument("--scenario", default=None, help=f"a published comparison: {', '.join(SCENARIOS)}")
-    parser.add_argument(
+    grid.add_argument("--scenario", default=None, help=f"a published comparison: {', '.join(SCENARIOS)}")
+    servers.add_argument(
         "--api-cost-ms",
         type=float,
         default=None,
-        help="the HTTP modes' modelled per-request API work (vLLM 0.32: 5); with --api-cost-ms-per-1k (1.7)",
+        help="the HTTP modes' modelled per-request API work (vLLM 0.32: 5); with --api-cost-ms-per-1k (1.7) "
+        "(default 0: none modelled)",
     )
-    parser.add_argument(
+    servers.add_argument(
         "--api-cost-ms-per-1k",
         type=float,
         default=None,
-        help="the HTTP modes' modelled API work per 1 000 history tokens (vLLM 0.32: 1.7)",
+        help="the HTTP modes' modelled API work per 1 000 history tokens (vLLM 0.32: 1.7; default 0)",
     )
-    parser.add_argument(
+    servers.add_argument(
         "--engine",
         default=None,
         metavar="URL|spawn",
         help="the servers the lab starts drive this engine (vLLM's completions API), or one the lab starts "
-        "(spawn)",
+        "(spawn) (default: the mock GPU in each server's process)",
     )
-    parser.add_argument(
+    servers.add_argument(
         "--workers",
         type=int,
         default=None,
-        help="API processes per server the lab starts (serve --workers N)",
+        help="API processes per server the lab starts (serve --workers N; default 1)",
     )
-    parser.add_argument(
+    servers.add_argument(
         "--reconnect",
         type=int,
         default=None,
         metavar="K",
         help="ws: reconnect to the other server every K turns (two servers share --db; default 0: never)",
     )
-    parser.add_argument(
-        "--db", default=None, help="the --db of the servers the lab starts (SQLite path or postgresql://…)"
+    servers.add_argument(
+        "--db",
+        default=None,
+        help="the --db of the servers the lab starts, a SQLite path or postgresql://… (default: :memory:; "
+        "with --reconnect or --workers > 1, a temporary SQLite file)",
     )
-    parser.add_argument(
+    rollouts.add_argument(
         "--seed",
         type=int,
         default=None,
         help="the run's seed: each rollout's tool times and the mock GPU's jitter (default 1)",
     )
-    parser.add_argument(
+    rollouts.add_argument(
         "--no-jitter", action="store_true", help="the mock GPU without jitter (default: jitter on, seeded)"
     )
-    parser.add_argument(
+    servers.add_argument(
         "--fresh-server",
         action="store_true",
         help="new server processes for every rollout index of a group (default: one per profile)",
     )
-    parser.add_argument(
+    output.add_argument(
         "--out",
         type=Path,
         default=Path("bench-out"),
         help="where results.json, results.csv, the plots and trace.json go",
     )
-    parser.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument(
+    grid.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
+    output.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    output.add_argument(
         "--resume",
         type=Path,
         default=None,
         metavar="DIR",
         help="go on with DIR's run: its flags, its floor and calibration; only the cells not there yet",
     )
-    parser.add_argument(
+    output.add_argument(
         "--shard",
         type=_shard,
         default=None,
@@ -327,12 +339,26 @@ def main(argv: list[str] | None = None) -> int:
     return run(argv)
 
 
+# bench's subcommands, as ``bench --help`` lists them; ``main`` hands each its own arguments.
+SUBCOMMANDS = {
+    "report": "a kept run's write-up, or the lab's results document (proto/lab/writeup.py)",
+    "repredict": "the fast model's predictions of kept runs again, from their calibration "
+    "(proto/lab/repredict.py)",
+    "merge": "one results.json from the shards of one run (bench --shard I/N --out DIR)",
+    "fleet": 'N agents against one shared engine, every mode on one schedule (docs/lab.md, "Fleets")',
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         formatter_class=HelpFormatter,
         prog="responses-lab bench",
-        description="the latency lab (also: bench report, bench repredict, bench merge)",
+        usage="%(prog)s [-h] [FLAG …]\n       %(prog)s {" + ",".join(SUBCOMMANDS) + "} …",
+        description="the latency lab: one run, its results written to --out",
     )
+    names = parser.add_subparsers(title="subcommands (first, before any flag)", dest="subcommand")
+    for name, text in SUBCOMMANDS.items():
+        names.add_parser(name, help=text, add_help=False)
     add_arguments(parser)
     return parser
 
@@ -341,6 +367,8 @@ def run(argv: list[str]) -> int:
     """``responses-lab bench [flags]``: one run of the lab, its results written to ``--out``."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.subcommand is not None:  # ``main`` hands a subcommand its arguments only when it comes first
+        parser.error(f"unrecognized arguments: {' '.join(argv[argv.index(args.subcommand) :])}")
     console = Console()
     try:
         if args.calibration is not None and not args.predict:
@@ -700,11 +728,12 @@ def merge(argv: list[str]) -> int:
         prog="responses-lab bench merge",
         description="one results.json from the shards of one run (bench --shard I/N --out DIR)",
     )
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
-    parser.add_argument(
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="the shards' run directories")
+    output = parser.add_argument_group("output")
+    output.add_argument(
         "--out", type=Path, required=True, help="the merged run directory (not one of the shards)"
     )
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    output.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     args = parser.parse_args(argv)
     console = Console()
     try:

@@ -395,34 +395,42 @@ def parser() -> argparse.ArgumentParser:
         "shared engine process behind the API server; every mode on the same schedule and tool times.",
     )
     d = FleetConfig()
-    add = p.add_argument
-    add("--modes", default=",".join(d.modes), help=f"modes to compare, from {', '.join(MODES)}")
-    add("--workload", default=d.workload, help="the workload every agent runs one rollout of")
-    add("--model", default=d.model, help="the mock model the engine serves")
-    add(
+    grid = p.add_argument_group("the grid: a cell per mode, load, pin and KV size").add_argument
+    agents = p.add_argument_group("the agents and the engine").add_argument
+    measured = p.add_argument_group("measurement and output").add_argument
+    grid("--modes", default=",".join(d.modes), help=f"modes to compare, from {', '.join(MODES)}")
+    agents("--workload", default=d.workload, help="the workload every agent runs one rollout of")
+    agents("--model", default=d.model, help="the mock model the engine serves")
+    grid(
         "--agents", type=_ints, default=",".join(map(str, d.agents)), help="loads: agents per cell, e.g. 8,64"
     )
-    add("--rate", type=float, default=d.rate, help="agent arrivals per second (Poisson)")
-    add("--turns", type=int, default=d.turns, help="shorten the workload to this many turns")
-    add("--tool-time-scale", type=float, default=d.tool_time_scale, help="multiplies every drawn tool time")
-    add(
+    agents("--rate", type=float, default=d.rate, help="agent arrivals per second (Poisson)")
+    agents("--turns", type=int, default=d.turns, help="shorten the workload to this many turns")
+    agents(
+        "--tool-time-scale", type=float, default=d.tool_time_scale, help="multiplies every drawn tool time"
+    )
+    grid(
         "--pin",
         type=_pins,
         default=",".join("on" if x else "off" for x in d.pins),
         help="the engine's pin-suspended: on, off or on,off",
     )
-    add(
+    grid(
         "--kv-blocks",
         type=_kv,
         default=",".join("default" if x is None else str(x) for x in d.kv_blocks),
-        help="the engine's kv-cache-size, e.g. default,2000",
+        help="the engine's kv-cache-size in blocks, comma list, e.g. default,2000 (default: the model's own)",
     )
-    add("--slo-ttft-ms", type=float, default=d.slo_ttft_ms, help="goodput's SLO: every turn's TTFT within")
-    add("--slo-e2e-s", type=float, default=d.slo_e2e_s, help="goodput's SLO: the rollout's E2E within")
-    add("--seed", type=int, default=d.seed, help="the arrivals', tool times' and jitter's seed")
-    add("--kv-sample-ms", type=float, default=d.sample_s * 1e3, help="read the engine's KV gauges this often")
-    add("--no-jitter", action="store_true", help="the mock GPU without its lab jitter")
-    add("--out", type=Path, default=None, help="write DIR/fleet.json")
+    measured(
+        "--slo-ttft-ms", type=float, default=d.slo_ttft_ms, help="goodput's SLO: every turn's TTFT within"
+    )
+    measured("--slo-e2e-s", type=float, default=d.slo_e2e_s, help="goodput's SLO: the rollout's E2E within")
+    agents("--seed", type=int, default=d.seed, help="the arrivals', tool times' and jitter's seed")
+    measured(
+        "--kv-sample-ms", type=float, default=d.sample_s * 1e3, help="read the engine's KV gauges this often"
+    )
+    agents("--no-jitter", action="store_true", help="the mock GPU without its lab jitter")
+    measured("--out", type=Path, default=None, help="write DIR/fleet.json")
     return p
 
 

@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--check", action="store_true", help="print, write nothing")
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="kept runs' results.json")
+    output = parser.add_argument_group("output")
+    output.add_argument("--check", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False

@@ -837,32 +837,34 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("results", type=Path, nargs="?", help="one run's results.json")
-    parser.add_argument(
+    lab = parser.add_argument_group("the lab's results document")
+    one = parser.add_argument_group("one run's Markdown")
+    lab.add_argument(
         "--lab",
         type=Path,
         nargs="?",
         const=RESULTS,
         default=None,
         metavar="DIR",
-        help=f"a directory of kept runs (default {RESULTS}): write the lab's results document",
+        help=f"write the lab's results document from the kept runs in DIR ({RESULTS} when DIR is left out)",
     )
-    parser.add_argument(
+    lab.add_argument(
         "--out",
         type=Path,
         default=DOCUMENT,
         help=f"with --lab: the file to write (default {DOCUMENT}; - prints)",
     )
-    parser.add_argument(
+    lab.add_argument(
         "--notes",
         type=Path,
         default=None,
         help=f"with --lab: also replace this file's findings block ({NOTES}: {FINDINGS_BEGIN} … "
         f"{FINDINGS_END})",
     )
-    parser.add_argument("--again", type=Path, default=None, help="a second run of the same command")
-    parser.add_argument("--write", type=Path, default=None, help="replace the marked section of this file")
-    parser.add_argument("--marker", default="results", help="the section's marker name")
-    parser.add_argument("--title", default="Results", help="the generated document's title")
+    one.add_argument("--again", type=Path, default=None, help="a second run of the same command")
+    one.add_argument("--write", type=Path, default=None, help="replace the marked section of this file")
+    one.add_argument("--marker", default="results", help="the section's marker name")
+    one.add_argument("--title", default="Results", help="the generated document's title")
     args = parser.parse_args(argv)
     if args.lab is not None:
         write_lab(args.lab, args.out, args.notes)

@@ -893,10 +893,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         formatter_class=HelpFormatter, prog="responses-lab chaos", description=main.__doc__
     )
-    parser.add_argument("--minutes", type=float, default=5.0, help="how long to go on, round after round")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the scenarios' random choices")
-    parser.add_argument("--short", action="store_true", help="the test suite's sizes")
-    parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
+    run = parser.add_argument_group("the run")
+    output = parser.add_argument_group("output")
+    run.add_argument("--minutes", type=float, default=5.0, help="how long to go on, round after round")
+    run.add_argument("--seed", type=int, default=1, help="seed of the scenarios' random choices")
+    run.add_argument("--short", action="store_true", help="the test suite's sizes")
+    output.add_argument("--json", type=Path, default=None, help="write every outcome here")
     args = parser.parse_args(argv)
     started = time.monotonic()
     outcomes = asyncio.run(rounds_for(args.minutes, args.seed, Sizes() if args.short else Sizes.long()))

@@ -330,45 +330,44 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         formatter_class=HelpFormatter, prog="responses-lab soak", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--url", default=None, help=URL_HELP)
-    parser.add_argument(
+    target = parser.add_argument_group("the server")
+    load = parser.add_argument_group("the load")
+    output = parser.add_argument_group("the report")
+    target.add_argument("--url", default=None, help=URL_HELP)
+    target.add_argument(
         "--server-pid", type=int, default=None, help="with --url: the server's pid, for its RSS"
     )
-    parser.add_argument(
-        "--connections", type=int, default=100, help="rollouts run at once (long-lived + HTTP)"
-    )
-    parser.add_argument("--turns", type=int, default=10, help="model turns per rollout (turns-1 tool calls)")
-    parser.add_argument(
+    load.add_argument("--connections", type=int, default=100, help="rollouts run at once (long-lived + HTTP)")
+    load.add_argument("--turns", type=int, default=10, help="model turns per rollout (turns-1 tool calls)")
+    load.add_argument(
         "--http-share",
         type=float,
         default=0.1,
         help="share of the rollouts run over HTTP (previous_response_id)",
     )
-    parser.add_argument(
+    load.add_argument(
         "--suspended",
         type=int,
         default=0,
         help="then hold this many responses suspended at once: RSS per response",
     )
-    parser.add_argument("--model", default="mock-4000tps", help="the mock model every rollout runs on")
-    parser.add_argument(
+    load.add_argument("--model", default="mock-4000tps", help="the mock model every rollout runs on")
+    load.add_argument(
         "--max-retries",
         type=int,
         default=100,
-        help="times a client asks again after its create was refused at the door (the SDK's default: 2)",
+        help="times a client asks again after its create was refused at the door (the openai SDK's: 2)",
     )
-    parser.add_argument(
+    target.add_argument(
         "--server-flag",
         action="append",
         default=[],
         help="a flag for the server it starts, e.g. --server-flag=--max-admitted=500 (repeatable)",
     )
-    parser.add_argument("--ramp-s", type=float, default=2.0, help="connections start spread over this long")
-    parser.add_argument(
-        "--max-s", type=float, default=300.0, help="the run's time limit (an error if reached)"
-    )
-    parser.add_argument("--sample-s", type=float, default=1.0, help="RSS sampling interval")
-    parser.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    load.add_argument("--ramp-s", type=float, default=2.0, help="connections start spread over this long")
+    load.add_argument("--max-s", type=float, default=300.0, help="the run's time limit (an error if reached)")
+    output.add_argument("--sample-s", type=float, default=1.0, help="RSS sampling interval")
+    output.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
     for name in ("connections", "turns", "suspended"):
         if not 0 <= getattr(args, name) <= 100_000:

@@ -66,64 +66,80 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="responses-lab perf", description=__doc__, formatter_class=HelpFormatter
     )
-    top.add_argument("--server-path", default=None, help="run the server from this checkout (PYTHONPATH)")
-    top.add_argument(
+    servers = top.add_argument_group("the servers measured")
+    servers.add_argument("--server-path", default=None, help="run the server from this checkout (PYTHONPATH)")
+    servers.add_argument(
         "--compare", default=None, metavar="DIR", help="also run the server from DIR first ('before')"
     )
-    top.add_argument(
+    servers.add_argument(
         "--profile",
         default=None,
         metavar="DIR",
         help="run every server under py-spy (raw stacks in DIR; CPU figures then meaningless)",
     )
-    top.add_argument(
+    servers.add_argument(
         "--flag", dest="flags", action="append", default=[], help="an extra `serve` flag (repeatable)"
     )
     sub = top.add_subparsers(dest="command", required=True)
     p = sub.add_parser("turn", help="per-turn overhead of a long-lived response against the ping floor")
-    p.add_argument(
+    measured = p.add_argument_group("measurement")
+    measured.add_argument(
         "--contexts", type=ints, default=[1000, 100_000], help="context sizes in tokens, comma list"
     )
-    p.add_argument("--turns", type=int, default=50, help="turns measured per context")
-    p.add_argument("--append", type=int, default=1000, help="tokens appended per turn")
+    measured.add_argument("--turns", type=int, default=50, help="turns measured per context")
+    measured.add_argument("--append", type=int, default=1000, help="tokens appended per turn")
     p = sub.add_parser("cpu", help="server CPU per turn: long-lived against HTTP with the full history")
-    p.add_argument("--context", type=int, default=100_000, help="context size in tokens")
-    p.add_argument("--turns", type=int, default=20, help="turns measured per transport")
-    p.add_argument("--append", type=int, default=1000, help="tokens appended per turn")
+    measured = p.add_argument_group("measurement")
+    measured.add_argument("--context", type=int, default=100_000, help="context size in tokens")
+    measured.add_argument("--turns", type=int, default=20, help="turns measured per transport")
+    measured.add_argument("--append", type=int, default=1000, help="tokens appended per turn")
     p = sub.add_parser("stream", help="server CPU per streamed token against the bare stack's floor")
-    p.add_argument("--tokens", type=int, default=16_000, help="per stream (the models' max output is 16 384)")
-    p.add_argument("--streams", type=ints, default=[1, 32], help="concurrent streams, comma list")
-    p.add_argument(
+    measured = p.add_argument_group("measurement")
+    server = p.add_argument_group("the server")
+    measured.add_argument(
+        "--tokens", type=int, default=16_000, help="per stream (the models' max output is 16 384)"
+    )
+    measured.add_argument("--streams", type=ints, default=[1, 32], help="concurrent streams, comma list")
+    measured.add_argument(
         "--models",
         type=lambda s: s.split(","),
         default=["flat-out", "4000", "1000"],
         help="paces: flat-out or tok/s",
     )
-    p.add_argument("--loop", default="asyncio", help="the server's event loop: asyncio or uvloop")
+    server.add_argument("--loop", default="asyncio", help="the server's event loop: asyncio or uvloop")
     p = sub.add_parser("capacity", help="N long-lived streams at once: achieved rate and gaps")
-    p.add_argument(
+    measured = p.add_argument_group("measurement")
+    server = p.add_argument_group("the server")
+    contention = p.add_argument_group("a contended machine")
+    measured.add_argument(
         "--streams",
         type=ints,
         default=[64, 96, 128, 160, 192, 256],
         help="levels of concurrent streams, comma list",
     )
-    p.add_argument("--rate", type=float, default=1000.0, help="each stream's pace in tokens/s")
-    p.add_argument("--seconds", type=float, default=8.0, help="how long each level runs")
-    p.add_argument("--loop", default="asyncio", help="the server's event loop: asyncio or uvloop")
-    p.add_argument("--tries", type=int, default=4, help="runs of a level at most, while the box is contended")
-    p.add_argument(
+    measured.add_argument("--rate", type=float, default=1000.0, help="each stream's pace in tokens/s")
+    measured.add_argument("--seconds", type=float, default=8.0, help="how long each level runs")
+    server.add_argument("--loop", default="asyncio", help="the server's event loop: asyncio or uvloop")
+    contention.add_argument(
+        "--tries", type=int, default=4, help="runs of a level at most, while the box is contended"
+    )
+    contention.add_argument(
         "--max-wait", type=float, default=0.05, help="the server's run-queue wait share a run may have"
     )
     p = sub.add_parser("rss", help="server RSS per suspended long-lived response, by context")
-    p.add_argument(
+    measured = p.add_argument_group("measurement")
+    measured.add_argument(
         "--contexts", type=ints, default=[1000, 10_000, 100_000], help="context sizes in tokens, comma list"
     )
-    p.add_argument("--count", type=int, default=12, help="suspended responses held per context")
+    measured.add_argument("--count", type=int, default=12, help="suspended responses held per context")
     p = sub.add_parser(
         "deflate", help="server CPU per token and bytes per frame, permessage-deflate on or off"
     )
-    p.add_argument("--tokens", type=int, default=16_000, help="tokens per stream")
-    p.add_argument("--rate", action="store_true", help="at the model's 4 000 tok/s instead of flat out")
+    measured = p.add_argument_group("measurement")
+    measured.add_argument("--tokens", type=int, default=16_000, help="tokens per stream")
+    measured.add_argument(
+        "--rate", action="store_true", help="at the model's 4 000 tok/s instead of flat out"
+    )
     p = sub.add_parser(
         "topology",
         help="streams per second: in process, behind an engine, two workers",
@@ -134,8 +150,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("engine", help="the mock GPU's step loop under N sequences: CPU per step, pace")
     engine.add_arguments(p)
     p = sub.add_parser("profile", help="summarise py-spy raw output written by --profile")
-    p.add_argument("files", nargs="+")
-    p.add_argument("--top", type=int, default=40, help="frames listed")
+    p.add_argument("files", nargs="+", metavar="FILE", help="py-spy raw stacks (--profile DIR's files)")
+    p.add_argument_group("output").add_argument("--top", type=int, default=40, help="frames listed")
     return apply(top)
 
 

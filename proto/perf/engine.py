@@ -20,21 +20,24 @@ from sampler.overrides import model_specs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    measured = p.add_argument_group("measurement")
+    gpu = p.add_argument_group("the mock GPU")
+    measured.add_argument(
         "--sequences",
         type=lambda s: [int(x) for x in s.split(",") if x],
         default=[64, 512],
         help="concurrent sequences on the engine, one measurement each (comma-separated)",
     )
-    p.add_argument("--model", default="mock-65tps", help="the mock model whose step loop is measured")
-    p.add_argument(
+    gpu.add_argument("--model", default="mock-65tps", help="the mock model whose step loop is measured")
+    gpu.add_argument(
         "--max-num-seqs",
         type=int,
         default=1024,
-        help="the engine's batch bound (default: vLLM's for a >= 70 GiB GPU, so that every sequence runs)",
+        help="the engine's batch bound (default 1024: vLLM's for a >= 70 GiB GPU, so that every sequence "
+        "runs)",
     )
-    p.add_argument("--seconds", type=float, default=5.0, help="measured once every sequence decodes")
-    p.add_argument("--prompt", type=int, default=200, help="distinct prompt tokens per sequence")
+    measured.add_argument("--seconds", type=float, default=5.0, help="measured once every sequence decodes")
+    measured.add_argument("--prompt", type=int, default=200, help="distinct prompt tokens per sequence")
 
 
 async def _fleet(gpu: MockGPU, n: int, prompt: int, seconds: float) -> dict[str, float]:

@@ -178,15 +178,17 @@ async def run(args: argparse.Namespace) -> list[Cell]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=6.0, help="how long each level runs")
-    parser.add_argument(
+    measured = parser.add_argument_group("measurement")
+    output = parser.add_argument_group("output")
+    measured.add_argument("--seconds", type=float, default=6.0, help="how long each level runs")
+    measured.add_argument(
         "--concurrency",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[8, 32, 96],
         help="concurrent streams, comma list",
     )
-    parser.add_argument("--tokens", type=int, default=100, help="tokens per stream")
-    parser.add_argument("--out", type=Path, default=Path("capacity.json"), help="the JSON report")
+    measured.add_argument("--tokens", type=int, default=100, help="tokens per stream")
+    output.add_argument("--out", type=Path, default=Path("capacity.json"), help="the JSON report")
 
 
 def cmd_topology(args: argparse.Namespace) -> None:
