@@ -191,7 +191,7 @@ class Workload:
     first_user_text: str  # the task, without directives
     first_user_tokens: int  # system prompt + tool schemas + task: what the client pads the first message to
     turns: tuple[TurnPlan, ...]
-    # "tracelab": the tool times are one draw from TraceLab's fit (proto/lab/synthetic.py), and the lab
+    # "tracelab": the tool times are one draw from TraceLab's fit (proto/lab/workload/synthetic.py), the lab
     # draws them again per rollout seed (docs/lab.md, "Statistics"); "fixed" (the default): as written.
     tool_times: str = "fixed"
 

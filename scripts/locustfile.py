@@ -1,5 +1,5 @@
 """Load from many machines: Locust users that replay the lab's workloads over HTTP, GA WebSocket and the
-long-lived protocol, with the lab's metric definitions (proto/lab/metrics.py: TTFT = send → first
+long-lived protocol, with the lab's metric definitions (proto/lab/analysis/metrics.py: TTFT = send → first
 token-bearing delta, E2E = first send → last terminal event, turn overhead = TTFT − the prefill and queue
 wait the server reports for that turn).
 
@@ -52,10 +52,10 @@ from proto.client.frames import decode, encode
 from proto.client.messages import function_calls
 from proto.client.sse import SseParser
 from proto.core.events import TERMINAL_TYPES
-from proto.lab.clients import answer
-from proto.lab.metrics import SEND, Mark, Trace, percentile, rollout_metrics
-from proto.lab.plan import RolloutPlan, Send, build_plan
-from proto.lab.traces import Session, load_replay
+from proto.lab.analysis.metrics import SEND, Mark, Trace, percentile, rollout_metrics
+from proto.lab.run.clients import answer
+from proto.lab.workload.plan import RolloutPlan, Send, build_plan
+from proto.lab.workload.traces import Session, load_replay
 
 METRICS = ("TTFT", "E2E", "OVERHEAD")
 # mode -> metric -> samples (ms). On a worker: those not yet reported; on the master or a local run: all.

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/make_workloads.py
 
-The generator is ``proto/lab/synthetic.py`` (sizes plausible, tool times drawn from TraceLab's
+The generator is ``proto/lab/workload/synthetic.py`` (sizes plausible, tool times drawn from TraceLab's
 heavy-tailed fit); the format is documented in docs/lab.md, "Workloads".
 """
 
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from proto.lab.synthetic import coding_agent, long_context
+from proto.lab.workload.synthetic import coding_agent, long_context
 
 OUT = Path(__file__).resolve().parent.parent / "sampler" / "workloads"
 

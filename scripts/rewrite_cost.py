@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from proto.lab.bench import main as bench_main
-from proto.lab.results import load
-from proto.lab.traces import TRACELAB
+from proto.lab.report.results import load
+from proto.lab.workload.traces import TRACELAB
 
 SOURCE = TRACELAB / "tracelab-codex-session.jsonl"
 REWRITES = (5, 7)  # the rounds whose prompt is below the last context

@@ -33,10 +33,10 @@ from codex import (
 
 from proto.core.response import MODES
 from proto.lab.bench import main as bench_main
-from proto.lab.codex_rollout import RolloutError, derive_rounds, is_rollout
 from proto.lab.config import BenchConfig
-from proto.lab.plan import build_plan
-from proto.lab.traces import TRACELAB, load_replay, replay_names
+from proto.lab.workload.codex_rollout import RolloutError, derive_rounds, is_rollout
+from proto.lab.workload.plan import build_plan
+from proto.lab.workload.traces import TRACELAB, load_replay, replay_names
 
 SESSION = "019a0000-0000-7000-8000-000000000001"
 

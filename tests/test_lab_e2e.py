@@ -15,8 +15,8 @@ import pytest
 
 from proto.cli import main as cli_main
 from proto.core.response import MODES
+from proto.lab.analysis.repredict import repredict
 from proto.lab.bench import main as bench_main
-from proto.lab.repredict import repredict
 
 pytestmark = pytest.mark.process  # every test starts a server or a process
 

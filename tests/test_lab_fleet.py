@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proto.core.response import MODES
-from proto.lab.fleet import FleetCell, FleetConfig, arrivals, main, run_fleet
+from proto.lab.run.fleet import FleetCell, FleetConfig, arrivals, main, run_fleet
 
 SMALL = FleetConfig(
     modes=tuple(MODES),

@@ -1,4 +1,5 @@
-"""The lab's metric code on synthetic timelines: every figure computed by hand (proto/lab/metrics.py)."""
+"""The lab's metric code on synthetic timelines: every figure computed by hand
+(proto/lab/analysis/metrics.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import math
 import pytest
 
 from proto.client.frames import ws_frame_bytes
-from proto.lab.clients import answer
-from proto.lab.metrics import (
+from proto.lab.analysis.metrics import (
     SEND,
     Mark,
     Trace,
@@ -19,7 +19,8 @@ from proto.lab.metrics import (
     split_turns,
     summarize,
 )
-from proto.lab.plan import Send
+from proto.lab.run.clients import answer
+from proto.lab.workload.plan import Send
 
 TEXT = "response.output_text.delta"
 ARGS = "response.function_call_arguments.delta"

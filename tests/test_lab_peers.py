@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from proto.lab.bench import main as bench_main
-from proto.lab.peers import AGENTIC_API_VERSION, CLIENT_ONLY, PeerUnavailable, agentic_api, agentic_server
+from proto.lab.run.peers import AGENTIC_API_VERSION, CLIENT_ONLY, PeerUnavailable, agentic_api, agentic_server
 
 TOOL_LOOP = {
     "format": 1,

@@ -1,4 +1,4 @@
-"""The fast model on numbers computed by hand (``proto/lab/predict.py``), the calibrated models, the
+"""The fast model on numbers computed by hand (``proto/lab/analysis/predict.py``), the calibrated models, the
 scenarios."""
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proto.lab.bench import add_arguments, config_from_args
-from proto.lab.metrics import SEND, Mark, Trace
-from proto.lab.plan import build_plan
-from proto.lab.predict import (
+from proto.lab.analysis.metrics import SEND, Mark, Trace
+from proto.lab.analysis.predict import (
     KINDS,
     Calibration,
     Fit,
@@ -24,7 +22,9 @@ from proto.lab.predict import (
     predict_cell,
     samples_of,
 )
-from proto.lab.traces import Replay, Round, Session, load_replay
+from proto.lab.bench import add_arguments, config_from_args
+from proto.lab.workload.plan import build_plan
+from proto.lab.workload.traces import Replay, Round, Session, load_replay
 from sampler.models import MODELS
 from sampler.policy import PlannedCall
 
@@ -231,7 +231,7 @@ def test_a_scenario_sets_up_its_comparison() -> None:
 
 
 def test_the_shared_core_is_processor_sharing_and_keeps_lock_step_sessions_together() -> None:
-    from proto.lab.predict import SharedCore
+    from proto.lab.analysis.predict import SharedCore
 
     core = SharedCore()
     a, b = core.arrive(0.0, 0.010), core.arrive(0.0, 0.010)  # two equal rounds at once: both end at 2 W
@@ -255,9 +255,9 @@ def test_predict_predicts_every_cell_of_the_grid_without_running_it(
     import csv
     import json
 
-    from proto.lab import results as results_module
     from proto.lab.bench import main
-    from proto.lab.results import cell_prediction, predicted_wall
+    from proto.lab.report import results as results_module
+    from proto.lab.report.results import cell_prediction, predicted_wall
 
     monkeypatch.setattr(results_module, "machine", dict)  # platform.processor() would start `uname -p`
 
@@ -304,7 +304,7 @@ def test_predict_predicts_every_cell_of_the_grid_without_running_it(
     )
     assert float(table[1]["part_tools_s"]) == pytest.approx(rows[1]["predicted_parts_s"]["tools"], rel=1e-5)
     # bench report --lab's section: the WebSocket designs' gains, the best of them, none at the seed's -40 %
-    from proto.lab.writeup import grid_section
+    from proto.lab.report.writeup import grid_section
 
     best = min((r for r in rows if r["mode"] == "longlived"), key=lambda r: r["predicted_e2e_vs_http"])
     text = "\n".join(grid_section(results))

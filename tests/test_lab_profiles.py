@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from proto.lab.config import PROFILES, BenchConfig, profile_named
-from proto.lab.results import profiles_json
+from proto.lab.report.results import profiles_json
 from proto.server.config import add_arguments, from_args
 
 
@@ -54,8 +54,8 @@ def test_every_run_records_the_rules_of_its_profiles() -> None:
 
 
 def test_the_timeline_draws_the_classifier_beside_the_prefill_not_before_it() -> None:
-    from proto.lab.metrics import RoundTimes
-    from proto.lab.timeline import _server
+    from proto.lab.analysis.metrics import RoundTimes
+    from proto.lab.report.timeline import _server
 
     report = {
         "prefill_ms": 100.0,

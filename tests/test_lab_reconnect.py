@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from databases import PostgresServer
 
+from proto.lab.analysis.metrics import RECONNECT, SEND, Mark, Trace, store_vs_cached
 from proto.lab.bench import main as bench_main
-from proto.lab.metrics import RECONNECT, SEND, Mark, Trace, store_vs_cached
 
 TINY = {
     "format": 1,

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from proto.core.codec import decode_body, decode_items
 from proto.core.response import MODES
 from proto.core.work import WorkCounters
-from proto.lab.clients import new_items, rewrite
-from proto.lab.plan import PlanError, RolloutPlan, build_plan, model_items, tokenizer
-from proto.lab.traces import TRACELAB, Round, Session, load_replay, read_jsonl
+from proto.lab.run.clients import new_items, rewrite
+from proto.lab.workload.plan import PlanError, RolloutPlan, build_plan, model_items, tokenizer
+from proto.lab.workload.traces import TRACELAB, Round, Session, load_replay, read_jsonl
 from proto.server.pipeline import render_context
 from sampler.policy import PlannedCall
 from sampler.position import count_segments

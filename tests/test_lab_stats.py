@@ -17,14 +17,14 @@ import pytest
 
 from proto.client.frames import SENT, Frame
 from proto.client.http import HttpClient
+from proto.lab.analysis.stats import FASTER, FEW, SAME, SLOWER, paired_gain, percentiles
 from proto.lab.config import PROFILES, BenchConfig, jitter_overrides
-from proto.lab.design import draw_tool_times, mode_order, rollout_seed, williams_rows
 from proto.lab.records import ROOT, CpuTime, Floor, Load, cpu_between, noise, provenance, tree_cpu
-from proto.lab.results import add_gains, design_json, floors_json, run_record
-from proto.lab.runner import CellResult, run_bench, server_flags
-from proto.lab.stats import FASTER, FEW, SAME, SLOWER, paired_gain, percentiles
-from proto.lab.synthetic import TOOL_P50_S, coding_agent
-from proto.lab.traces import load_replay
+from proto.lab.report.results import add_gains, design_json, floors_json, run_record
+from proto.lab.run.design import draw_tool_times, mode_order, rollout_seed, williams_rows
+from proto.lab.run.runner import CellResult, run_bench, server_flags
+from proto.lab.workload.synthetic import TOOL_P50_S, coding_agent
+from proto.lab.workload.traces import load_replay
 from proto.server.serve import ThreadedServer
 
 # ---- the paired gain ----------------------------------------------------------------------------

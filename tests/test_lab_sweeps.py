@@ -23,15 +23,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_lab_e2e import TINY
 
-from proto.lab import results as results_module
-from proto.lab import store as store_module
+from proto.lab.analysis.predict import Prediction
 from proto.lab.bench import Eta
 from proto.lab.bench import main as bench_main
 from proto.lab.config import BenchConfig
-from proto.lab.predict import Prediction
-from proto.lab.results import atomic_write
-from proto.lab.runner import CellKey
-from proto.lab.store import (
+from proto.lab.report import results as results_module
+from proto.lab.report.results import atomic_write
+from proto.lab.run import store as store_module
+from proto.lab.run.runner import CellKey
+from proto.lab.run.store import (
     RECORDS,
     NotARun,
     ResumeMismatch,
@@ -380,8 +380,9 @@ def test_a_run_with_cells_calibrates_over_its_own_workloads_history(monkeypatch:
     ``--predict`` alone 128 k."""
     from rich.console import Console
 
-    from proto.lab import bench, runner
-    from proto.lab.predict import Calibration
+    from proto.lab import bench
+    from proto.lab.analysis.predict import Calibration
+    from proto.lab.run import runner
 
     ranges: list[int] = []
 

@@ -12,9 +12,9 @@ from helpers import bench_trace
 from rich.console import Console
 
 from proto.core.response import MODES
-from proto.lab.plan import build_plan
-from proto.lab.report import WIDTH, print_table
-from proto.lab.traces import TRACELAB, TraceError, load_replay, read_csv, replay_names
+from proto.lab.report.tables import WIDTH, print_table
+from proto.lab.workload.plan import build_plan
+from proto.lab.workload.traces import TRACELAB, TraceError, load_replay, read_csv, replay_names
 
 TRACES = (
     "tracelab-claude-session",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proto.lab.writeup import (
+from proto.lab.report.writeup import (
     FINDINGS_BEGIN,
     FINDINGS_END,
     interval,
@@ -188,7 +188,7 @@ def test_a_format_2_run_renders_percentiles_paired_gains_and_provenance() -> Non
 
 
 def test_one_format_2_runs_report_has_its_paired_gains(capsys: pytest.CaptureFixture[str]) -> None:
-    from proto.lab.writeup import main
+    from proto.lab.report.writeup import main
 
     assert main([str(FORMAT2 / "quick" / "results.json"), "--title", "Quick"]) == 0
     text = capsys.readouterr().out
@@ -196,13 +196,13 @@ def test_one_format_2_runs_report_has_its_paired_gains(capsys: pytest.CaptureFix
 
 
 def test_a_scenarios_fast_model_gain_is_negative_when_the_mode_is_faster() -> None:
-    """proto/lab/scenarios.py's gains in the lab's one sign: `longlived` against `http` with production-like
+    """workload/scenarios.py's gains in the lab's one sign: `longlived` against `http` with production-like
     hops and no tool time (predict-1's calibration) is faster, so negative; the seed's hop question still
     finds the hop that saves 40 %."""
+    from proto.lab.analysis.predict import Calibration, Hops
+    from proto.lab.analysis.sweep import coding
     from proto.lab.config import PROFILES
-    from proto.lab.predict import Calibration, Hops
-    from proto.lab.scenarios import _seed_question, gain
-    from proto.lab.sweep import coding
+    from proto.lab.workload.scenarios import _seed_question, gain
     from sampler.models import MODELS
 
     kept = json.loads((KEPT / "predict-1" / "results.json").read_text(encoding="utf-8"))

@@ -1,7 +1,7 @@
 """What every client of this package records: the events it received, each with its arrival time, and the
 optional observer that sees each frame sent or received with its time and its size on the wire.
 
-The observer is the latency lab's timing hook (``proto/lab/clients.py``): it is called synchronously,
+The observer is the latency lab's timing hook (``proto/lab/run/clients.py``): it is called synchronously,
 before a frame is handed to the socket and right after one is decoded, so a timeline built from it holds
 the same instants the socket saw. It must not block; it reads the frame during the call (``event`` is the
 caller's own object, which the caller may go on changing).

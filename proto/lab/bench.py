@@ -1,9 +1,10 @@
 """``responses-lab bench``: the command line of the lab. ``bench report …``, ``bench repredict …`` and
-``bench merge …`` are its subcommands over kept runs (:mod:`proto.lab.writeup`, :mod:`proto.lab.repredict`,
-:func:`merge`); any other first argument is a flag of the run itself (``responses-lab bench --quick``).
+``bench merge …`` are its subcommands over kept runs (:mod:`proto.lab.report.writeup`,
+:mod:`proto.lab.analysis.repredict`, :func:`merge`); any other first argument is a flag of the run itself
+(``responses-lab bench --quick``).
 
-A run with cells keeps each finished cell's record in ``--out`` as it finishes (:mod:`proto.lab.store`), so
-``--resume DIR`` goes on where a crash or a Ctrl-C stopped it, and ``--shard I/N`` runs a part of the grid
+A run with cells keeps each finished cell's record in ``--out`` as it finishes (:mod:`proto.lab.run.store`),
+so ``--resume DIR`` goes on where a crash or a Ctrl-C stopped it, and ``--shard I/N`` runs a part of the grid
 that ``bench merge`` puts together with the others (docs/lab.md, "Long sweeps")."""
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
-from proto.lab.codex_rollout import RolloutError
+from proto.lab.analysis.predict import PASSES, Calibration, Prediction
+from proto.lab.analysis.stats import MIN_ROLLOUTS
+from proto.lab.analysis.sweep import sweep
 from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig, profile_named
-from proto.lab.peers import PeerError, PeerUnavailable, agentic_server
-from proto.lab.plan import PlanError
-from proto.lab.predict import PASSES, Calibration, Prediction
 from proto.lab.records import provenance
-from proto.lab.report import print_grid, print_table, write_plots
-from proto.lab.results import (
+from proto.lab.report.results import (
     grid_predictions,
     load,
     predict_cells,
@@ -38,10 +37,11 @@ from proto.lab.results import (
     write_grid_csv,
     write_json,
 )
-from proto.lab.runner import BenchResult, CellKey, CellResult, cell_turns, grid, replays_of, run_bench
-from proto.lab.scenarios import SCENARIOS
-from proto.lab.stats import MIN_ROLLOUTS
-from proto.lab.store import (
+from proto.lab.report.tables import print_grid, print_table, write_plots
+from proto.lab.report.timeline import write_trace
+from proto.lab.run.peers import PeerError, PeerUnavailable, agentic_server
+from proto.lab.run.runner import BenchResult, CellKey, CellResult, cell_turns, grid, replays_of, run_bench
+from proto.lab.run.store import (
     RunDir,
     Shard,
     SweepError,
@@ -53,9 +53,10 @@ from proto.lab.store import (
     sorted_shards,
     without,
 )
-from proto.lab.sweep import sweep
-from proto.lab.timeline import write_trace
-from proto.lab.traces import TraceError
+from proto.lab.workload.codex_rollout import RolloutError
+from proto.lab.workload.plan import PlanError
+from proto.lab.workload.scenarios import SCENARIOS
+from proto.lab.workload.traces import TraceError
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -323,17 +324,17 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "report":
-        from proto.lab.writeup import main as report_main
+        from proto.lab.report.writeup import main as report_main
 
         return report_main(argv[1:])
     if argv and argv[0] == "repredict":
-        from proto.lab.repredict import main as repredict_main
+        from proto.lab.analysis.repredict import main as repredict_main
 
         return repredict_main(argv[1:])
     if argv and argv[0] == "merge":
         return merge(argv[1:])
     if argv and argv[0] == "fleet":
-        from proto.lab.fleet import main as fleet_main
+        from proto.lab.run.fleet import main as fleet_main
 
         return fleet_main(argv[1:])
     return run(argv)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from proto.lab.traces import Round, Session
+from proto.lab.workload.traces import Round, Session
 from sampler.policy import PlannedCall
 
 
@@ -51,7 +51,7 @@ class Profile:
 
 
 # Peers: other projects' Responses servers the lab runs as one more mode each (docs/lab.md, "Peers";
-# proto/lab/peers.py).
+# proto/lab/run/peers.py).
 AGENTIC_API = "agentic-api"
 PEER_MODES: tuple[str, ...] = (AGENTIC_API,)
 

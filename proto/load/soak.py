@@ -44,7 +44,7 @@ from proto.client.longlived import LongLivedClient
 from proto.client.retry import REFUSED, retry_delay
 from proto.core.events import TERMINAL_TYPES
 from proto.helpfmt import HelpFormatter
-from proto.lab.metrics import percentile
+from proto.lab.analysis.metrics import percentile
 from proto.processes import ChildServer
 
 TOOLS = [{"type": "function", "name": "grep"}]

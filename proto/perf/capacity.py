@@ -9,7 +9,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from proto.lab.metrics import percentile
+from proto.lab.analysis.metrics import percentile
 from proto.perf.counting import Counting, counting
 from proto.perf.schedstat import cpu_and_wait
 from proto.perf.servers import lab_server, servers

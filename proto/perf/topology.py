@@ -33,7 +33,7 @@ import psutil
 from websockets.asyncio.client import connect
 
 import proto.client.messages as messages
-from proto.lab.metrics import percentile
+from proto.lab.analysis.metrics import percentile
 from proto.perf.workload import FAST, MODEL, stream_body
 from proto.processes import ChildEngine, ChildServer, cpu_seconds
 

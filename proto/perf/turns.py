@@ -17,7 +17,7 @@ import proto.client.messages as messages
 from proto.client.errors import ProtocolFailure
 from proto.client.http import HttpClient
 from proto.core.events import TERMINAL_TYPES
-from proto.lab.metrics import percentile
+from proto.lab.analysis.metrics import percentile
 from proto.perf.schedstat import thread_cpu_seconds
 from proto.perf.servers import lab_server, servers
 from proto.perf.workload import FAST, MODEL, TOOLS, filler, rollout_body, rollout_input, turn_script

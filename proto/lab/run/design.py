@@ -7,7 +7,7 @@ times each rollout draws. Pure: no clock, no I/O.
   equally often and follows every other mode equally often, so neither a position (a warmer server, a cooler
   CPU) nor the mode run just before favours a mode.
 * **Tool times.** A synthetic workload's rollout ``(i, s)`` (index, session) draws its tool times from the
-  workload's distribution (:func:`proto.lab.synthetic.tool_time_s`) with :func:`rollout_seed`: every mode
+  workload's distribution (``workload/synthetic.py``, ``tool_time_s``) with :func:`rollout_seed`: every mode
   replays the same draw, and a cell covers several draws. A trace keeps its recorded tool times (they are
   the trace).
 """
@@ -18,8 +18,8 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from proto.lab.synthetic import tool_time_s
-from proto.lab.traces import Session
+from proto.lab.workload.synthetic import tool_time_s
+from proto.lab.workload.traces import Session
 
 
 def williams_rows(m: int) -> list[list[int]]:
@@ -58,7 +58,7 @@ def rollout_seed(seed: int, index: int, session: int) -> int:
 def draw_tool_times(session: Session, seed: int) -> Session:
     """``session`` with each tool round's wait drawn again: per call from the fitted tool-time distribution,
     the round waiting for its slowest call (parallel calls overlap), as the shipped workloads were drawn
-    (proto/lab/synthetic.py). Rounds without calls keep their wait. Same seed, same times. A session whose
+    (workload/synthetic.py). Rounds without calls keep their wait. Same seed, same times. A session whose
     workload wrote its times as they are (``tool_times`` "fixed": a user's own file) keeps them."""
     if not session.drawn:
         return session

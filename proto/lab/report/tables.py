@@ -1,5 +1,5 @@
 """The lab's outputs for people: the printed table and the PNG plots, both read from results.json
-(``proto.lab.results`` shapes and writes it, results.csv too)."""
+(``proto.lab.report.results`` shapes and writes it, results.csv too)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from proto.core.response import MODES
-from proto.lab.results import BASELINE, cells, ratio
-from proto.lab.stats import MIN_ROLLOUTS
+from proto.lab.analysis.stats import MIN_ROLLOUTS
+from proto.lab.report.results import BASELINE, cells, ratio
 
 MODE_ORDER: tuple[str, ...] = (
     MODES  # the order the designs are compared in: each removes work the one before redoes
@@ -223,7 +223,7 @@ def _mode_rank(mode: str) -> int:
 
 
 def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
-    from proto.lab.sweep import write_curves
+    from proto.lab.analysis.sweep import write_curves
 
     curves = write_curves(results.get("sweep") or [], out, MODE_COLORS)
     if not results["runs"]:

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proto.lab.analysis.predict import Calibration, Hops, predict_cell
+from proto.lab.analysis.sweep import coding
 from proto.lab.config import PROFILES, BenchConfig
-from proto.lab.predict import Calibration, Hops, predict_cell
-from proto.lab.sweep import coding
-from proto.lab.traces import Replay, Round, Session, register
+from proto.lab.workload.traces import Replay, Round, Session, register
 from sampler.models import MODELS, ModelSpec
 
 # The vLLM 0.32 /v1/responses API-server cost measured on this machine kind (2-core box, CPU build, tiny
@@ -57,7 +57,7 @@ def gain(
     scale: float,
     ttft: bool = False,
 ) -> float:
-    """mode ÷ base − 1 on E2E (or TTFT p50), the lab's one sign (proto/lab/stats.py, ``SIGN``): negative =
+    """mode ÷ base − 1 on E2E (or TTFT p50), the lab's one sign (analysis/stats.py, ``SIGN``): negative =
     ``mode`` faster than ``base``."""
     a = predict_cell(cal, mode, replay, spec, hops, tool_time_scale=scale)
     b = predict_cell(cal, base, replay, spec, hops, tool_time_scale=scale)
@@ -145,7 +145,7 @@ def _vllm_question(cal: Calibration) -> dict[str, Any]:
 
 
 def _long_context() -> Replay:
-    from proto.lab.traces import load_replay
+    from proto.lab.workload.traces import load_replay
 
     return load_replay("long-context")
 

@@ -1,6 +1,6 @@
 """One bench run's results.json as Markdown: the tables per cell, where a rollout's time goes, the seed's
 claims, and the repeatability of two runs of the same command. Generated, never typed by hand
-(``responses-lab bench report``, :mod:`proto.lab.writeup`)."""
+(``responses-lab bench report``, :mod:`proto.lab.report.writeup`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from proto.core.response import MODES
-from proto.lab.results import cells, ratio
+from proto.lab.report.results import cells, ratio
 
 TOLERANCE = 0.05  # ratios must repeat within ±5 %
 # (figure, key, what we compare) — the ratios the repeatability check covers.

@@ -1,7 +1,7 @@
-"""The seed's curve and the SMG axis, from the fast model (``proto/lab/predict.py``): each mode's E2E and
+"""The seed's curve and the SMG axis, from the fast model (``analysis/predict.py``): each mode's E2E and
 TTFT against ``http`` as decode speed goes 65 → 4 000 tokens/s (each speed with its hardware class's
 prefill), as the rollout grows 8 → 40 turns, and as the hops get dearer. One session; the workload is
-coding-agent (its length, for the turn curve, from ``proto/lab/synthetic.py``); tool times × the run's
+coding-agent (its length, for the turn curve, from ``workload/synthetic.py``); tool times × the run's
 ``--tool-time-scale``. The ``sweep`` list of results.json (docs/lab.md, "results.json") and two PNGs come from
 here.
 """
@@ -13,10 +13,10 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from proto.lab.analysis.predict import Calibration, Hops, predict_cell
 from proto.lab.config import PROFILES
-from proto.lab.predict import Calibration, Hops, predict_cell
-from proto.lab.synthetic import coding_agent
-from proto.lab.traces import Replay, from_workload
+from proto.lab.workload.synthetic import coding_agent
+from proto.lab.workload.traces import Replay, from_workload
 from sampler.models import MODELS, ModelSpec
 from sampler.policy import workload_from_json
 

@@ -8,7 +8,7 @@ trace's contention), ``rollouts`` times over. The server's CPU time is read arou
 Cells run one after another, never overlapping, so modes never share the two cores.
 
 ``reconnect=K``: two servers per profile share one database (``db``, else a temporary SQLite file), and
-the ``ws`` clients reconnect to the other one every K turns (proto/lab/clients.py); the servers' CPU is
+the ``ws`` clients reconnect to the other one every K turns (proto/lab/run/clients.py); the servers' CPU is
 summed. With ``url``, a second URL after a comma is the other server.
 """
 
@@ -32,15 +32,15 @@ from websockets.asyncio.client import connect
 
 from proto.client.frames import SENT
 from proto.client.http import HttpClient
-from proto.lab.clients import RolloutClient, make_client
+from proto.lab.analysis.metrics import Trace
+from proto.lab.analysis.predict import Calibration, calibrate
 from proto.lab.config import PEER_MODES, WARM, BenchConfig, Profile, jitter_overrides, nonce, profile_named
-from proto.lab.design import draw_tool_times, mode_order, rollout_seed
-from proto.lab.metrics import Trace
-from proto.lab.peers import peer_info, run_peer_modes
-from proto.lab.plan import RolloutPlan, build_plan
-from proto.lab.predict import Calibration, calibrate
 from proto.lab.records import Floor, Load, cpu_between, floor, load_now, tree_cpu
-from proto.lab.traces import Replay, Session, load_replay
+from proto.lab.run.clients import RolloutClient, make_client
+from proto.lab.run.design import draw_tool_times, mode_order, rollout_seed
+from proto.lab.run.peers import peer_info, run_peer_modes
+from proto.lab.workload.plan import RolloutPlan, build_plan
+from proto.lab.workload.traces import Replay, Session, load_replay
 from proto.processes import ChildEngine, ChildServer, cpu_seconds
 
 
@@ -56,7 +56,7 @@ class CellResult:
     wall_s: float
     replay: Replay | None = None
     group: GroupResult | None = None  # the design, load and floors its (profile, workload, model) ran with
-    peer: dict[str, Any] | None = None  # who served it and how it was timed (proto/lab/peers.py)
+    peer: dict[str, Any] | None = None  # who served it and how it was timed (proto/lab/run/peers.py)
 
 
 @dataclass
@@ -152,7 +152,7 @@ class GroupResult:
     load: Load
     floors: list[Floor]
     blocks: int  # server lifetimes: 1, or one per rollout index with fresh_server
-    peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # per peer mode: proto/lab/peers.py
+    peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # per peer mode: proto/lab/run/peers.py
 
 
 def _plans(replay: Replay, model: str, config: BenchConfig, index: int) -> list[tuple[Session, int | None]]:
@@ -178,12 +178,12 @@ async def run_group(
     peer_flags: list[str] | None = None,
 ) -> tuple[dict[str, ModeTally], GroupResult]:
     """Every mode of one (profile, workload, model) over the same rollouts: rollout index ``i`` runs each
-    mode once, in row ``i`` of the Williams design (proto/lab/design.py), every mode on the same plan and
+    mode once, in row ``i`` of the Williams design (proto/lab/run/design.py), every mode on the same plan and
     tool times (a distinct nonce each, so no KV prefix or cached item is shared). ``servers()`` gives the
     server: entered once, or once per rollout index with ``config.fresh_server``. The floors are measured on
     the first server, before the warm-up; the load average is read around the whole group. A peer mode
     (``--peer``) runs the same indices through its own processes, started with ``peer_flags``, after the
-    others (proto/lab/peers.py)."""
+    others (proto/lab/run/peers.py)."""
     tallies = {mode: ModeTally() for mode in modes}
     ours = [m for m in modes if m not in PEER_MODES]
     peer_modes = [m for m in modes if m in PEER_MODES]
@@ -450,7 +450,7 @@ async def run_bench(
     """The run: the fast model's calibration (unless ``config.predict`` is off, or ``calibration`` is
     given: a resumed run's), then every cell (unless ``cells`` is off: ``--predict`` alone).
 
-    A long sweep (proto/lab/store.py) runs only the cells in ``todo``, starts the servers of their profiles
+    A long sweep (run/store.py) runs only the cells in ``todo``, starts the servers of their profiles
     only, keeps a profile's floor from ``floors`` where it is there (else measures it and hands it to
     ``on_floor``), and hands each cell to ``on_done`` as it finishes."""
     result = BenchResult(config, calibration=calibration)

@@ -38,14 +38,14 @@ from typing import Any
 import httpx
 import psutil
 
+from proto.lab.analysis.metrics import BOUNDARY, SEND, Trace, rollout_metrics
 from proto.lab.config import AGENTIC_API, BenchConfig
-from proto.lab.metrics import BOUNDARY, SEND, Trace, rollout_metrics
-from proto.lab.plan import build_plan
-from proto.lab.traces import Replay
+from proto.lab.workload.plan import build_plan
+from proto.lab.workload.traces import Replay
 from proto.processes import ChildServer, cpu_seconds, free_port
 
 AGENTIC_API_VERSION = "0.9.0"  # pinned: Makefile, "peers"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 UPSTREAM_REPORT = "gateway: client TTFT - upstream report; upstream: this server's per-turn report"
 CLIENT_ONLY = "client-side only: the server's own report is not read"
 

@@ -62,9 +62,9 @@ from proto.client.ws import WebSocketClient
 from proto.core.codec import CACHE_HEADER
 from proto.core.events import TERMINAL_TYPES
 from proto.core.response import MODES
+from proto.lab.analysis.metrics import RECONNECT, SEND, Mark, Trace
 from proto.lab.config import PEER_MODES
-from proto.lab.metrics import RECONNECT, SEND, Mark, Trace
-from proto.lab.plan import RolloutPlan, Send
+from proto.lab.workload.plan import RolloutPlan, Send
 
 __all__ = ["LabClientError", "RolloutClient", "answer", "make_client", "new_items", "rewrite"]
 

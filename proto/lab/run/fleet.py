@@ -1,7 +1,7 @@
 """Many agents on one shared engine (docs/lab.md, "Fleets"): ``responses-lab bench fleet``.
 
 N desynchronised agents arrive by a seeded Poisson process and each runs one rollout of the workload's plan
-(proto/lab/plan.py) with its own seeded tool-time draws (proto/lab/design.py), through the real stack: the
+(workload/plan.py) with its own seeded tool-time draws (run/design.py), through the real stack: the
 lab's rollout clients → ``responses-lab serve --engine URL`` → a ``responses-lab engine`` process (the mock
 GPU: chunked prefill, KV capacity, preemption, pinned suspended blocks; docs/mock-gpu.md). Every cell —
 (agents, KV budget, pinning, mode) — gets a fresh engine and server, so the engine's counters are the
@@ -30,12 +30,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
-from proto.lab.clients import make_client
+from proto.lab.analysis.metrics import Trace, percentile, rollout_metrics
 from proto.lab.config import JITTER, nonce
-from proto.lab.design import draw_tool_times, rollout_seed
-from proto.lab.metrics import Trace, percentile, rollout_metrics
-from proto.lab.plan import build_plan
-from proto.lab.traces import load_replay
+from proto.lab.run.clients import make_client
+from proto.lab.run.design import draw_tool_times, rollout_seed
+from proto.lab.workload.plan import build_plan
+from proto.lab.workload.traces import load_replay
 from proto.processes import ChildEngine, ChildServer
 
 SETTLE_POLL_S = 0.05  # how often the engine is asked whether it has settled between cells

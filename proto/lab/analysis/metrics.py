@@ -69,7 +69,7 @@ class Trace:
     arrival_s: float = 0.0  # a trace session's arrival, after the cell's measured start
     # per response: (turns, safety hops, model resolutions)
     hops: list[tuple[int, int, int]] = field(default_factory=list)
-    # where the rollout sits in the run's design (proto/lab/design.py): its rollout index, its session's
+    # where the rollout sits in the run's design (proto/lab/run/design.py): its rollout index, its session's
     # index, its tool times' seed (None: a trace's recorded times), its mode's position in that index's order
     index: int = -1
     session_index: int = 0

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from proto.lab.metrics import RoundTimes, Trace, round_times
-from proto.lab.runner import CellResult
+from proto.lab.analysis.metrics import RoundTimes, Trace, round_times
+from proto.lab.run.runner import CellResult
 
 PHASE_ORDER = (
     "store_load",
@@ -41,7 +41,7 @@ COLORS = {"tools": "#9e9e9e", "api": "#d62728", "queue": "#ff7f0e", "prefill": "
 
 def cell_timeline(cell: CellResult) -> dict[str, Any]:
     """A cell's spans, as JSON: ``{"label", "mode", "tracks": [{"name", "spans": [...]}]}``, one track per
-    rollout. A cell's record keeps it (proto/lab/store.py), so ``trace.json`` is written from records: a
+    rollout. A cell's record keeps it (proto/lab/run/store.py), so ``trace.json`` is written from records: a
     resumed run's and merged shards' as well as a whole run's."""
     return {
         "label": f"{cell.profile} · {cell.workload} · {cell.model}",

@@ -3,9 +3,9 @@ read back.
 
 :func:`run_record` shapes one finished cell into its ``runs[]`` entry; :func:`floor_json`,
 :func:`config_json` and :func:`profiles_json` the run's fields. A run with cells keeps each entry in a
-record as the cell finishes and assembles results.json from the records (:mod:`proto.lab.store`);
-``--predict`` alone shapes its :class:`~proto.lab.runner.BenchResult` with :func:`results_json`.
-:func:`write_json` and :func:`write_csv` write it. Readers — ``report.py``'s table and plots, ``writeup.py``
+record as the cell finishes and assembles results.json from the records (:mod:`proto.lab.run.store`);
+``--predict`` alone shapes its :class:`~proto.lab.run.runner.BenchResult` with :func:`results_json`.
+:func:`write_json` and :func:`write_csv` write it. Readers — ``tables.py``'s table and plots, ``writeup.py``
 (``bench report``) — load it with :func:`load` and group it with :func:`cells`, so the format is described
 here only.
 """
@@ -26,12 +26,19 @@ from typing import Any
 import msgspec
 import psutil
 
+from proto.lab.analysis.metrics import (
+    RolloutMetrics,
+    Trace,
+    percentile,
+    rollout_metrics,
+    store_vs_cached,
+    summarize,
+)
+from proto.lab.analysis.stats import MIN_ROLLOUTS, SIGN, paired_gain, percentiles
 from proto.lab.config import JITTER, PEER_MODES, BenchConfig, profile_named
-from proto.lab.metrics import RolloutMetrics, Trace, percentile, rollout_metrics, store_vs_cached, summarize
 from proto.lab.records import FLOOR_SPREAD, LOAD_PER_CORE, WAIT_SHARE, RolloutRecord, floor, noise, provenance
-from proto.lab.runner import BenchResult, CellKey, CellResult
-from proto.lab.stats import MIN_ROLLOUTS, SIGN, paired_gain, percentiles
-from proto.lab.traces import Replay
+from proto.lab.run.runner import BenchResult, CellKey, CellResult
+from proto.lab.workload.traces import Replay
 
 BASELINE = "http"  # the mode every ratio ("vs http") is taken against
 BASELINES = ("http", "http-cached")  # the paired gains' baselines: HTTP without and with a token cache
@@ -134,7 +141,7 @@ def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[s
 
 def add_gains(runs: Sequence[dict[str, Any]], seed: int = 0) -> None:
     """Each run's ``gains`` (in place): against every baseline of ``BASELINES`` measured in its (profile,
-    workload, model), its paired E2E and TTFT gains (proto/lab/stats.py) over the rollouts both ran (pairs
+    workload, model), its paired E2E and TTFT gains (analysis/stats.py) over the rollouts both ran (pairs
     matched by rollout index and session). Runs without ``rollout_records`` (format 1) get none."""
     for modes in cells(runs).values():
         for run in modes.values():
@@ -170,7 +177,8 @@ def design_json(config: BenchConfig) -> dict[str, Any]:
     """results.json's ``design``: the sign convention, the noise rule, the seed and the jitter, once."""
     return {
         "sign": SIGN,
-        "order": "Williams design per rollout index (proto/lab/design.py); runs[].orders holds each index's",
+        "order": "Williams design per rollout index (proto/lab/run/design.py); runs[].orders holds each"
+        " index's",
         "seed": config.seed,
         "tool_times": "drawn per rollout from its seed (synthetic); a trace's recorded times (traces)",
         "jitter": dict(JITTER, seed=config.seed) if config.jitter and not config.url else None,
@@ -210,7 +218,7 @@ def usage_by_round(traces: Sequence[Trace]) -> dict[str, list[list[int]]]:
 
 
 def cell_prediction(calibration: Any, replay: Replay, run: dict[str, Any], config: BenchConfig) -> Any:
-    """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model,
+    """The fast model's :class:`~proto.lab.analysis.predict.Prediction` for ``run``'s cell (its mode, model,
     profile) as ``config`` runs it; None for a model the mock GPU does not know (``--url``'s) and for a
     peer (the fast model knows this server's modes only)."""
     from sampler.models import MODELS
@@ -236,7 +244,7 @@ def predict_run(
 ) -> Any:
     """Compose ``run``'s cell with the fast model (:func:`compose`) and write its prediction fields (in
     place): what every real-clock run reports, and what ``bench repredict`` rewrites. Returns the
-    :class:`~proto.lab.predict.Prediction`."""
+    :class:`~proto.lab.analysis.predict.Prediction`."""
     p = compose(run, calibration, replay, model_overrides, config, sessions, rollouts, tool_time_scale, seed)
     apply_prediction(run, p)
     return p
@@ -253,10 +261,10 @@ def compose(
     tool_time_scale: float,
     seed: int | None = None,
 ) -> Any:
-    """The fast model's :class:`~proto.lab.predict.Prediction` for ``run``'s cell (its mode, model and
-    profile), ``run`` left as it is. ``seed``: the run's (format 2: tool times drawn per rollout); None for a
-    run that replayed the workload file's times."""
-    from proto.lab.predict import predict_cell, profile_hops
+    """The fast model's :class:`~proto.lab.analysis.predict.Prediction` for ``run``'s cell (its mode,
+    model and profile), ``run`` left as it is. ``seed``: the run's (format 2: tool times drawn per rollout);
+    None for a run that replayed the workload file's times."""
+    from proto.lab.analysis.predict import predict_cell, profile_hops
     from sampler.models import MODELS
     from sampler.overrides import apply_knobs
 
@@ -290,8 +298,8 @@ def predicted_wall(p: Any, replay: Replay, config: BenchConfig) -> float:
 def predict_cells(
     calibration: Any, keys: Iterable[CellKey], replays: dict[str, Replay], config: BenchConfig
 ) -> dict[CellKey, tuple[Any, float]]:
-    """Each cell's :class:`~proto.lab.predict.Prediction` and its real-clock wall (:func:`predicted_wall`),
-    by key; a model the mock GPU does not know has none."""
+    """Each cell's :class:`~proto.lab.analysis.predict.Prediction` and its real-clock wall
+    (:func:`predicted_wall`), by key; a model the mock GPU does not know has none."""
     out: dict[CellKey, tuple[Any, float]] = {}
     for key in keys:
         profile, workload, model, mode = key
@@ -340,7 +348,7 @@ def grid_predictions(
 
 
 def apply_prediction(run: dict[str, Any], p: Any) -> None:
-    """Write a :class:`~proto.lab.predict.Prediction`'s fields into ``run`` (in place)."""
+    """Write a :class:`~proto.lab.analysis.predict.Prediction`'s fields into ``run`` (in place)."""
     run["predicted_e2e_s_p50"] = p.e2e_s_p50
     run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
     run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}  # per rollout

@@ -5,7 +5,7 @@ Codex writes one ``RolloutLine`` a line: ``{"timestamp": RFC 3339, "type": sessi
 event_msg | turn_context | compacted | …, "payload": {…}}`` (codex-rs/protocol, ``RolloutLine`` and
 ``RolloutItem``). The rounds are derived as TraceLab derives its round traces from the same files
 (uw-syfi/TraceLab, commit 0b8a262, ``scripts/extract_codex_rounds.py``, ``extract_codex_session``), into
-the rows of TraceLab's round-trace JSONL, which ``proto/lab/traces.py`` then reads as it reads any such file:
+the rows of TraceLab's round-trace JSONL, which ``workload/traces.py`` then reads as it reads any such file:
 
 - **One round per model call**: each ``event_msg`` ``token_count`` whose ``info`` carries
   ``last_token_usage`` and ``total_token_usage`` (``EventMsg::TokenCount``, ``TokenUsageInfo``); one whose

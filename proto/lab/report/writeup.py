@@ -18,7 +18,7 @@ results.json) into ``--out`` (``docs/lab-results.md``; ``-`` prints it). The sec
 ``turns-15``, ``hops-remote``, ``grid-predicted`` and ``grid-predicted-no-tools`` (``bench --predict``'s
 grids), ``scenario-seed`` / ``-sglang`` / ``-xai`` / ``-vllm``, ``quick-1`` and ``quick-2``,
 ``sweep-rewrites``, ``sweep-traces``; a run that is missing leaves its section out. The document opens
-with the lab's one sign (proto/lab/stats.py, ``SIGN``), the findings (:func:`findings`: the figures
+with the lab's one sign (proto/lab/analysis/stats.py, ``SIGN``), the findings (:func:`findings`: the figures
 NOTES.md quotes; ``--notes`` writes them into its marked block) and, for every run of format 2, its paired
 gains with their bootstrap intervals, noisy flags and provenance (:func:`paired_section`). Runs kept before
 format 2 (no ``format`` field) are read as they are, and named as predating the equal-rules method.
@@ -32,9 +32,9 @@ from typing import Any
 
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
-from proto.lab.markdown import TOLERANCE, change, render, value
-from proto.lab.results import cells, load
-from proto.lab.stats import SAME, SIGN
+from proto.lab.analysis.stats import SAME, SIGN
+from proto.lab.report.markdown import TOLERANCE, change, render, value
+from proto.lab.report.results import cells, load
 
 RESULTS = Path("docs/results")
 DOCUMENT = Path("docs/lab-results.md")

@@ -7,7 +7,7 @@ deterministic part of them, and ``bench merge`` writes one results.json from sev
 shard, the grid of cells (the whole run's, every shard's), the machine, the fast model's calibration and
 curves once measured, the ping floor of each profile once measured, and each attempt (start, wall).
 ``DIR/cells/<cell>.json`` (a record): the cell's key, its ``runs[]`` entry (predictions included) and its
-spans for ``trace.json``. Both are written whole or not at all (:func:`~proto.lab.results.atomic_write`);
+spans for ``trace.json``. Both are written whole or not at all (``report/results.py``, ``atomic_write``);
 a record is written once and never again.
 
 **A shard** is every ``I``-th (profile, workload, model) group of the grid, counting from 1, the groups
@@ -29,10 +29,10 @@ import msgspec
 
 from proto.lab.config import BenchConfig
 from proto.lab.records import Provenance
-from proto.lab.results import (
+from proto.lab.report.results import (
     FORMAT as RESULTS_FORMAT,
 )
-from proto.lab.results import (
+from proto.lab.report.results import (
     add_gains,
     apply_prediction,
     atomic_write,
@@ -47,8 +47,8 @@ from proto.lab.results import (
     run_record,
     utc,
 )
-from proto.lab.runner import CellKey, CellResult
-from proto.lab.timeline import cell_timeline
+from proto.lab.report.timeline import cell_timeline
+from proto.lab.run.runner import CellKey, CellResult
 
 FORMAT = 1
 MANIFEST = "run.json"
@@ -436,7 +436,7 @@ def _rebased(
     records: dict[CellKey, dict[str, Any]],
     keys: Sequence[CellKey],
 ) -> list[dict[str, Any]]:
-    from proto.lab.timeline import origin
+    from proto.lab.report.timeline import origin
 
     zero: dict[str | None, float] = {}
     for d, found in zip(dirs, by_dir, strict=True):

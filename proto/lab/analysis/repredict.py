@@ -5,7 +5,7 @@ from the run's own calibration.
 
 Every real-clock run carries its cell's prediction (``predicted_e2e_s_p50``, ``predicted_ttft_ms_p50``,
 ``predicted_parts_s``, ``prediction_error``), composed when the run ended by the fast model of that day
-(``proto/lab/predict.py``) from the calibration the run measured. When the composing changes (not the
+(``proto/lab/analysis/predict.py``) from the calibration the run measured. When the composing changes (not the
 measuring), this rewrites those fields from the same calibration and cell config, and records it under
 ``predictions_recomputed`` (commit, time); nothing measured is touched. ``--check`` writes nothing and
 prints each cell's error before and after.
@@ -22,9 +22,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from proto.helpfmt import HelpFormatter
-from proto.lab.predict import Calibration
-from proto.lab.results import predict_run
-from proto.lab.traces import load_replay
+from proto.lab.analysis.predict import Calibration
+from proto.lab.report.results import predict_run
+from proto.lab.workload.traces import load_replay
 from sampler.models import MODELS
 
 Row = tuple[dict[str, Any], float | None, float | None]  # (run, error before, error after)
@@ -41,7 +41,9 @@ def repredict(result: dict[str, Any]) -> list[Row]:
         replays = {
             replay.name: replay for replay in map(load_replay, cfg["workloads"])
         }  # by name: a file's too
-    except KeyError as exc:  # a scenario's own workload (built by proto/lab/scenarios.py, not a file)
+    except (
+        KeyError
+    ) as exc:  # a scenario's own workload (built by proto/lab/workload/scenarios.py, not a file)
         print(f"  left as it is: {exc}")
         return []
     out = []

@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from proto.lab.clients import make_client
+from proto.lab.analysis.metrics import Trace, round_times
 from proto.lab.config import PROFILES, WARM, BenchConfig, Profile, nonce, profile_named
-from proto.lab.design import draw_tool_times, rollout_seed
-from proto.lab.metrics import Trace, round_times
-from proto.lab.plan import RolloutPlan, build_plan
-from proto.lab.traces import Replay, Round, Session
+from proto.lab.run.clients import make_client
+from proto.lab.run.design import draw_tool_times, rollout_seed
+from proto.lab.workload.plan import RolloutPlan, build_plan
+from proto.lab.workload.traces import Replay, Round, Session
 from proto.processes import ChildServer
 from sampler.clock import FakeClock
 from sampler.gpu import MockGPU
@@ -559,7 +559,7 @@ def predict_cell(
     """A cell as the runner runs it: ``sessions`` lock-step copies of a synthetic session, or a trace's own
     sessions at their arrival times; ``rollouts`` times over, each on a fresh engine state's KV prefix.
     ``seed``: a synthetic session's tool times drawn per rollout as the runner draws them
-    (proto/lab/design.py); None: the workload file's."""
+    (proto/lab/run/design.py); None: the workload file's."""
     out = Prediction()
     plans = [(_plan(s, i, tool_time_scale), s.arrival_s) for i, s in enumerate(replay.sessions)]
     if not replay.trace:

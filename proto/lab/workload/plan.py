@@ -20,7 +20,7 @@ to its script and the kept prefix. Calls are never touched (their outputs must s
 model turn disappears, so the directive script keeps its place. The round's new items take the rest. A
 round that cannot be met that way — the kept prefix and the calls alone exceed its prompt — is a
 :class:`PlanError` naming the round. What each transport does with a rewrite is the client's business
-(``proto/lab/clients.py``).
+(``proto/lab/run/clients.py``).
 
 Text is generated and sized here, once per rollout, so the client's own cost never lands inside a measured
 interval.
@@ -39,7 +39,7 @@ import msgspec
 
 from proto.client import messages
 from proto.core.items import Tool
-from proto.lab.traces import Round, Session
+from proto.lab.workload.traces import Round, Session
 from sampler.tokens import Tokenizer, tools_text
 
 # Code-shaped filler: tokenizes like the sources a coding agent reads (~4 characters per token), so the

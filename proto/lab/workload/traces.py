@@ -4,7 +4,7 @@
 A :class:`Replay` is a set of :class:`Session` s, each an ordered list of :class:`Round` s (one LLM call
 each). A round fixes what the server must see and say: its prompt tokens (``input_tokens``), how much of
 the previous context it keeps (``keep``), its output tokens, the tools it calls, and the client's wait after
-it. ``proto/lab/plan.py`` turns a session into the exact requests of every transport.
+it. ``proto/lab/workload/plan.py`` turns a session into the exact requests of every transport.
 
 TraceLab's semantics (its replayer, ``replay/README.md`` and ``src/session.rs`` at uw-syfi/TraceLab):
 ``prefix_len`` is the number of prior context tokens kept for the round, ``input_len`` the new tokens
@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from proto.core.limits import tool_name
-from proto.lab import codex_rollout
+from proto.lab.workload import codex_rollout
 from sampler.policy import WORKLOADS, PlannedCall, Workload, load_workload, workload_names
 
 TRACELAB = WORKLOADS / "tracelab"
@@ -274,7 +274,7 @@ def _tool_name(tool: object, where: str) -> str:
 
 
 def read_codex(path: Path) -> Replay:
-    """A Codex CLI session file: its rounds as TraceLab derives them (``proto/lab/codex_rollout.py``), read
+    """A Codex CLI session file: its rounds as TraceLab derives them (``workload/codex_rollout.py``), read
     as that round-trace JSONL."""
     rows = codex_rollout.derive_rounds(path)
     replay = _rounds(path, [(row, f"{path.name}:{i}") for i, row in enumerate(rows, 1)])
@@ -288,7 +288,7 @@ def replay_names() -> list[str]:
     return [*workload_names(), *sorted(p.stem for p in TRACELAB.glob("*") if p.suffix in (".csv", ".jsonl"))]
 
 
-_REGISTERED: dict[str, Replay] = {}  # built in code by a scenario (``proto/lab/scenarios.py``)
+_REGISTERED: dict[str, Replay] = {}  # built in code by a scenario (``proto/lab/workload/scenarios.py``)
 
 
 def register(replay: Replay) -> None:
