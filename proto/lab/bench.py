@@ -1,6 +1,7 @@
-"""``responses-lab bench``: the command line of the lab. ``bench report …``, ``bench repredict …`` and
-``bench merge …`` are its subcommands over kept runs (:mod:`proto.lab.writeup`, :mod:`proto.lab.repredict`,
-:func:`merge`); any other first argument is a flag of the run itself (``responses-lab bench --quick``).
+"""``responses-lab bench``: the command line of the lab. ``bench report …``, ``bench repredict …``,
+``bench merge …`` and ``bench validate …`` are its subcommands over kept runs (:mod:`proto.lab.writeup`,
+:mod:`proto.lab.repredict`, :func:`merge`, :mod:`proto.lab.validate`); any other first argument is a flag
+of the run itself (``responses-lab bench --quick``).
 
 A run with cells keeps each finished cell's record in ``--out`` as it finishes (:mod:`proto.lab.store`), so
 ``--resume DIR`` goes on where a crash or a Ctrl-C stopped it, and ``--shard I/N`` runs a part of the grid
@@ -320,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         return repredict_main(argv[1:])
     if argv and argv[0] == "merge":
         return merge(argv[1:])
+    if argv and argv[0] == "validate":
+        from proto.lab.validate import main as validate_main
+
+        return validate_main(argv[1:])
     if argv and argv[0] == "fleet":
         from proto.lab.fleet import main as fleet_main
 
@@ -331,7 +336,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         formatter_class=HelpFormatter,
         prog="responses-lab bench",
-        description="the latency lab (also: bench report, bench repredict, bench merge)",
+        description="the latency lab (also: bench report, bench repredict, bench merge, bench validate)",
     )
     add_arguments(parser)
     return parser
