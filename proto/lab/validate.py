@@ -369,12 +369,12 @@ class Stratum(msgspec.Struct, frozen=True):
 
 
 # The stratified sample: both profiles; five decode classes (the GPU-served frontier model, the two
-# wafer-scale speeds, the 8B GPU profiles: llm-d's H100 and the step-calibrated H200); five workloads (the
-# two synthetic ones, a multi-session trace, the rewrite-heavy trace, a Claude session); each group in every
-# mode, ``http`` and ``http-cached`` included, in the grid's configuration (4 lock-step sessions of a
-# synthetic workload, a trace's own). Tool times × 0.02 (as ``--quick``): at × 1 a coding-agent group alone
-# is ~17 min, and its gains shrink to the tool time's noise. Sized by the fast model's walls (docs/lab.md,
-# "The validation sample") to ~6 min of measured rollouts, ~12 min in all on a quiet 2-core machine.
+# wafer-scale speeds, the 8B GPU profiles: llm-d's H100 and the step-calibrated H200); four workloads (the
+# two synthetic ones, a multi-session trace, the rewrite-heavy trace); each group in every mode, ``http``
+# and ``http-cached`` included, in the grid's configuration (4 lock-step sessions of a synthetic workload, a
+# trace's own sessions; a one-session trace 3 rollouts). Tool times × 0.02 (as ``--quick``): at × 1 a
+# coding-agent group alone is ~17 min, and the gains shrink into the tool times' noise. Sized by the fast
+# model's walls (docs/lab.md, "The validation sample"): 6.3 min of measured rollouts.
 SAMPLE: tuple[Stratum, ...] = (
     Stratum("local-coding-4000", "local", "coding-agent", "mock-4000tps"),
     Stratum("prod-coding-1000", "production-like", "coding-agent", "mock-1000tps"),
@@ -383,7 +383,7 @@ SAMPLE: tuple[Stratum, ...] = (
     Stratum(
         "prod-rewrites-4000", "production-like", "tracelab-session_workload_example", "mock-4000tps", 4, 3
     ),
-    Stratum("local-claude-h200", "local", "tracelab-claude-session", "mock-h200-llama8b", 4, 3),
+    Stratum("prod-multi-h200", "production-like", "tracelab-multi_session_example", "mock-h200-llama8b"),
 )
 SAMPLE_MODES = ("http", "http-cached", "http-prev", "ws", "longlived")
 SAMPLE_FLAGS = ("--sessions", "4", "--tool-time-scale", "0.02", "--no-plots")
