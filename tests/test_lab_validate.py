@@ -4,6 +4,8 @@ figure labelled. Pure: no server, no run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -180,7 +182,7 @@ def test_the_sample_covers_every_stratum_with_both_baselines() -> None:
     assert {s.profile for s in SAMPLE} == {"local", "production-like"}
     assert len({s.model for s in SAMPLE}) >= 4 and len({s.workload for s in SAMPLE}) >= 4
     assert len({s.name for s in SAMPLE}) == len(SAMPLE)
-    argv = stratum_argv(SAMPLE[0], __import__("pathlib").Path("OUT"))
+    argv = stratum_argv(SAMPLE[0], Path("OUT"))
     assert "--no-predict" in argv and argv[argv.index("--sessions") + 1] == "4"  # the grid's sessions
 
 
@@ -241,3 +243,19 @@ def test_the_printed_table_and_the_documents_label_predictions() -> None:
     print_table(results, console)
     text = console.export_text()
     assert "predicted" in text.splitlines()[2] and "pred s" not in text
+
+
+def test_the_command_refuses_a_runs_own_calibration_and_writes_the_table(tmp_path: Path) -> None:
+    from proto.lab.validate import main
+
+    cal = {"workload": "calibration", "fits": {"http": {}}}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"runs": RUNS, "calibration": cal}), encoding="utf-8")
+    (tmp_path / "cal.json").write_text(json.dumps({"calibration": cal}), encoding="utf-8")
+    assert main([str(run), "--calibration", str(tmp_path / "cal.json")]) == 2
+    assert main([str(run), "--out", str(tmp_path / "out")]) == 2  # no calibration, no --own
+    assert main([str(run), "--own", "--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "validation.json").read_text(encoding="utf-8"))
+    assert written["summary"]["sign_disagreements"] == 2 and written["calibration_from"] == "each run's own"
+    assert "(predicted)" in (tmp_path / "out" / "validation.md").read_text(encoding="utf-8")
