@@ -259,3 +259,25 @@ def test_the_command_refuses_a_runs_own_calibration_and_writes_the_table(tmp_pat
     written = json.loads((tmp_path / "out" / "validation.json").read_text(encoding="utf-8"))
     assert written["summary"]["sign_disagreements"] == 2 and written["calibration_from"] == "each run's own"
     assert "(predicted)" in (tmp_path / "out" / "validation.md").read_text(encoding="utf-8")
+
+
+def test_a_kept_sample_is_in_the_findings_and_the_document(tmp_path: Path) -> None:
+    """``bench report --lab`` reads DIR/validate-sample/validation.json (``bench validate --run``'s) into
+    the findings and its own section, every predicted figure there labelled."""
+    from proto.lab.validate import write
+    from proto.lab.writeup import findings, lab
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(json.dumps({"runs": [], "format": 2}), encoding="utf-8")
+    write(validate([("r", {"runs": RUNS})], None, "x", own=True), tmp_path / "validate-sample")
+    line = findings({"r": {"runs": []}}, tmp_path)[-1]
+    assert line.startswith(
+        "- *The validation sample, measured vs predicted* (`validate-sample`, 3 mode cells"
+    )
+    assert "up to 25.0 / " in line and "**2** sign disagreements" in line and "in 1 of 6" in line
+    text = lab(tmp_path)
+    section = text.split("## The validation sample (`bench validate --run`)", 1)[1]
+    assert (
+        "| r | local · coding-agent · mock-4000tps | ws | http | e2e | -20.0 % [-25.0, -15.0] "
+        "| +5.0 % (predicted)" in section
+    )

@@ -553,6 +553,24 @@ def gains_section(runs: dict[str, dict[str, Any]], directory: Path) -> list[str]
     return out
 
 
+def sample_finding(directory: Path) -> list[str]:
+    """The kept validation sample's summary (``DIR/validate-sample/validation.json``), as a finding."""
+    from proto.lab.validate import Validation
+
+    kept = directory / "validate-sample" / "validation.json"
+    if not kept.is_file():
+        return []
+    s = msgspec.json.decode(kept.read_bytes(), type=Validation).summary
+    return [
+        f"- *The validation sample, measured vs predicted* (`validate-sample`, {s.cells} mode cells, out of "
+        f"sample): the gains vs `http` and `http-cached` ({s.gains}) err by up to "
+        f"{_pp2(s.max_error_pp['e2e'], s.median_error_pp['e2e'])} (largest / median) on E2E and "
+        f"{_pp2(s.max_error_pp['ttft'], s.median_error_pp['ttft'])} on TTFT; **{s.sign_disagreements}** sign "
+        f"disagreements; the predicted gain inside the measured 95 % interval in {s.inside} of "
+        f'{s.with_interval} (docs/lab-results.md, "The validation sample (`bench validate --run`)").'
+    ]
+
+
 def _pp2(a: float | None, b: float | None) -> str:
     return "–" if a is None or b is None else f"{a:.1f} / {b:.1f} pp"
 
@@ -708,6 +726,7 @@ def findings(runs: dict[str, dict[str, Any]], directory: Path = RESULTS) -> list
             f"{judged.sign_mismatches} predicted gains of the other sign (docs/lab-results.md, "
             '"The fast model on the gains, every real-clock cell").'
         )
+    out += sample_finding(directory)
     return out
 
 
