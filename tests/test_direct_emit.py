@@ -160,11 +160,11 @@ async def test_a_cancel_that_lands_before_a_due_call_in_the_same_loop_turn_stops
     pipeline = Pipeline(
         Settings(
             db=":memory:",
-            model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=2000"],
+            model_override=[f"{MODEL}:prefill-overhead=1,prefill-time-per-token=0,tokens-per-second=500"],
         )
     )
     await pipeline.start()
-    try:
+    try:  # a 10 s stream, 2 ms a token: ample time for five timer-paced tokens on a loaded machine
         body = codec.decode_body(json.dumps({"model": MODEL, "input": "Say it.\n!tokens 5000"}))
         prepared = await pipeline.prepare(
             Context(
@@ -173,9 +173,10 @@ async def test_a_cancel_that_lands_before_a_due_call_in_the_same_loop_turn_stops
         )
         sink = Recording(1_000)
         task = asyncio.create_task(ResponseDriver(pipeline, prepared, sink, "key").run())
-        while sum(way == "timer" for way, _ in sink.events) < 5:  # noqa: ASYNC110 - the GPU's own pace: nothing to wait on but time
+        while sum(way == "timer" for way, _ in sink.events) < 5:
+            assert not task.done(), "the stream ended before the timer paced five tokens"
             await asyncio.sleep(0.001)
-        time.sleep(0.003)  # noqa: ASYNC251 - block the loop past the next step: the timerfd is readable at the next poll
+        time.sleep(0.008)  # noqa: ASYNC251 - block the loop past the next step: the timerfd is readable at the next poll
         loop.call_soon(task.cancel)  # runs before the fire the poll will queue behind it
         before = len(sink.events)
         with pytest.raises(asyncio.CancelledError):

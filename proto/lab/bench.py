@@ -1,6 +1,7 @@
-"""``responses-lab bench``: the command line of the lab. ``bench report …``, ``bench repredict …`` and
-``bench merge …`` are its subcommands over kept runs (:mod:`proto.lab.report.writeup`,
-:mod:`proto.lab.analysis.repredict`, :func:`merge`); any other first argument is a flag of the run itself
+"""``responses-lab bench``: the command line of the lab. ``bench report …``, ``bench repredict …``,
+``bench merge …`` and ``bench validate …`` are its subcommands over kept runs
+(:mod:`proto.lab.report.writeup`, :mod:`proto.lab.analysis.repredict`, :func:`merge`,
+:mod:`proto.lab.analysis.validate`); any other first argument is a flag of the run itself
 (``responses-lab bench --quick``).
 
 A run with cells keeps each finished cell's record in ``--out`` as it finishes (:mod:`proto.lab.run.store`),
@@ -333,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         return repredict_main(argv[1:])
     if argv and argv[0] == "merge":
         return merge(argv[1:])
+    if argv and argv[0] == "validate":
+        from proto.lab.analysis.validate import main as validate_main
+
+        return validate_main(argv[1:])
     if argv and argv[0] == "fleet":
         from proto.lab.run.fleet import main as fleet_main
 
@@ -342,10 +347,12 @@ def main(argv: list[str] | None = None) -> int:
 
 # bench's subcommands, as ``bench --help`` lists them; ``main`` hands each its own arguments.
 SUBCOMMANDS = {
-    "report": "a kept run's write-up, or the lab's results document (proto/lab/writeup.py)",
+    "report": "a kept run's write-up, or the lab's results document (proto/lab/report/writeup.py)",
     "repredict": "the fast model's predictions of kept runs again, from their calibration "
-    "(proto/lab/repredict.py)",
+    "(proto/lab/analysis/repredict.py)",
     "merge": "one results.json from the shards of one run (bench --shard I/N --out DIR)",
+    "validate": "the fast model judged on its gains, out of sample; --run DIR measures the validation "
+    "sample (proto/lab/analysis/validate.py)",
     "fleet": 'N agents against one shared engine, every mode on one schedule (docs/lab.md, "Fleets")',
 }
 

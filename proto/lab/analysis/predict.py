@@ -4,9 +4,9 @@ machine, composed with any model, workload and hop profile into E2E and TTFT.
 **Measure.** A calibration server (its own process, no hops, a model with zero prefill and 4 000 tokens/s
 decode) and one client per mode replay a seeded calibration workload, session by session with every mode in
 turn (so the shared machine's other load falls on every mode alike): rounds whose history grows to
-``h_max`` tokens, appended sizes log-uniform 50 → 8 000 tokens, outputs 4 → 64 tokens, no tool time, a user
-message every 8th round and a history rewrite every 6th. Per round the client's timeline and the server's
-report give
+``h_max`` tokens, appended sizes log-uniform 50 → 8 000 tokens, outputs 4 → 64 tokens (every 24th round
+256 → 2 048: ``LONG_OUTPUTS``), no tool time, a user message every 8th round and a history rewrite every
+6th. Per round the client's timeline and the server's report give
 
 * ``c`` — the round's whole overhead: (its end event − the previous round's end) − tool wait − the
   modelled queue, prefill and decode; a rollout's E2E is exactly Σ (c + tools + modelled);
@@ -67,9 +67,20 @@ _SLEPT = frozenset({"safety_hop", "resolve_hop", "store_hop", "safety_wait", "ap
 # ---- the calibration workload ------------------------------------------------------------------
 
 
+# Output tokens of a calibration round: log-uniform over OUTPUTS, and every LONG_EVERY-th round over
+# LONG_OUTPUTS, so the fit's O term spans the outputs the workloads use (a coding-agent turn hundreds of
+# tokens, a trace's up to thousands) and not only the short ones. Each long round costs its decode (at the
+# calibration model's 4 000 tok/s: ~0.2 s for the mean 860 tokens), so they are few.
+OUTPUTS = (4, 64)
+LONG_OUTPUTS = (256, 2048)
+LONG_EVERY = 24
+
+
 def calibration_replay(rounds: int, h_max: int, seed: int = 11) -> Replay:
     """Sessions of up to 24 rounds until ``rounds`` rounds in all; seeded, so two runs replay the same."""
     rng = random.Random(seed)
+    long_rng = random.Random(seed + 1)  # its own stream: the other draws stay as they were
+    counted = 0
     tool = (PlannedCall("tool", "{}"),)
     sessions: list[Session] = []
     left = rounds
@@ -78,7 +89,10 @@ def calibration_replay(rounds: int, h_max: int, seed: int = 11) -> Replay:
         session: list[Round] = []
         n = min(left, 24)
         for r in range(n):
-            out = int(math.exp(rng.uniform(math.log(4), math.log(64))))
+            out = int(math.exp(rng.uniform(math.log(OUTPUTS[0]), math.log(OUTPUTS[1]))))
+            counted += 1
+            if counted % LONG_EVERY == LONG_EVERY // 2:
+                out = int(math.exp(long_rng.uniform(*(math.log(x) for x in LONG_OUTPUTS))))
             last = r == n - 1 or total > h_max
             message = not last and r % 8 == 7
             keep = None
@@ -333,6 +347,8 @@ class Calibration:
         return {
             "wall_s": self.wall_s,
             "h_max": self.h_max,
+            "workload": "calibration",  # calibration_replay's, never a cell's (analysis/validate.py)
+            "outputs": [OUTPUTS[0], LONG_OUTPUTS[1]],  # the output tokens its rounds span
             "features": list(_FEATURES),
             "fits": {
                 mode: {

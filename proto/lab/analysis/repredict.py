@@ -30,11 +30,13 @@ from sampler.models import MODELS
 Row = tuple[dict[str, Any], float | None, float | None]  # (run, error before, error after)
 
 
-def repredict(result: dict[str, Any]) -> list[Row]:
-    """(run, error before, error after) for every run that has a prediction; the runs are updated in place."""
-    if not result.get("calibration"):
+def repredict(result: dict[str, Any], calibration: dict[str, Any] | None = None) -> list[Row]:
+    """(run, error before, error after) for every run that has a prediction; the runs are updated in place.
+    With ``calibration`` (another run's fits: ``bench validate``), every cell of a model the mock GPU knows
+    is predicted from it, a ``--no-predict`` run's too."""
+    if calibration is None and not result.get("calibration"):
         return []
-    cal = Calibration.from_json(result["calibration"])
+    cal = Calibration.from_json(calibration or result["calibration"])
     cfg = result["config"]
     config = SimpleNamespace(server_flags=cfg.get("server_flags", []))
     try:
@@ -48,7 +50,11 @@ def repredict(result: dict[str, Any]) -> list[Row]:
         return []
     out = []
     for run in result["runs"]:
-        if run.get("predicted_e2e_s_p50") is None or run["model"] not in MODELS:
+        if (
+            (calibration is None and run.get("predicted_e2e_s_p50") is None)
+            or run["model"] not in MODELS
+            or run["mode"] not in cal.fits
+        ):
             continue
         # A shortened workload is named NAME[:TURNS] in the runs.
         replay = replays[run["workload"].split("[")[0]].shortened(cfg.get("turns"))

@@ -153,7 +153,7 @@ def write_curves(rows: Sequence[dict[str, Any]], out: Any, colors: dict[str, str
             ax.axhline(0, color="#999999", lw=0.8)
             ax.set_xlabel(x_label)
             ax.set_ylabel(f"{label} (%)")
-            ax.set_title(f"fast model: {label}")
+            ax.set_title(f"predicted (fast model): {label}")
             ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / name

@@ -8,7 +8,7 @@ other points of the turns and tool-time curves; ``speed``'s 1 000 tokens/s cell 
 ``scenario-sglang`` and ``scenario-vllm`` (published comparisons), ``quick`` (``make bench``), ``validate``
 (the fast model judged out of sample). A missing run leaves its rows out.
 
-One sign everywhere (proto/lab/stats.py, ``SIGN``): a gain is the mean over rollout pairs of mode ÷
+One sign everywhere (proto/lab/analysis/stats.py, ``SIGN``): a gain is the mean over rollout pairs of mode ÷
 baseline − 1, negative = faster; a gain whose 95 % interval holds 0 is "no difference" (``=``).
 """
 

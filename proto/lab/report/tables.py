@@ -51,7 +51,7 @@ def print_table(results: dict[str, Any], console: Console) -> None:
                 box=box.SIMPLE_HEAD,
                 padding=(0, 1),
             )
-            for name in ("mode", "E2E s", "±http", "pred s", "err", "TTFT ms", "±http", "ovh ms"):
+            for name in ("mode", "E2E s", "±http", "predicted", "err", "TTFT ms", "±http", "ovh ms"):
                 table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
             base = modes.get(BASELINE)
             for mode in sorted(modes, key=_mode_rank):
