@@ -81,6 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'agentic-api (vLLM\'s gateway; `make peers` installs it; docs/lab.md, "Peers")',
     )
     parser.add_argument(
+        "--client",
+        choices=("codex",),
+        default=None,
+        help="the real Codex CLI as the client, through a repository task, beside the lab's own client "
+        '(its own flags: bench --client codex --help; docs/lab.md, "The real agent")',
+    )
+    parser.add_argument(
         "--workload", type=_csv, default=None, help="NAME or FILE, comma list (default: coding-agent)"
     )
     parser.add_argument(
@@ -324,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         from proto.lab.fleet import main as fleet_main
 
         return fleet_main(argv[1:])
+    if any(a == "--client" or a.startswith("--client=") for a in argv):
+        from proto.lab.codex_client import main as codex_main
+
+        return codex_main(argv)
     return run(argv)
 
 
