@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(a == "--client" or a.startswith("--client=") for a in argv):
         from proto.lab.codex_client import main as codex_main
 
-        return codex_main(argv)
+        return codex_main(argv, main)
     return run(argv)
 
 

@@ -41,7 +41,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -524,10 +524,12 @@ def synthetic_plan(rollouts: Sequence[CodexRollout], root: Path, path: Path) -> 
     return path
 
 
-def run_synthetic(model: str, plan: Path, options: Options) -> dict[str, Any]:
+def run_synthetic(
+    model: str, plan: Path, options: Options, bench: Callable[[list[str]], int]
+) -> dict[str, Any]:
     """``responses-lab bench`` on the plan: the lab's own client in ``http``, ``ws`` and ``longlived``, the
-    same rollouts, warm-up and seed as the Codex side; its results.json."""
-    from proto.lab.bench import main as bench_main  # bench dispatches here: imported at call time
+    same rollouts, warm-up and seed as the Codex side; its results.json. ``bench`` is ``responses-lab
+    bench``'s main, handed over so that this module does not import the command line that dispatches here."""
 
     out = options.out / "synthetic" / model
     argv = [
@@ -535,7 +537,7 @@ def run_synthetic(model: str, plan: Path, options: Options) -> dict[str, Any]:
         "--sessions", "1", "--rollouts", str(options.rollouts), "--warmup", str(max(options.warmup, 1)),
         "--seed", str(options.seed), "--pings", "20", "--no-predict", "--no-plots", "--out", str(out),
     ]  # fmt: skip
-    if bench_main(argv) != 0:
+    if bench(argv) != 0:
         raise CodexRunError(f"the synthetic run failed: responses-lab bench {' '.join(argv)}")
     results: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
     return results
@@ -666,10 +668,11 @@ def _agreement(row: dict[str, Any]) -> str:
 
 
 def _row(design: str, client: str, side: dict[str, Any]) -> str:
-    gains = side["gains"]
+    gains, non_tool, server = side["gains"], side["non_tool_ms_per_turn"], side["server_ms_per_turn"]
     return (
-        f"| {design} | {client} | {side['e2e_s']['p50']:.3f} | {side['non_tool_ms_per_turn']:.1f} | "
-        f"{side['server_ms_per_turn']:.1f} | {_pct(gains.get('e2e', {}))} | "
+        f"| {design} | {client} | {side['e2e_s']['p50']:.3f} | {non_tool:.1f} | {server:.1f} | "
+        f"{non_tool - server:.1f} | "
+        f"{_pct(gains.get('e2e', {}))} | "
         f"{_pct(gains.get('non_tool', {}))} |"
     )
 
@@ -695,9 +698,10 @@ def report_markdown(results: dict[str, Any]) -> str:
     for model, cell in results["models"].items():
         lines += [f"## {model}", ""]
         lines.append(
-            "| design | client | E2E p50 s | non-tool ms/turn | server ms/turn | gain E2E | gain non-tool |"
+            "| design | client | E2E p50 s | non-tool ms/turn | server ms/turn | client+wire ms/turn | "
+            "gain E2E | gain non-tool |"
         )
-        lines.append("|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|")
         codex, synthetic = cell["codex"], cell.get("synthetic") or {}
         for mode in MODES:
             if mode.name in codex:
@@ -814,7 +818,7 @@ def options_from(argv: Sequence[str]) -> Options:
     return Options(models, rollouts, warmup, task, args.out, args.seed, args.quick, not args.no_synthetic)
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], bench: Callable[[list[str]], int]) -> int:
     """``responses-lab bench --client codex [flags]``: exit 0; 1 when Codex is unavailable or a rollout did
     not run the task as scripted (the reason on stderr, nothing written)."""
     options = options_from(argv)
@@ -829,7 +833,7 @@ def main(argv: Sequence[str]) -> int:
                 plan = synthetic_plan(
                     rollouts, options.out, options.out / "synthetic" / f"{model}-plan.jsonl"
                 )
-                synthetic[model] = run_synthetic(model, plan, options)
+                synthetic[model] = run_synthetic(model, plan, options, bench)
     except (CodexUnavailable, CodexRunError) as exc:
         Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
         return 1
