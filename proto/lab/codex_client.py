@@ -135,8 +135,6 @@ BASELINE = "codex-http"
 def codex_binaries(modes: Sequence[CodexMode] = MODES) -> dict[str, Path]:
     """Each mode's Codex binary, checked: installed, runnable, the pinned version; else
     :class:`CodexUnavailable` saying how to get it."""
-    if shutil.which("node") is None:
-        raise CodexUnavailable("node is not on PATH: Codex CLI's npm package starts with `node bin/codex.js`")
     found: dict[str, Path] = {}
     for mode in modes:
         binary = mode.binary()
@@ -144,6 +142,10 @@ def codex_binaries(modes: Sequence[CodexMode] = MODES) -> dict[str, Path]:
             raise CodexUnavailable(
                 f"Codex CLI {mode.version} ({mode.name}) is not installed at {binary}: run `make clients` "
                 f"(npm install of tests/clients/{mode.package}/package.json)"
+            )
+        if shutil.which("node") is None:
+            raise CodexUnavailable(
+                "node is not on PATH: Codex CLI's npm package starts with `node bin/codex.js`"
             )
         try:
             out = subprocess.run(
@@ -476,9 +478,10 @@ def _server(model: str, seed: int) -> ChildServer:
     return ChildServer([*server_flags(profile_named("local"), config), "--log-level", "info"], api_key=KEY)
 
 
-async def run_codex(options: Options, console: Console) -> dict[str, list[CodexRollout]]:
+async def run_codex(
+    options: Options, binaries: dict[str, Path], console: Console
+) -> dict[str, list[CodexRollout]]:
     """Every model's Codex rollouts: one server per model, the warm-up, then the indices in Williams order."""
-    binaries = codex_binaries()
     steps = TASKS[options.task]
     names = [m.name for m in MODES]
     by_name = {m.name: m for m in MODES}
@@ -766,7 +769,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="responses-lab bench --client codex",
         description='the real Codex CLI as the lab\'s client (docs/lab.md, "The real agent")',
     )
-    parser.add_argument("--client", choices=("codex",), required=True)
+    parser.add_argument("--client", choices=("codex",), required=True, help="the real client: Codex CLI")
     parser.add_argument(
         "--model", default=None, help=f"comma list (default: {','.join(MODELS)}; --quick: mock-4000tps)"
     )
@@ -825,8 +828,8 @@ def main(argv: Sequence[str], bench: Callable[[list[str]], int]) -> int:
     console = Console()
     started = time.perf_counter()
     try:
-        codex_binaries()  # not installed or not runnable: fail before anything starts
-        codex = asyncio.run(run_codex(options, console))
+        binaries = codex_binaries()  # not installed or not runnable: fail before anything starts
+        codex = asyncio.run(run_codex(options, binaries, console))
         synthetic = {}
         if options.synthetic:
             for model, rollouts in codex.items():
