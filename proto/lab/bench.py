@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return fleet_main(argv[1:])
     if any(a == "--client" or a.startswith("--client=") for a in argv):
-        from proto.lab.codex_client import main as codex_main
+        from proto.lab.codex_bench import main as codex_main
 
         return codex_main(argv, main)
     return run(argv)
