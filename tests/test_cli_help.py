@@ -14,6 +14,7 @@ import pytest
 
 from proto.cli import main
 from proto.helpfmt import STATED
+from proto.lab.run.codex_bench import _parser as codex_parser
 
 
 class Shown(Exception):
@@ -53,6 +54,8 @@ def commands(path: list[str]) -> Iterator[tuple[str, argparse.ArgumentParser]]:
 
 
 COMMANDS = dict(commands([]))
+# `bench --client codex` hands its arguments to a parser of its own (a flag, not a subcommand, selects it)
+COMMANDS["responses-lab bench --client codex"] = codex_parser()
 
 
 def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:

@@ -87,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run another project's server as one more mode, in front of this server's http mode: "
         'agentic-api (vLLM\'s gateway; `make peers` installs it; docs/lab.md, "Peers")',
     )
+    servers.add_argument(
+        "--client",
+        choices=("codex",),
+        default=None,
+        help="the real Codex CLI as the client, through a repository task, beside the lab's own client "
+        '(its own flags: bench --client codex --help; docs/lab.md, "The real agent") (default: none)',
+    )
     grid.add_argument(
         "--workload", type=_csv, default=None, help="NAME or FILE, comma list (default: coding-agent)"
     )
@@ -342,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         from proto.lab.run.fleet import main as fleet_main
 
         return fleet_main(argv[1:])
+    if any(a == "--client" or a.startswith("--client=") for a in argv):
+        from proto.lab.run.codex_bench import main as codex_main
+
+        return codex_main(argv, main)
     return run(argv)
 
 

@@ -557,6 +557,7 @@ class Pipeline:
             cached_tokens=usage.input_tokens_details.cached_tokens,
             output_tokens=usage.output_tokens,
             calls=_call_names(response.output),
+            call_ids=[item.call_id for item in response.output if isinstance(item, CALL_ITEMS)],
             **text,
             **_lab_report(builder),
         )
