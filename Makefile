@@ -88,16 +88,17 @@ test: $(STAMP) postgres clients peers
 
 # The fast tier (< 1 min on 2 cores): ruff, mypy, and the tests that start no server, no process, no
 # PostgreSQL and no real client (not marked `process`; tests/conftest.py refuses those starts in any
-# test without the marker). The `serial` ones among them run alone, after the others.
+# test without the marker) and are not `slow` (several CPU-seconds each). The `serial` ones among them run
+# alone, after the others.
 check: $(STAMP)
 	$(BIN)/ruff check proto sampler tests scripts
 	$(BIN)/ruff format --check proto sampler tests scripts
 	$(BIN)/mypy
 	@fast=0; \
-	echo "$(BIN)/pytest -n $(WORKERS) -m 'not process and not serial'"; \
-	$(BIN)/pytest -n $(WORKERS) -m "not process and not serial" || fast=$$?; \
-	echo "$(BIN)/pytest -m 'serial and not process'"; \
-	$(BIN)/pytest -m "serial and not process" || fast=$$?; \
+	echo "$(BIN)/pytest -n $(WORKERS) -m 'not process and not serial and not slow'"; \
+	$(BIN)/pytest -n $(WORKERS) -m "not process and not serial and not slow" || fast=$$?; \
+	echo "$(BIN)/pytest -m 'serial and not process and not slow'"; \
+	$(BIN)/pytest -m "serial and not process and not slow" || fast=$$?; \
 	exit $$fast
 
 # The latency lab's quick run (< 3 min on 2 cores). Before and after a change to the hot path, the

@@ -1,7 +1,7 @@
 """Shared fixtures: real servers (uvicorn + wsproto) on loopback, each in its own thread and event loop;
 the helpers behind them are in tests/helpers.py.
 
-Two markers sort the suite (pyproject.toml declares them; ``make check`` and ``make test`` use them):
+Three markers sort the suite (pyproject.toml declares them; ``make check`` and ``make test`` use them):
 
 - ``process``: the test starts a server (in a thread or as a child process), a subprocess, PostgreSQL or a
   real client. Tests that use the ``server``, ``make_server``, ``srv`` or ``pg`` fixtures, or a PostgreSQL
@@ -10,6 +10,9 @@ Two markers sort the suite (pyproject.toml declares them; ``make check`` and ``m
   server or a process fails, in ``make check`` and ``make test`` alike.
 - ``serial``: the test asserts on wall-clock time or pace (latencies, rates, CPU per wall second), so it
   runs alone after the parallel part of ``make test`` (two workers on two cores would distort it).
+- ``slow``: the test is several CPU-seconds of pure work (a property search, the fast model over a grid, a
+  scan of the import graph). ``make test`` runs it; ``make check`` leaves it out, so that the edit loop's
+  tier stays under a minute.
 
 Every event and Response object a test receives from ``/v1/responses`` is checked against the spec's
 schemas (tests/conformance.py): a test fails on any that does not conform, unless it is marked

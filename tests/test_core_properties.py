@@ -17,6 +17,7 @@ import itertools
 import json
 from typing import Any
 
+import pytest
 from helpers import CORE_MODEL, user_message
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -297,3 +298,4 @@ CoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestCoreProperties = CoreMachine.TestCase
+TestCoreProperties.pytestmark = [pytest.mark.slow]  # type: ignore[attr-defined]

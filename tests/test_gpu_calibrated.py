@@ -137,6 +137,7 @@ async def test_a_prefill_slows_the_running_decode() -> None:
     assert b_first == pytest.approx(ts[slow[-1] + 1], abs=1e-12)  # b's first token ends its last chunk
 
 
+@pytest.mark.slow
 async def test_preemption_comes_at_the_kv_capacity_of_the_knobs() -> None:
     """24 suspended sequences pin 7 261 blocks each (a 116 176-token prompt), leaving 1 000 of the profile's
     175 264 (its kv-cache-size). Then a (x blocks of prompt, 3 tokens) and b (y blocks, 2 tokens) arrive:

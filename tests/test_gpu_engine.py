@@ -88,6 +88,7 @@ async def test_several_due_tokens_per_coarse_wake_up() -> None:
     assert [k for _, k in emits] == [1, 4, 4, 3]
 
 
+@pytest.mark.slow
 async def test_no_drift_over_10000_tokens_at_4000_tps() -> None:
     gpu, clock = make(tokens_per_s=4000)
     seq = gpu.open()

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import jsonschema
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,12 +211,14 @@ def _compound(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[
 SCHEMAS = st.recursive(_SCALARS, _compound, max_leaves=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(SCHEMAS, st.integers(0, 2**32))
 def test_generated_value_validates(schema: dict[str, Any], seed: int) -> None:
     jsonschema.validate(value_for(schema, random.Random(seed)), schema)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(SCHEMAS.filter(lambda s: s.get("type") == "object"), st.text(max_size=30))
 def test_json_schema_message_validates(schema: dict[str, Any], message: str) -> None:

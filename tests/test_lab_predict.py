@@ -188,6 +188,7 @@ def test_chain_lengths_follow_what_each_mode_loads() -> None:
     assert chains("ws", claude) == [0] * 10
 
 
+@pytest.mark.slow
 def test_the_calibration_workload_is_seeded_and_has_every_kind() -> None:
     a, b = calibration_replay(120, 40_000), calibration_replay(120, 40_000)
     assert a == b and a.rounds == 120
@@ -246,6 +247,7 @@ def test_the_shared_core_is_processor_sharing_and_keeps_lock_step_sessions_toget
     assert alone.extra == 0.0 and alone.end == pytest.approx(1.010) and core.jobs == [alone]
 
 
+@pytest.mark.slow
 def test_predict_predicts_every_cell_of_the_grid_without_running_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -219,6 +219,7 @@ def sessions(draw: st.DrawFn) -> Session:
     return Session("drawn", 0.0, (*rounds[:-1], rnd(rounds[-1].input_tokens or 0, 20, calls=0)))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions())
 def test_drawn_traces_replay_to_their_token_counts(session: Session) -> None:

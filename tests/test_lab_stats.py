@@ -132,6 +132,7 @@ def test_the_same_seed_draws_the_same_tool_times() -> None:
     assert len({rollout_seed(1, i, s) for i in range(100) for s in range(50)}) == 5000
 
 
+@pytest.mark.slow
 def test_draws_cover_the_fitted_distribution() -> None:
     # One call per round: the round's median over many seeds is the fit's p50 (0.3 s).
     workload = coding_agent(30)

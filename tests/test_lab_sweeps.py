@@ -53,6 +53,7 @@ names = st.text(alphabet="abcxyz-_:[]/ 1", min_size=1, max_size=6)
 grids = st.lists(st.tuples(names, names, names, names), min_size=0, max_size=40, unique=True)
 
 
+@pytest.mark.slow
 @given(grids, st.integers(1, 9), st.randoms(use_true_random=False))
 def test_shards_are_a_partition_of_whole_groups_whatever_the_grids_order(
     cells: list[CellKey], count: int, rng: Any
@@ -70,6 +71,7 @@ def test_shards_are_a_partition_of_whole_groups_whatever_the_grids_order(
     assert max(sizes) - min(sizes) <= 1  # groups dealt round-robin
 
 
+@pytest.mark.slow
 @given(st.lists(st.tuples(names, names, names, names), min_size=2, max_size=30, unique=True))
 def test_record_file_names_never_collide(keys: list[CellKey]) -> None:
     files = [filename(k) for k in keys]

@@ -195,6 +195,7 @@ def test_one_format_2_runs_report_has_its_paired_gains(capsys: pytest.CaptureFix
     assert text.startswith("### Quick\n") and "#### Paired gains" in text and "Provenance: commit `" in text
 
 
+@pytest.mark.slow
 def test_a_scenarios_fast_model_gain_is_negative_when_the_mode_is_faster() -> None:
     """workload/scenarios.py's gains in the lab's one sign: `longlived` against `http` with production-like
     hops and no tool time (predict-1's calibration) is faster, so negative; the seed's hop question still

@@ -104,6 +104,7 @@ def test_no_sampler_module_reaches_up_into_the_server_or_the_client(module: str)
     assert {name for name in imported if name.startswith(up)} == set()
 
 
+@pytest.mark.slow
 def test_the_engine_interface_owns_its_types() -> None:
     graph = _graph()
     # The interface depends on no engine: only on the model limits and the clock's timer (a paced turn's).
@@ -114,6 +115,7 @@ def test_the_engine_interface_owns_its_types() -> None:
         assert "sampler.engine" in graph[name], name
 
 
+@pytest.mark.slow
 def test_the_server_imports_no_client_tool() -> None:
     graph = _graph()
     tools = ("proto.client", "proto.demo", "proto.load", "proto.perf", "proto.lab")
@@ -122,6 +124,7 @@ def test_the_server_imports_no_client_tool() -> None:
             assert {m for m in imported if m.startswith(tools)} == set(), name
 
 
+@pytest.mark.slow
 def test_the_client_tools_speak_to_the_server_only_over_the_wire() -> None:
     # The client library, the lab, the load tools and the perf suite start servers as child processes
     # (proto.processes) and import nothing of the server; the demo may run one in process (``serving``).
@@ -131,6 +134,7 @@ def test_the_client_tools_speak_to_the_server_only_over_the_wire() -> None:
             assert {m for m in imported if m.startswith("proto.server")} == set(), name
 
 
+@pytest.mark.slow
 def test_the_import_graph_has_no_circle_but_the_backend_factory() -> None:
     assert _circles(_graph()) == [{"proto.server.storage.database", "proto.server.storage.postgres"}]
 

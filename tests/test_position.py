@@ -210,6 +210,7 @@ DROPS: dict[str, Callable[[Dict], Dict | None]] = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(lines=scripts, reasoning=st.booleans(), drops=st.sets(st.sampled_from(sorted(DROPS))))
 def test_the_position_survives_dropped_items(lines: list[Line], reasoning: bool, drops: set[str]) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ def test_sliced_ids_equal_whole_ids_on_minified_json_and_text_without_newlines()
 ALPHABET = st.sampled_from(list("abcXYZ09'’ \t\n\r\n\u00a0\u3000.,;:-_{}()[]\"/\\+*#éßΩжこ漢\u0301😀\x00"))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(ALPHABET, min_size=0, max_size=400).map("".join), st.integers(min_value=1, max_value=40))
 def test_sliced_ids_equal_whole_ids_on_random_text(text: str, size: int) -> None:

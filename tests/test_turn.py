@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -79,6 +80,7 @@ def encode(
     return frames, turn
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(turns(), st.lists(st.integers(1, 6), max_size=80))
 def test_any_split_gives_the_events_of_one_split(
@@ -94,6 +96,7 @@ def test_any_split_gives_the_events_of_one_split(
     assert one.truncated == (sum(len(item.ids) for item in items) > room)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(turns(), st.lists(st.integers(1, 6), max_size=80))
 def test_inside_is_exactly_what_makes_deltas_alone(
