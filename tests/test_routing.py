@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from proto.engine.routing import POLICIES, Replicas, Router, block_hashes
+from proto.engine.routing import POLICIES, Replicas, Router, block_hashes, queue_scores
 from proto.server.config import Settings
 from proto.server.pipeline import Engines
 from sampler.clock import FakeClock
@@ -40,6 +40,21 @@ def test_prefix_aware_follows_the_prefix_and_breaks_ties_by_load() -> None:
     assert router.pick([5, 0, 0], longer) == 0
     assert router.prefix_hits == 1
     assert router.routed == [2, 1, 0]
+
+
+def test_prefix_aware_weighs_the_share_matched_against_the_queue() -> None:
+    """llm-d's default profile: 3 x the share of the prompt's leading blocks a replica has seen + 2 x its
+    queue score (1 least loaded, 0 most). A prompt that shares only a common head (1 block of 4) goes to
+    the idle replica; at equal load the head decides."""
+    router = Router("prefix-aware", 2)
+    tools = list(range(16))
+    first = block_hashes(tools + list(range(100, 148)), "s", 16)
+    router.seen(router.pick([0, 0], first), first)
+    other = block_hashes(tools + list(range(200, 248)), "s", 16)
+    assert router.pick([2, 0], other) == 1  # 3 x 1/4 + 0 < 0 + 2 x 1
+    assert router.pick([1, 1], other) == 0  # 3 x 1/4 + 2 > 0 + 2
+    assert router.prefix_hits == 1
+    assert queue_scores([3, 1, 2]) == [0.0, 1.0, 0.5] and queue_scores([4, 4]) == [1.0, 1.0]
 
 
 def test_sticky_keeps_a_key_and_spreads_new_ones() -> None:

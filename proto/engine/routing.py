@@ -14,16 +14,19 @@ The policies (``--engine-routing``):
 * ``least-loaded`` — the replica with the fewest streams this process has in flight to it (the
   outstanding requests the API tracks, as vLLM production-stack's QPS fallback and llm-d's queue scorer
   read load), ties to the replica routed to least so far, then the lowest index.
-* ``prefix-aware`` — as llm-d's endpoint picker's ``prefix-cache-scorer`` (gateway-api-inference-extension,
-  ``pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go``): the prompt is cut into blocks, block
-  *i*'s hash chains block *i − 1*'s, the first seeded with what scopes the engine's cache (the model and
+* ``prefix-aware`` — llm-d's endpoint picker: its ``prefix-cache-scorer`` (gateway-api-inference-extension,
+  ``pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go``) cuts the prompt into blocks, block
+  *i*'s hash chaining block *i − 1*'s, the first seeded with what scopes the engine's cache (the model and
   the sequence's cache salt); at most ``MAX_PREFIX_BLOCKS`` leading blocks are hashed; an LRU index per
-  replica remembers the hashes of the prompts routed there, and the replica whose index holds the longest
-  run of leading hashes wins. vLLM production-stack's ``prefixaware`` router does the same on a trie of
-  128-character chunks (``vllm_router/routers/routing_logic.py``, ``PrefixAwareRouter``), breaking ties
-  at random; here ties — and a prompt no replica has seen — go to ``least-loaded``, as llm-d weighs its
-  prefix score against its queue score. The index is what this process routed, not what the engine
-  kept: an evicted prefix still attracts its prompts (both routers' documented approximation).
+  replica remembers the hashes of the prompts routed there; a replica scores the share of the prompt's
+  hashes its index holds as a leading run. Its default profile adds the queue scorer's (weights
+  ``PREFIX_WEIGHT`` and ``QUEUE_WEIGHT``) and takes the highest total; ties go to ``least-loaded``. So a
+  rollout's next turn goes back to its prefix, while a prefix every agent shares (the tools before the
+  conversation) no longer sends every new rollout to one replica. vLLM production-stack's ``prefixaware``
+  router keeps the longest match alone, on a trie of 128-character chunks
+  (``vllm_router/routers/routing_logic.py``, ``PrefixAwareRouter``; ties at random). The index is what
+  this process routed, not what the engine kept: an evicted prefix still draws its prompts (both
+  routers' documented approximation).
 * ``sticky`` — one key, one replica: the request's ``prompt_cache_key`` when it has one (OpenAI routes on
   it with the prompt's first ~256 tokens: its prompt caching guide), else the client's connection (a
   WebSocket, or the keep-alive TCP connection of an HTTP request, as an L4 balancer sees it). A new key
@@ -56,6 +59,21 @@ MAX_PREFIX_BLOCKS: Final = 256
 LRU_PER_REPLICA: Final = 31_250
 MAX_KEYS: Final = 65_536  # sticky keys remembered (LRU)
 DEFAULT_BLOCK = 16  # vLLM's default block size, when the engine's card does not say
+# llm-d's default scheduling profile weighs its prefix-cache scorer 3 and its queue scorer 2 and picks the
+# highest total (Red Hat OpenShift AI 3.4, "Configuring scheduler settings for LLM inference services";
+# the gpustack operator's llm-d-router profile: prefix 3, queue depth 2, KV utilization 2). The KV scorer
+# is left out: the API tier does not see the replicas' KV occupancy.
+PREFIX_WEIGHT: Final = 3.0
+QUEUE_WEIGHT: Final = 2.0
+
+
+def queue_scores(loads: Sequence[int]) -> list[float]:
+    """llm-d's queue scorer: 1 for the least loaded replica, 0 for the most, linear between; 1 for all when
+    they are equal."""
+    low, high = min(loads), max(loads)
+    if high == low:
+        return [1.0] * len(loads)
+    return [(high - load) / (high - low) for load in loads]
 
 
 def block_hashes(prompt: Sequence[int], seed: str, block: int, limit: int = MAX_PREFIX_BLOCKS) -> list[int]:
@@ -97,9 +115,13 @@ class Router:
             chosen = self._least_loaded(loads, range(self.replicas))
         elif self.policy == "prefix-aware":
             matched = [self._matched(r, hashes) for r in range(self.replicas)]
-            best = max(matched)
-            chosen = self._least_loaded(loads, [r for r in range(self.replicas) if matched[r] == best])
-            self.prefix_hits += best > 0
+            score = [
+                PREFIX_WEIGHT * (m / len(hashes) if hashes else 0.0) + QUEUE_WEIGHT * q
+                for m, q in zip(matched, queue_scores(loads), strict=True)
+            ]
+            best = max(score)
+            chosen = self._least_loaded(loads, [r for r in range(self.replicas) if score[r] == best])
+            self.prefix_hits += matched[chosen] > 0
         else:
             chosen = self._sticky(loads, key)
         self.routed[chosen] += 1
