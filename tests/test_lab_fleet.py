@@ -120,7 +120,7 @@ def test_a_kv_budget_below_demand_queues_and_loses_prefix_hits(
 # ---- replicas and routing ----------------------------------------------------------------------------
 
 ROUTED = dataclasses.replace(
-    SMALL, modes=("http", "longlived"), agents=(4,), replicas=(2,), routings=POLICIES, pins=(True,)
+    SMALL, modes=("http", "ws", "longlived"), agents=(4,), replicas=(2,), routings=POLICIES, pins=(True,)
 )
 
 
@@ -148,12 +148,15 @@ def test_every_engine_request_is_counted_once_across_replicas(routed_cells: list
 
 
 @pytest.mark.process
-def test_a_long_lived_response_stays_on_its_replica(routed_cells: list[FleetCell]) -> None:
+def test_a_long_lived_response_and_a_sticky_connection_stay_on_their_replica(
+    routed_cells: list[FleetCell],
+) -> None:
     """Each long-lived rollout is one response: all its 3 turns on the replica its first turn went to,
-    under every policy, so each replica served a whole number of rollouts."""
-    for routing in POLICIES:
-        c = _cell(routed_cells, "longlived", routing)
-        assert all(n % 3 == 0 for n in c.replica_requests), (routing, c.replica_requests)
+    under every policy. Each ws rollout is one connection, three responses: under sticky all three go
+    where the first went. Either way each replica served a whole number of rollouts."""
+    cells = [_cell(routed_cells, "longlived", routing) for routing in POLICIES]
+    for c in [*cells, _cell(routed_cells, "ws", "sticky")]:
+        assert all(n % 3 == 0 for n in c.replica_requests), (c.mode, c.routing, c.replica_requests)
 
 
 @pytest.mark.process
@@ -182,5 +185,6 @@ def test_the_summary_pairs_modes_and_routings(routed_cells: list[FleetCell]) -> 
         assert s.e2e_s_p50.low <= s.e2e_s_p50.value <= s.e2e_s_p50.high
         assert s.goodput_rps.low is None  # one draw: no interval on goodput
         assert [g.metric for g in s.vs_mode] == ([] if s.mode == "http" else ["e2e", "ttft", "goodput"])
+        assert all(g.baseline == "http" for g in s.vs_mode)
         assert all(g.pairs == 4 for g in s.vs_mode if g.metric != "goodput")
         assert (s.vs_routing == []) == (s.routing == POLICIES[0])
