@@ -145,10 +145,12 @@ class Engine(Protocol):
         input is checked against while it is tokenized (``Tokenizer.prepare``)."""
         ...
 
-    def open(self, keep_warm: bool = True, salt: str = "") -> EngineSequence:
+    def open(self, keep_warm: bool = True, salt: str = "", affinity: str = "") -> EngineSequence:
         """A sequence for one response. ``keep_warm``: the response may resume after a tool call, so its
         prefix is worth holding between turns (an engine in another process is asked to pin it; the
         in-process mock GPU holds it anyway, as its ``pin-suspended`` knob says). ``salt``: its tenant;
         cached prefixes are shared only between sequences of one salt (vLLM's ``cache_salt``): the tenant and
-        the request settings prompt caching keys on (docs/protocol.md, "Prompt caching")."""
+        the request settings prompt caching keys on (docs/protocol.md, "Prompt caching"). ``affinity``: the
+        sticky routing key (``prompt_cache_key``, else the client's connection) that an engine of several
+        replicas keeps on one replica (docs/engine.md, "Replicas and routing"); one engine ignores it."""
         ...

@@ -62,10 +62,11 @@ class MockGPU:
     def limits(self) -> ModelLimits:
         return self.spec.limits
 
-    def open(self, keep_warm: bool = True, salt: str = "") -> GpuSequence:
+    def open(self, keep_warm: bool = True, salt: str = "", affinity: str = "") -> GpuSequence:
         """``keep_warm`` is for engines in another process (``sampler.engine``): in process a sequence
         holds its blocks between turns anyway, as ``pin-suspended`` says. ``salt``: the tenant's cache
-        scope (docs/mock-gpu.md, "Prefix cache per tenant")."""
+        scope (docs/mock-gpu.md, "Prefix cache per tenant"). ``affinity``: one GPU, no replicas to route
+        between."""
         return GpuSequence(self, salt_key(salt))
 
     def _expire_pins(self, now: float) -> bool:

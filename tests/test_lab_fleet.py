@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from proto.core.response import MODES
+from proto.engine.routing import POLICIES
+from proto.lab.analysis.fleet_stats import summarize
 from proto.lab.run.fleet import FleetCell, FleetConfig, arrivals, main, run_fleet
 
 SMALL = FleetConfig(
@@ -113,3 +115,76 @@ def test_a_kv_budget_below_demand_queues_and_loses_prefix_hits(
     assert tight["queue_wait_ms_sum"] > roomy.queue_wait_ms_sum
     assert tight["engine_prefix_hit_rate"] < roomy.engine_prefix_hit_rate
     assert all(0 <= pinned <= used for _, used, pinned, _ in tight["kv_trace"])
+
+
+# ---- replicas and routing ----------------------------------------------------------------------------
+
+ROUTED = dataclasses.replace(
+    SMALL, modes=("http", "ws", "longlived"), agents=(4,), replicas=(2,), routings=POLICIES, pins=(True,)
+)
+
+
+@pytest.fixture(scope="module")
+def routed_cells() -> list[FleetCell]:
+    return asyncio.run(run_fleet(ROUTED))
+
+
+def _cell(cells: list[FleetCell], mode: str, routing: str) -> FleetCell:
+    return next(c for c in cells if c.mode == mode and c.routing == routing)
+
+
+@pytest.mark.process
+def test_every_engine_request_is_counted_once_across_replicas(routed_cells: list[FleetCell]) -> None:
+    assert {(c.mode, c.routing) for c in routed_cells} == {(m, r) for m in ROUTED.modes for r in POLICIES}
+    for c in routed_cells:
+        assert c.replicas == 2 and len(c.replica_requests) == 2
+        assert c.settled and c.completed == c.rollouts == 4
+        assert c.arrivals_s == arrivals(4, 8.0, seed=7)  # one schedule for every mode and policy
+        assert sum(c.replica_requests) == c.engine_requests == c.turns == 4 * 3
+        assert sum(c.replica_prefix_hits) / sum(c.replica_prefix_queries) == pytest.approx(
+            c.engine_prefix_hit_rate
+        )
+        assert c.prefix_hit_rate_client == pytest.approx(c.engine_prefix_hit_rate, abs=0.02)
+
+
+@pytest.mark.process
+def test_a_long_lived_response_and_a_sticky_connection_stay_on_their_replica(
+    routed_cells: list[FleetCell],
+) -> None:
+    """Each long-lived rollout is one response: all its 3 turns on the replica its first turn went to,
+    under every policy. Each ws rollout is one connection, three responses: under sticky all three go
+    where the first went. Either way each replica served a whole number of rollouts."""
+    cells = [_cell(routed_cells, "longlived", routing) for routing in POLICIES]
+    for c in [*cells, _cell(routed_cells, "ws", "sticky")]:
+        assert all(n % 3 == 0 for n in c.replica_requests), (c.mode, c.routing, c.replica_requests)
+
+
+@pytest.mark.process
+def test_prefix_aware_routing_hits_more_than_random_for_http(routed_cells: list[FleetCell]) -> None:
+    """HTTP responses are routed turn by turn: random sends a rollout's next turn to the replica without its
+    prefix about half the time; prefix-aware sends it where its prefix went."""
+    aware, rand = _cell(routed_cells, "http", "prefix-aware"), _cell(routed_cells, "http", "random")
+    assert aware.engine_prefix_hit_rate > rand.engine_prefix_hit_rate
+    assert aware.arrivals_s == rand.arrivals_s and aware.seeds == rand.seeds
+
+
+@pytest.mark.process
+def test_least_loaded_balances_the_replicas(routed_cells: list[FleetCell]) -> None:
+    for mode in ROUTED.modes:
+        a, b = _cell(routed_cells, mode, "least-loaded").replica_requests
+        assert abs(a - b) <= 3, (mode, a, b)  # at most one rollout's turns apart
+
+
+@pytest.mark.process
+def test_the_summary_pairs_modes_and_routings(routed_cells: list[FleetCell]) -> None:
+    summary = summarize(routed_cells)
+    assert len(summary) == len(routed_cells)
+    for s in summary:
+        assert s.repeats == 1 and s.e2e_s_p50.n == 4
+        assert s.e2e_s_p50.low is not None and s.e2e_s_p50.high is not None and s.e2e_s_p50.value is not None
+        assert s.e2e_s_p50.low <= s.e2e_s_p50.value <= s.e2e_s_p50.high
+        assert s.goodput_rps.low is None  # one draw: no interval on goodput
+        assert [g.metric for g in s.vs_mode] == ([] if s.mode == "http" else ["e2e", "ttft", "goodput"])
+        assert all(g.baseline == "http" for g in s.vs_mode)
+        assert all(g.pairs == 4 for g in s.vs_mode if g.metric != "goodput")
+        assert (s.vs_routing == []) == (s.routing == POLICIES[0])

@@ -234,7 +234,8 @@ class RemoteModel:
         self.limits = limits or ModelLimits()
         self.capacity = capacity
 
-    def open(self, keep_warm: bool = True, salt: str = "") -> RemoteSequence:
+    def open(self, keep_warm: bool = True, salt: str = "", affinity: str = "") -> RemoteSequence:
+        """``affinity``: one engine, nothing to route (several: ``proto.engine.routing``)."""
         return RemoteSequence(
             self.engine,
             self.name,

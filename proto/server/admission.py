@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from proto.core.errors import ClientError
 from proto.engine.client import RemoteEngine
+from proto.engine.routing import Replicas
 from proto.server.config import Settings
 from sampler.models import ModelSpec
 
@@ -44,7 +45,7 @@ class Engines(Protocol):
     models' knobs, or the engine in another process."""
 
     specs: dict[str, ModelSpec]
-    remote: RemoteEngine | None
+    remote: RemoteEngine | Replicas | None
 
     def names(self) -> frozenset[str]: ...
 

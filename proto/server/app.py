@@ -20,6 +20,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from proto.core.errors import ClientError
+from proto.engine.routing import Replicas
 from proto.server.admission import AdmissionCollector
 from proto.server.auth import Auth, error_response, unauthorized
 from proto.server.config import Settings
@@ -94,6 +95,15 @@ class ServerCollector(Collector):
                     f"engine hop: {name.replace('_', ' ')}",
                     value=value,
                 )
+        if isinstance(remote, Replicas):  # several replicas: where the router sent the sequences
+            routed = CounterMetricFamily(
+                "responses_lab_engine_routed",
+                "engine sequences routed, by replica",
+                labels=["replica", "policy"],
+            )
+            for index, count in enumerate(remote.router.routed):
+                routed.add_metric([str(index), remote.router.policy], float(count))
+            yield routed
         work = CounterMetricFamily("responses_lab_work", "pipeline work done, by kind", labels=["kind"])
         for name in pipeline.totals.__struct_fields__:
             work.add_metric([name], float(getattr(pipeline.totals, name)))

@@ -40,8 +40,12 @@ class Settings:
     # The engine: "" = the mock GPU in process (one per worker); a URL = any engine speaking vLLM's
     # completions API (`responses-lab engine`, `vllm serve`), shared by every worker (docs/engine.md, "`serve
     # --engine URL`").
-    # `--workers N` without one starts a `responses-lab engine` for the workers to share.
+    # `--workers N` without one starts a `responses-lab engine` for the workers to share. Several URLs,
+    # comma-separated: replicas of one engine, a sequence routed to one by --engine-routing
+    # (docs/engine.md, "Replicas and routing").
     engine: str = ""
+    engine_routing: str = "prefix-aware"  # random | least-loaded | prefix-aware | sticky
+    engine_routing_seed: int = -1  # the random policy's seed (-1: drawn by the OS)
     engine_api_key: str = ""  # `Authorization: Bearer` for the engine (`vllm serve --api-key`)
     engine_timeout_s: float = (
         300.0  # a stream with no byte from the engine this long (queued too): engine_failure

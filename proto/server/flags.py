@@ -32,6 +32,9 @@ GROUPS: dict[str, dict[str, str]] = {
         "model_override": "change a mock model's knobs, e.g. mock-1000tps:inter-token-latency=0.5 "
         "(repeatable)",
         "engine": "an engine in another process (vLLM's completions API) instead of the in-process mock GPU",
+        "engine_routing": "with several --engine URLs (replicas): random, least-loaded, prefix-aware or "
+        "sticky (prompt_cache_key, else the connection)",
+        "engine_routing_seed": "the random routing policy's seed (-1: drawn by the OS)",
         "engine_api_key": "bearer key for --engine (vllm serve --api-key)",
         "engine_timeout_s": "a stream with no byte from the engine this long fails engine_failure",
         "engine_connections": "keep-alive connections to the engine: one per stream in flight",

@@ -53,6 +53,7 @@ from proto.core.items import (
 from proto.core.response import Response, Usage
 from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
+from proto.engine.routing import Replicas
 from proto.server.admission import Admission, Ticket
 from proto.server.config import Settings
 from proto.server.designs import Design
@@ -144,25 +145,34 @@ def typed_faults() -> Iterator[None]:
 class Engines:
     """The routing table: model name → the engine that serves it. In process (the default): one mock GPU
     per model, shared by everything this process serves. With ``--engine URL``: the models that engine
-    lists, all behind one ``RemoteEngine`` (read at start-up, ``start``)."""
+    lists, all behind one ``RemoteEngine`` (read at start-up, ``start``); with several URLs, the replicas
+    and their router (``proto.engine.routing.Replicas``)."""
 
     def __init__(self, settings: Settings, clock: Clock) -> None:
-        self.remote: RemoteEngine | None = None
+        self.remote: RemoteEngine | Replicas | None = None
         self.gpus: dict[str, MockGPU] = {}  # the in-process ones (none with --engine)
         self.by_name: dict[str, Engine] = {}
         self.specs: dict[str, ModelSpec] = {}
-        if settings.engine:
-            self.remote = RemoteEngine(
-                settings.engine,
-                clock,
-                timeout_s=settings.engine_timeout_s,
-                # A suspended response waits at most --tool-timeout-s, then it is closed (and unpinned);
-                # the TTL only matters if this process dies first.
-                pin_ttl_s=settings.tool_timeout_s + 60.0,
-                connections=settings.engine_connections,
-                api_key=settings.engine_api_key or None,
-                retry_s=settings.retry_after_ms / 1e3,
-            )
+        urls = [url.strip() for url in settings.engine.split(",") if url.strip()]
+        if urls:
+            remotes = [
+                RemoteEngine(
+                    url,
+                    clock,
+                    timeout_s=settings.engine_timeout_s,
+                    # A suspended response waits at most --tool-timeout-s, then it is closed (and
+                    # unpinned); the TTL only matters if this process dies first.
+                    pin_ttl_s=settings.tool_timeout_s + 60.0,
+                    connections=settings.engine_connections,
+                    api_key=settings.engine_api_key or None,
+                    retry_s=settings.retry_after_ms / 1e3,
+                )
+                for url in urls
+            ]
+            seed = settings.engine_routing_seed if settings.engine_routing_seed >= 0 else None
+            # a bad --engine-routing fails at start-up, even with one URL
+            replicas = Replicas(remotes, settings.engine_routing, seed)
+            self.remote = remotes[0] if len(remotes) == 1 else replicas
             return
         self.specs = model_specs(settings.model_override)
         self.gpus = {name: MockGPU(spec) for name, spec in self.specs.items()}
@@ -231,6 +241,9 @@ class Context:
     conversation: Conversation | None = None
     gpu: Engine | None = None
     api_key_id: str = ""  # the caller's key: the item cache's scope and the prefix cache's salt
+    # The client's connection (a WebSocket session, an HTTP request's TCP peer): sticky routing's key
+    # when the request names no prompt_cache_key.
+    connection: str = ""
     # The caller's place in admission, taken before it touched state a refusal must leave as it was;
     # without one, the response is admitted in ``prepare`` (docs/protocol.md, "Admission").
     ticket: Ticket | None = None
@@ -431,7 +444,10 @@ class Pipeline:
             # the key's own (docs/mock-gpu.md, "Prefix cache per tenant"), and within it keyed on the request
             # settings prompt caching keys on (docs/protocol.md, "Prompt caching").
             sequence=gpu.open(
-                keep_warm=design.keep_warm, salt=f"{context.api_key_id}\x1f{cache_salt(builder.response)}"
+                keep_warm=design.keep_warm,
+                salt=f"{context.api_key_id}\x1f{cache_salt(builder.response)}",
+                # sticky routing's key among engine replicas (docs/engine.md, "Replicas and routing")
+                affinity=request.prompt_cache_key or context.connection,
             ),
             policy=select_policy(
                 script,

@@ -26,10 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.core.response import MODES
+from proto.engine.routing import POLICIES
 from proto.helpfmt import HelpFormatter
+from proto.lab.analysis.fleet_stats import summarize
 from proto.lab.analysis.metrics import Trace, percentile, rollout_metrics
 from proto.lab.config import JITTER, nonce
 from proto.lab.run.clients import make_client
@@ -52,6 +55,13 @@ class FleetConfig:
     tool_time_scale: float = 0.05
     pins: tuple[bool, ...] = (True, False)  # the engine's pin-suspended
     kv_blocks: tuple[int | None, ...] = (None,)  # the engine's kv-cache-size (None: the model's own)
+    # Engine replicas behind the API (each its own process and KV cache), and how the API routes among
+    # them (proto/engine/routing.py); with one replica there is nothing to route (one group, routing "-").
+    replicas: tuple[int, ...] = (1,)
+    routings: tuple[str, ...] = ("prefix-aware",)
+    # Draws per cell: repeat r runs arrivals and tool times from seed + r, the same in every mode and
+    # routing of a group (paired), for the intervals (proto/lab/analysis/fleet_stats.py).
+    repeats: int = 1
     # The SLO a rollout meets for goodput: every turn's TTFT and the whole rollout's E2E within these. A
     # stated knob, not an outside figure: set it to the product's own target.
     slo_ttft_ms: float = 1000.0
@@ -95,6 +105,15 @@ class EngineScrape:
     running: float = 0.0
 
 
+def summed(scrapes: Sequence[EngineScrape]) -> EngineScrape:
+    """The replicas' figures added up (every field is a count, a sum or a gauge of blocks/requests)."""
+    out = EngineScrape()
+    for s in scrapes:
+        for name, value in asdict(s).items():
+            setattr(out, name, getattr(out, name) + value)
+    return out
+
+
 # (metric, its ``part`` label) -> the EngineScrape field it fills (proto/engine/app.py exports them).
 _SCRAPED: dict[tuple[str, str | None], str] = {
     ("vllm:num_preemptions_total", None): "preemptions",
@@ -128,6 +147,10 @@ async def scrape(client: httpx.AsyncClient, url: str, model: str) -> EngineScrap
     return parse_engine_metrics(response.text, model)
 
 
+async def scrape_all(client: httpx.AsyncClient, urls: Sequence[str], model: str) -> list[EngineScrape]:
+    return list(await asyncio.gather(*(scrape(client, url, model) for url in urls)))
+
+
 @dataclass
 class Occupancy:
     samples: list[EngineScrape] = field(default_factory=list)
@@ -135,12 +158,17 @@ class Occupancy:
 
 
 async def _sample(
-    client: httpx.AsyncClient, url: str, model: str, into: Occupancy, stop: asyncio.Event, every_s: float
+    client: httpx.AsyncClient,
+    urls: Sequence[str],
+    model: str,
+    into: Occupancy,
+    stop: asyncio.Event,
+    every_s: float,
 ) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     while not stop.is_set():
-        into.samples.append(await scrape(client, url, model))
+        into.samples.append(summed(await scrape_all(client, urls, model)))
         into.times.append(round(loop.time() - start, 4))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
@@ -186,6 +214,21 @@ class FleetCell:
     # (s after the start, blocks used, blocks pinned by suspended sequences, requests waiting) per sample
     kv_trace: list[tuple[float, float, float, float]]
     settled: bool = True  # the engine held nothing of the previous cell when this one started
+    replicas: int = 1
+    routing: str = "-"  # the API's routing policy among the replicas ("-": one replica)
+    repeat: int = 0  # the draw: arrivals and tool times from seed + repeat
+    seed: int = 0
+    # Per replica, over the cell (the engines' own counters): requests served, prompt tokens looked up,
+    # found cached, and the hit rate (the engine_* figures above are their sums).
+    replica_requests: list[float] = field(default_factory=list)
+    replica_prefix_queries: list[float] = field(default_factory=list)
+    replica_prefix_hits: list[float] = field(default_factory=list)
+    replica_prefix_hit_rate: list[float] = field(default_factory=list)
+    # Per rollout, in agent order (the pairs of the intervals): E2E, its turns' median TTFT, and whether
+    # it met the SLO.
+    rollout_e2e_s: list[float] = field(default_factory=list)
+    rollout_ttft_ms_p50: list[float] = field(default_factory=list)
+    rollout_slo_met: list[bool] = field(default_factory=list)
 
 
 def _cell_figures(
@@ -195,11 +238,12 @@ def _cell_figures(
     schedule: list[float],
     seeds: list[int],
     traces: list[Trace],
-    before: EngineScrape,
-    after: EngineScrape,
+    befores: list[EngineScrape],
+    afters: list[EngineScrape],
     occupancy: Occupancy,
     wall_s: float,
 ) -> FleetCell:
+    before, after = summed(befores), summed(afters)
     rollouts = [rollout_metrics(t) for t in traces]
     ttfts = [turn.ttft_ms for r in rollouts for turn in r.turns]
     e2es = [r.e2e_s for r in rollouts]
@@ -207,11 +251,13 @@ def _cell_figures(
     waits = [float(rep["queue_wait_ms"]) for rep in reports]
     prompt = sum(int(rep["prompt_tokens"]) for rep in reports)
     cached = sum(int(rep["cached_tokens"]) for rep in reports)
-    met = sum(
-        1
+    slo = [
+        r.e2e_s <= config.slo_e2e_s and all(turn.ttft_ms <= config.slo_ttft_ms for turn in r.turns)
         for r in rollouts
-        if r.e2e_s <= config.slo_e2e_s and all(turn.ttft_ms <= config.slo_ttft_ms for turn in r.turns)
-    )
+    ]
+    met = sum(slo)
+    queries_by = [a.prefix_queries - b.prefix_queries for a, b in zip(afters, befores, strict=True)]
+    hits_by = [a.prefix_hits - b.prefix_hits for a, b in zip(afters, befores, strict=True)]
     queries = after.prefix_queries - before.prefix_queries
     used = [s.kv_used for s in occupancy.samples]
     pinned = [s.kv_pinned for s in occupancy.samples]
@@ -251,6 +297,16 @@ def _cell_figures(
             (t, s.kv_used, s.kv_pinned, s.waiting)
             for t, s in zip(occupancy.times, occupancy.samples, strict=True)
         ],
+        replicas=len(afters),
+        replica_requests=[
+            a.queue_time_count - b.queue_time_count for a, b in zip(afters, befores, strict=True)
+        ],
+        replica_prefix_queries=queries_by,
+        replica_prefix_hits=hits_by,
+        replica_prefix_hit_rate=[h / q if q else 0.0 for h, q in zip(hits_by, queries_by, strict=True)],
+        rollout_e2e_s=[r.e2e_s for r in rollouts],
+        rollout_ttft_ms_p50=[percentile([t.ttft_ms for t in r.turns], 50) for r in rollouts],
+        rollout_slo_met=slo,
     )
 
 
@@ -266,19 +322,29 @@ def engine_overrides(config: FleetConfig, pin: bool, kv_blocks: int | None) -> l
 
 
 @contextlib.contextmanager
-def stack(config: FleetConfig, pin: bool, kv_blocks: int | None) -> Iterator[tuple[ChildEngine, ChildServer]]:
-    """A fresh engine process and an API server in front of it, stopped on exit."""
-    engine = ChildEngine(engine_overrides(config, pin, kv_blocks))
+def stack(
+    config: FleetConfig, pin: bool, kv_blocks: int | None, replicas: int = 1, routing: str = "-"
+) -> Iterator[tuple[list[ChildEngine], ChildServer]]:
+    """``replicas`` fresh engine processes and an API server in front of them (routing among them by
+    ``routing``), stopped on exit."""
+    engines: list[ChildEngine] = []
     server: ChildServer | None = None
     try:
-        engine.wait_ready()
-        server = ChildServer(["--engine", engine.http_url, "--log-level", "warning"])
+        for _ in range(replicas):
+            engines.append(ChildEngine(engine_overrides(config, pin, kv_blocks)))
+        for engine in engines:
+            engine.wait_ready()
+        flags = ["--engine", ",".join(e.http_url for e in engines), "--log-level", "warning"]
+        if replicas > 1:
+            flags += ["--engine-routing", routing, "--engine-routing-seed", str(config.seed)]
+        server = ChildServer(flags)
         server.wait_ready()
-        yield engine, server
+        yield engines, server
     finally:
         if server is not None:
             server.stop()
-        engine.stop()
+        for engine in engines:
+            engine.stop()
 
 
 async def run_cell(
@@ -287,13 +353,15 @@ async def run_cell(
     n: int,
     pin: bool,
     kv_blocks: int | None,
-    engine_url: str,
+    engine_urls: Sequence[str],
     server: ChildServer,
+    repeat: int = 0,
 ) -> tuple[FleetCell, list[Trace]]:
     """Every agent's connection opened first (not timed), then each agent's rollout started at its arrival."""
     replay = load_replay(config.workload).shortened(config.turns)
-    schedule = arrivals(n, config.rate, config.seed)
-    seeds = [rollout_seed(config.seed, 0, k) for k in range(n)]
+    seed = config.seed + repeat
+    schedule = arrivals(n, config.rate, seed)
+    seeds = [rollout_seed(seed, 0, k) for k in range(n)]
     plans = [
         build_plan(draw_tool_times(replay.sessions[0], seed), config.model, nonce(), config.tool_time_scale)
         for seed in seeds
@@ -302,10 +370,10 @@ async def run_cell(
     async with httpx.AsyncClient(timeout=30.0) as http:
         try:
             await asyncio.gather(*(c.open() for c in clients))
-            before = await scrape(http, engine_url, config.model)
+            before = await scrape_all(http, engine_urls, config.model)
             occupancy, stop = Occupancy(), asyncio.Event()
             sampler = asyncio.get_running_loop().create_task(
-                _sample(http, engine_url, config.model, occupancy, stop, config.sample_s),
+                _sample(http, engine_urls, config.model, occupancy, stop, config.sample_s),
                 name="fleet-kv-sampler",
             )
             loop = asyncio.get_running_loop()
@@ -325,10 +393,11 @@ async def run_cell(
                 stop.set()
                 await sampler
             wall_s = loop.time() - start
-            after = await scrape(http, engine_url, config.model)
+            after = await scrape_all(http, engine_urls, config.model)
         finally:
             await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     cell = _cell_figures(mode, pin, config, schedule, seeds, traces, before, after, occupancy, wall_s)
+    cell.repeat, cell.seed = repeat, seed
     return cell, traces
 
 
@@ -347,24 +416,38 @@ async def settle(url: str, model: str, timeout_s: float = 30.0) -> bool:
             await asyncio.sleep(SETTLE_POLL_S)  # polling the engine's gauges: it has no event to wait on
 
 
-async def run_fleet(
-    config: FleetConfig, on_cell: Callable[[FleetCell], None] | None = None
-) -> list[FleetCell]:
-    """Every (agents, KV budget, pinning) group on a fresh engine and server, its modes one after another
-    on it, each once the engine has settled (the engine's counters are read as differences around each
-    cell; the earlier modes' blocks stay stored but evictable, and no prefix is shared across rollouts)."""
-    cells: list[FleetCell] = []
+def groups(config: FleetConfig) -> list[tuple[int, int | None, bool, int, str]]:
+    """(agents, KV budget, pinning, replicas, routing) of every group: one stack each. One replica has no
+    routing to vary."""
+    out = []
     for n in config.agents:
         for kv in config.kv_blocks:
             for pin in config.pins:
-                with stack(config, pin, kv) as (engine, server):
-                    for mode in config.modes:
-                        settled = await settle(engine.http_url, config.model)
-                        cell, _ = await run_cell(mode, config, n, pin, kv, engine.http_url, server)
-                        cell.settled = settled
-                        cells.append(cell)
-                        if on_cell:
-                            on_cell(cell)
+                for m in config.replicas:
+                    for routing in config.routings if m > 1 else ("-",):
+                        out.append((n, kv, pin, m, routing))
+    return out
+
+
+async def run_fleet(
+    config: FleetConfig, on_cell: Callable[[FleetCell], None] | None = None
+) -> list[FleetCell]:
+    """Every (agents, KV budget, pinning, replicas, routing) group on fresh engines and a fresh server, its
+    repeats one after another, within a repeat its modes in turn (interleaved, not all of one mode
+    first), each once every engine has settled (the engines' counters are read as differences around each
+    cell; the earlier cells' blocks stay stored but evictable, and no prefix is shared across rollouts)."""
+    cells: list[FleetCell] = []
+    for n, kv, pin, m, routing in groups(config):
+        with stack(config, pin, kv, m, routing) as (engines, server):
+            urls = [e.http_url for e in engines]
+            for repeat in range(config.repeats):
+                for mode in config.modes:
+                    settled = all([await settle(url, config.model) for url in urls])
+                    cell, _ = await run_cell(mode, config, n, pin, kv, urls, server, repeat)
+                    cell.settled, cell.routing = settled, routing
+                    cells.append(cell)
+                    if on_cell:
+                        on_cell(cell)
     return cells
 
 
@@ -377,6 +460,14 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def _kv(text: str) -> tuple[int | None, ...]:
     return tuple(None if x == "default" else int(x) for x in text.split(",") if x)
+
+
+def _routings(text: str) -> tuple[str, ...]:
+    chosen = tuple(x for x in text.split(",") if x)
+    unknown = [x for x in chosen if x not in POLICIES]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"--routing takes {','.join(POLICIES)}: got {text!r}")
+    return chosen
 
 
 def _pins(text: str) -> tuple[bool, ...]:
@@ -395,7 +486,7 @@ def parser() -> argparse.ArgumentParser:
         "shared engine process behind the API server; every mode on the same schedule and tool times.",
     )
     d = FleetConfig()
-    grid = p.add_argument_group("the grid: a cell per mode, load, pin and KV size").add_argument
+    grid = p.add_argument_group("the grid: a cell per mode, load, pin, KV size, replicas and routing").add_argument
     agents = p.add_argument_group("the agents and the engine").add_argument
     measured = p.add_argument_group("measurement and output").add_argument
     grid("--modes", default=",".join(d.modes), help=f"modes to compare, from {', '.join(MODES)}")
@@ -421,6 +512,19 @@ def parser() -> argparse.ArgumentParser:
         default=",".join("default" if x is None else str(x) for x in d.kv_blocks),
         help="the engine's kv-cache-size in blocks, comma list, e.g. default,2000 (default: the model's own)",
     )
+    grid(
+        "--replicas",
+        type=_ints,
+        default=",".join(map(str, d.replicas)),
+        help="engine processes behind the API, e.g. 1,2 (each its own KV cache)",
+    )
+    grid(
+        "--routing",
+        type=_routings,
+        default=",".join(d.routings),
+        help=f"the API's routing among replicas, from {','.join(POLICIES)} (a factor)",
+    )
+    measured("--repeats", type=int, default=d.repeats, help="draws per cell (seed, seed+1, …): the intervals")
     measured(
         "--slo-ttft-ms", type=float, default=d.slo_ttft_ms, help="goodput's SLO: every turn's TTFT within"
     )
@@ -435,17 +539,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 HEADER = (
-    f"{'mode':<12}{'agents':>7}{'pin':>5}{'kv':>8}{'ttft p50':>10}{'p99':>9}{'e2e p50':>9}{'p99':>8}"
-    f"{'good/s':>8}{'qwait p99':>10}{'hit':>6}{'preempt':>8}{'kv max':>8}{'pinned':>8}"
+    f"{'mode':<12}{'agents':>7}{'pin':>5}{'kv':>8}{'M':>3}{'routing':>14}{'rep':>4}"
+    f"{'ttft p50':>10}{'p99':>9}{'e2e p50':>9}{'p99':>8}"
+    f"{'good/s':>8}{'qwait p99':>10}{'hit':>6}{'preempt':>8}{'kv max':>8}{'pinned':>8}  requests/replica"
 )
 
 
 def row(c: FleetCell) -> str:
     return (
         f"{c.mode:<12}{c.agents:>7}{'on' if c.pin_suspended else 'off':>5}{c.kv_blocks:>8.0f}"
+        f"{c.replicas:>3}{c.routing:>14}{c.repeat:>4}"
         f"{c.ttft_ms_p50:>10.1f}{c.ttft_ms_p99:>9.1f}{c.e2e_s_p50:>9.2f}{c.e2e_s_p99:>8.2f}"
         f"{c.goodput_rps:>8.2f}{c.queue_wait_ms_p99:>10.1f}{c.engine_prefix_hit_rate:>6.2f}"
         f"{c.engine_preemptions:>8.0f}{c.kv_used_max:>8.0f}{c.kv_pinned_max:>8.0f}"
+        f"  {'/'.join(f'{r:.0f}' for r in c.replica_requests)}"
     )
 
 
@@ -465,6 +572,9 @@ def main(argv: Sequence[str]) -> int:
         tool_time_scale=args.tool_time_scale,
         pins=args.pin,
         kv_blocks=args.kv_blocks,
+        replicas=args.replicas,
+        routings=args.routing,
+        repeats=args.repeats,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_e2e_s=args.slo_e2e_s,
         seed=args.seed,
@@ -476,6 +586,8 @@ def main(argv: Sequence[str]) -> int:
     cells = asyncio.run(run_fleet(config, on_cell=lambda c: print(row(c), flush=True)))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        doc = {"config": asdict(config), "started": t0, "cells": [asdict(c) for c in cells]}
+        summary = msgspec.to_builtins(summarize(cells))
+        cells_out = [asdict(c) for c in cells]
+        doc = {"config": asdict(config), "started": t0, "cells": cells_out, "summary": summary}
         (args.out / "fleet.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0

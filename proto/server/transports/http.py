@@ -180,7 +180,10 @@ class HttpResponses:
             with typed_faults():
                 check_background(body.background, body.stores)
                 cached = request.headers.get(CACHE_HEADER, "").strip().lower() == "items"
-                prepared = await self._prepare(body, key, cached)
+                # the keep-alive TCP connection, as an L4 balancer sees it: sticky routing's key
+                peer = request.client
+                connection = f"tcp_{peer.host}:{peer.port}" if peer is not None else ""
+                prepared = await self._prepare(body, key, cached, connection)
         except ClientError as exc:
             return error_response(exc)
         if body.background:
@@ -212,7 +215,9 @@ class HttpResponses:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _prepare(self, body: CreateBody, key: str, cached: bool = False) -> Prepared:
+    async def _prepare(
+        self, body: CreateBody, key: str, cached: bool = False, connection: str = ""
+    ) -> Prepared:
         items, work = validate_create(
             body, self.pipeline.engines.names(), self.limits, refuse_background=False
         )
@@ -237,6 +242,7 @@ class HttpResponses:
                 history=history,
                 source=source,
                 api_key_id=key,
+                connection=connection,
             )
         )
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -244,6 +245,7 @@ class WebSocketConnection(StoppableReader):
         self.ws = ws
         self.pipeline = pipeline
         self.api_key_id = api_key_id
+        self.connection = "ws_" + secrets.token_hex(8)  # sticky routing's key (docs/engine.md)
         self.clock = pipeline.clock
         self.out = Outbox(ws, pipeline.settings, self.clock, lambda: self.stop(SLOW_READER))
         self.task: asyncio.Task[None] | None = None  # the response in flight, owned by this session

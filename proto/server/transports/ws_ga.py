@@ -250,6 +250,7 @@ class GaConnection(WebSocketConnection):
             work=work,
             phases=phases,
             api_key_id=self.api_key_id,
+            connection=self.connection,
             ticket=ticket,
         )
         with timed(phases, "store_load"):

@@ -182,6 +182,7 @@ class LongLivedConnection(WebSocketConnection):
                 history=history,
                 source=source,
                 api_key_id=self.api_key_id,
+                connection=self.connection,
             )
         )
 
