@@ -23,6 +23,7 @@ from sampler.clock import Timer
 from sampler.models import ModelLimits
 
 __all__ = [
+    "Breakpoint",
     "Engine",
     "EngineFailure",
     "EngineOverloaded",
@@ -41,6 +42,19 @@ class EngineOverloaded(Exception):
 class EngineFailure(Exception):
     """The engine failed a turn: an injected fault (``fail-rate``) dying mid-stream as a crashed worker would,
     or an engine in another process that crashed, timed out or broke the protocol."""
+
+
+@dataclass(frozen=True)
+class Breakpoint:
+    """A prefix the prompt cache is asked to keep (docs/protocol.md, "Prompt caching"): the prompt's full
+    blocks up to token ``end`` (None: the whole chain, the turn's output included, as implicit mode's
+    managed breakpoint at the prompt's end keeps it), each for ``ttl_s`` seconds after its last use on the
+    engine's clock. ``ttl`` is the lifetime's name as the API reports it (``30m``, ``12h``); a block under
+    several breakpoints lives the longest of their lifetimes."""
+
+    end: int | None
+    ttl: str
+    ttl_s: float
 
 
 @dataclass
@@ -62,11 +76,18 @@ class EngineReport:
     # Prompt tokens this turn stored in the prefix cache (full blocks it found missing and held after the
     # turn): what prompt caching reports as ``cache_write_tokens`` (docs/protocol.md, "Prompt caching").
     written_tokens: int = 0
-    block_size: int = 0  # the prefix cache's block (0: not reported, an engine in another process)
+    # The written tokens by the lifetime they were written under (``Breakpoint.ttl``; a sequence without
+    # breakpoints writes without one, and reports none here).
+    written_by_ttl: dict[str, int] = field(default_factory=dict)
+    # Prompt tokens the prefix cache had stored right where this turn's match stopped, dropped as past their
+    # lifetime: a miss that nothing in the prompt caused.
+    expired_tokens: int = 0
+    block_size: int = 0  # the prefix cache's block (0: not reported, e.g. by vLLM)
 
     def to_dict(self) -> dict[str, float | int]:
-        """The engine's own figures (the API side's spans are not the engine's to report)."""
-        return {k: v for k, v in asdict(self).items() if k != "phases_ms"}
+        """The engine's own figures, as numbers (the API side's spans are not the engine's to report; the
+        written tokens by lifetime are ``written_by_ttl``)."""
+        return {k: v for k, v in asdict(self).items() if not isinstance(v, dict)}
 
 
 class EngineSequence(Protocol):
@@ -74,9 +95,10 @@ class EngineSequence(Protocol):
     # The turn in progress once the engine started it (prompt; cached tokens where the engine says), None
     # before: what a turn cut short bills (``sampler.loop.cut_turn``). Reset when the next turn starts.
     live: EngineReport | None
-    # Prompt caching's explicit mode: prompt blocks past this many tokens are not written to the prefix
-    # cache (None: all of them, as implicit mode; docs/protocol.md, "Prompt caching").
-    write_limit: int | None
+    # What prompt caching asks the prefix cache to keep (docs/protocol.md, "Prompt caching"): blocks under
+    # no breakpoint are not written (``()``: nothing). None: all of it, without a lifetime (the cache's
+    # LRU decides), as for a caller that is not an API request.
+    retention: tuple[Breakpoint, ...] | None
 
     @property
     def limits(self) -> ModelLimits:

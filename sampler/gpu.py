@@ -33,7 +33,7 @@ from typing import cast
 
 from sampler.batch import DONE, GONE, WAITING, Request, Scheduler
 from sampler.clock import Clock, RealClock, Timer
-from sampler.engine import EngineFailure, EngineReport, Pacing
+from sampler.engine import Breakpoint, EngineFailure, EngineReport, Pacing
 from sampler.kvcache import BlockKey, PrefixCache, Prompt, TokenLog, chain_keys, salt_key, tokens_from
 from sampler.models import ModelLimits, ModelSpec, check_prompt
 from sampler.timing import Timing
@@ -46,7 +46,7 @@ class MockGPU:
         self.spec = spec
         self.clock: Clock = clock or RealClock()
         self.timing = Timing(spec)
-        self.cache = PrefixCache(spec.kv_cache_size, spec.block_size)
+        self.cache = PrefixCache(spec.kv_cache_size, spec.block_size, self.clock.now)
         self.scheduler = Scheduler(spec, self.cache, self.timing, self._expire_pins)
         # Its own stream, so turning failures on does not change the jitter a seed produces.
         self.fail_rng = random.Random(f"fail:{spec.seed}")
@@ -108,8 +108,12 @@ class GpuSequence:
     def __init__(self, gpu: MockGPU, seed: BlockKey = 0) -> None:
         self._gpu = gpu
         self._seed = seed  # the tenant's salt: the parent of the chain's first block
-        self.write_limit: int | None = None  # ``EngineSequence.write_limit``
-        self._written = 0  # the prompt tokens the turn in progress wrote to the cache (``_store``)
+        self.retention: tuple[Breakpoint, ...] | None = None  # ``EngineSequence.retention``
+        # The prompt tokens the turn in progress wrote to the cache (``_store``), by lifetime, and found
+        # expired at its lookup (``admitted``).
+        self._written = 0
+        self._written_by_ttl: dict[str, int] = {}
+        self._expired = 0
         self.last_report: EngineReport | None = None
         # The turn in progress once its prefill started (prompt, cached, prefill, queue wait; decode and
         # output so far): what a turn cut short still bills. Reset when the next turn starts.
@@ -218,6 +222,7 @@ class GpuSequence:
 
             assert req.first_at is not None and req.admitted_at is not None
             written, self._written = self._written, 0
+            by_ttl, self._written_by_ttl = self._written_by_ttl, {}
             self.last_report = EngineReport(
                 prompt_tokens=len(prompt_ids),
                 cached_tokens=req.cached,
@@ -228,6 +233,8 @@ class GpuSequence:
                 lookup_ms=req.lookup_ms,
                 first_late_ms=pace.first_late_ms,
                 written_tokens=written,
+                written_by_ttl=by_ttl,
+                expired_tokens=self._expired,
                 block_size=self._gpu.spec.block_size,
             )
         finally:
@@ -266,6 +273,8 @@ class GpuSequence:
         gpu = self._gpu
         keys = self._keys
         n_cached = gpu.cache.match(keys, req.prompt_tokens, self._held)
+        if req.admitted_at is None:  # a recompute after preemption finds what the turn itself wrote
+            self._expired = gpu.cache.last_expired * gpu.spec.block_size
         # The blocks this sequence holds are pinned already: only the cached ones past them are pinned for
         # the turn.
         req.turn_pins = gpu.cache.acquire(keys[self._held : n_cached])
@@ -324,9 +333,10 @@ class GpuSequence:
         return keys
 
     def _store(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> int:
-        """The chain becomes prompt + output; this sequence holds all of it (as far as the cache has room),
-        pinning only the blocks it did not hold yet, and lets go of what the chain lost. Returns the prompt
-        tokens written: full prompt blocks that were not stored before and are held now."""
+        """The chain becomes prompt + output; this sequence holds all of it that its ``retention`` covers (as
+        far as the cache has room), pinning only the blocks it did not hold yet, each under its lifetime, and
+        lets go of what the chain lost. Returns the prompt tokens written: full prompt blocks that were not
+        stored before and are held now (``_written_by_ttl``: the same, by lifetime)."""
         bs, cache, keys = self._gpu.spec.block_size, self._gpu.cache, self._keys
         prompt_blocks = len(prompt_ids) // bs
         missing = [i for i in range(self._held, min(prompt_blocks, len(keys))) if keys[i] not in cache]
@@ -335,10 +345,22 @@ class GpuSequence:
         keys.extend(chain_keys(rest, bs, keys[-1] if keys else self._seed))
         if self._anchor is not None:
             self._tail.extend(output_ids)
-        # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0. Under a
-        # write limit, only the blocks it covers (and those held already).
-        end = len(keys) if self.write_limit is None else max(self._held, self.write_limit // bs)
-        self._held += len(cache.acquire(keys[self._held : end]))
+        # Hold the new blocks before letting go of the stale ones, so shared blocks never hit ref 0.
+        lives = _lifetimes(self.retention, len(keys), bs)
+        for start, stop, life in lives:
+            start = max(start, self._held)
+            if start >= stop:
+                continue
+            if start > self._held:
+                break  # a gap below this breakpoint's blocks (none in practice: they start at 0)
+            got = len(cache.acquire(keys[start:stop], life.ttl_s if life is not None else None))
+            self._held += got
+            if life is not None:
+                written = sum(1 for i in missing if start <= i < start + got) * bs
+                if written:
+                    self._written_by_ttl[life.ttl] = self._written_by_ttl.get(life.ttl, 0) + written
+            if got < stop - start:
+                break  # no room: a prefix cache is useless past a gap
         cache.release(self._stale)
         self._stale = []
         return sum(1 for i in missing if i < self._held) * bs
@@ -464,6 +486,25 @@ class _Pace:
                 if req.first_at is not None:
                     live.output_tokens, live.decode_ms = to, (self.last_due - req.first_at) * 1000.0
         return k
+
+
+def _lifetimes(
+    retention: tuple[Breakpoint, ...] | None, blocks: int, block_size: int
+) -> list[tuple[int, int, Breakpoint | None]]:
+    """The chain's blocks a sequence keeps, as ``(start, stop, breakpoint)`` runs from block 0: a block lives
+    as long as the longest-lived breakpoint that covers it (ends at or past its end). None: every block,
+    without a lifetime."""
+    if retention is None:
+        return [(0, blocks, None)]
+    ends = sorted((blocks if b.end is None else min(blocks, b.end // block_size), b) for b in retention)
+    runs: list[tuple[int, int, Breakpoint | None]] = []
+    start = 0
+    for index, (stop, _) in enumerate(ends):
+        if stop > start:
+            longest = max((b for _, b in ends[index:]), key=lambda b: b.ttl_s)
+            runs.append((start, stop, longest))
+            start = stop
+    return runs
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

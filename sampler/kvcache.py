@@ -4,15 +4,20 @@ A block's key hashes its tokens *and* its predecessor's key, so a key names a wh
 two prompts share a block only if they share everything before it. Only full blocks are cached.
 The same capacity holds the blocks running requests compute into (``reserve``: not yet hashed, private
 to one request): the scheduler (``sampler.batch``) admits and preempts by it.
+
+A stored block may have a lifetime (prompt caching's ``ttl``: docs/mock-gpu.md, "Block lifetimes"): once no
+sequence holds it and it has gone unused for that long on the cache's clock, it is no longer stored, and a
+lookup that reaches it misses (and drops it). A block held by a sequence is in use and never expires.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from typing import overload
 
 BlockKey = int
@@ -139,15 +144,35 @@ def tokens_from(tokens: Sequence[int], start: int) -> MutableSequence[int]:
 
 
 class PrefixCache:
-    def __init__(self, capacity_blocks: int, block_size: int) -> None:
+    def __init__(self, capacity_blocks: int, block_size: int, now: Callable[[], float] | None = None) -> None:
         self.capacity = capacity_blocks
         self.block_size = block_size
+        # The clock lifetimes run on: the GPU's (a test may move it on, to age what is stored).
+        self.now = now or (lambda: 0.0)
         self._refs: dict[BlockKey, int] = {}  # every stored block -> holders (0 = evictable)
         self._free: OrderedDict[BlockKey, None] = OrderedDict()  # ref 0, oldest first = next evicted
+        # A stored block's lifetime after its last use (inf: none, it leaves by eviction only) and that use:
+        # when it was last acquired or let go.
+        self._ttl: dict[BlockKey, float] = {}
+        self._used: dict[BlockKey, float] = {}
         self.evictions = 0  # stored blocks dropped for room
+        self.expirations = 0  # stored blocks dropped past their lifetime
+        self.last_expired = 0  # blocks the last ``match`` found expired where its match stopped
         self.reserved = 0  # blocks allocated to running requests' uncached tokens (not hashed, not shared)
         self.queries = 0  # prompt tokens looked up (vLLM counts tokens, not blocks)
         self.hits = 0
+
+    def _expired(self, key: BlockKey, now: float) -> bool:
+        """``key`` is stored, free and past its lifetime: it is dropped now."""
+        if self._refs.get(key) != 0 or now - self._used[key] < self._ttl[key]:
+            return False
+        self._drop(key)
+        del self._free[key]
+        self.expirations += 1
+        return True
+
+    def _drop(self, key: BlockKey) -> None:
+        del self._refs[key], self._ttl[key], self._used[key]
 
     def match(self, keys: Sequence[BlockKey], prompt_tokens: int, held: int = 0) -> int:
         """How many leading blocks are stored. Counts the lookup in the hit-rate statistics.
@@ -155,29 +180,53 @@ class PrefixCache:
         Like vLLM, the last prompt token is always recomputed (its logits are needed), so a block
         holding it never counts as a hit: at most ``(prompt_tokens - 1) // block_size`` blocks.
         ``held``: the caller holds the first ``held`` keys (so they are stored): only the rest is looked up.
+        A block past its lifetime is a miss; ``last_expired`` counts those met where the match stopped.
         """
         limit = min(len(keys), max(0, prompt_tokens - 1) // self.block_size)
         n = min(held, limit)
-        while n < limit and keys[n] in self._refs:
+        now = self.now()
+        refs = self._refs
+        expired = 0
+        while n < limit and keys[n] in refs:
+            if self._expired(keys[n], now):
+                # the rest of its chain went unused as long: count (and drop) what of it expired too
+                expired = 1
+                while n + expired < limit and keys[n + expired] in refs:
+                    if not self._expired(keys[n + expired], now):
+                        break
+                    expired += 1
+                break
             n += 1
+        self.last_expired = expired
         self.queries += prompt_tokens
         self.hits += n * self.block_size
         return n
 
-    def acquire(self, keys: Sequence[BlockKey]) -> list[BlockKey]:
+    def acquire(self, keys: Sequence[BlockKey], ttl_s: float | None = None) -> list[BlockKey]:
         """Hold ``keys`` in order, storing missing ones (evicting LRU unreferenced blocks).
         Stops at the first block that finds no room: a prefix cache is useless past a gap.
-        Returns the keys actually held; hand exactly those back to ``release``."""
+        ``ttl_s``: the lifetime these blocks are written under (a stored block keeps the longer of its own
+        and this one; a new block without one has none). Returns the keys actually held; hand exactly those
+        back to ``release``."""
         held: list[BlockKey] = []
+        now = self.now()
+        life = math.inf if ttl_s is None else ttl_s
         for key in keys:
             refs = self._refs.get(key)
+            if refs is not None and self._expired(key, now):
+                refs = None
             if refs is None:
                 if len(self._refs) + self.reserved >= self.capacity and not self._evict_one():
                     break
                 refs = 0
-            elif refs == 0:
-                del self._free[key]
+                self._ttl[key] = life
+            else:
+                if refs == 0:
+                    del self._free[key]
+                if ttl_s is not None and ttl_s > self._ttl[key]:
+                    self._ttl[key] = ttl_s
             self._refs[key] = refs + 1
+            self._used[key] = now
             held.append(key)
         return held
 
@@ -191,7 +240,7 @@ class PrefixCache:
                     return False
                 break
             key, _ = free.popitem(last=False)
-            del refs[key]
+            self._drop(key)
             self.evictions += 1
         self.reserved += blocks
         return True
@@ -202,22 +251,25 @@ class PrefixCache:
     def release(self, keys: Sequence[BlockKey]) -> None:
         # Freed tail-first (vLLM does the same): a chain's last blocks are evicted before its
         # first ones, and the first ones are what the next prompt will match.
+        now = self.now()
         for key in reversed(keys):
             refs = self._refs[key] - 1
             self._refs[key] = refs
             if refs == 0:
                 self._free[key] = None
+                self._used[key] = now  # its lifetime runs from here
 
     def _evict_one(self) -> bool:
         if not self._free:
             return False
         key, _ = self._free.popitem(last=False)
-        del self._refs[key]
+        self._drop(key)
         self.evictions += 1
         return True
 
     def __contains__(self, key: object) -> bool:
-        return key in self._refs
+        """Stored and not past its lifetime (an expired block found here is dropped)."""
+        return key in self._refs and not self._expired(key, self.now())
 
     @property
     def blocks_stored(self) -> int:

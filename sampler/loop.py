@@ -362,6 +362,8 @@ async def _sample(
             output_tokens=report.output_tokens,
             phases_ms=phases,
             written_tokens=report.written_tokens,
+            written_by_ttl=dict(report.written_by_ttl),
+            expired_tokens=report.expired_tokens,
             block_size=report.block_size,
         )
     )

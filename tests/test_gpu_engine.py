@@ -61,6 +61,7 @@ async def test_single_turn_exact_timing_and_report() -> None:
     assert r is not None
     report = r.to_dict()
     assert report.pop("lookup_ms") > 0  # real CPU time, even on a FakeClock
+    assert r.written_by_ttl == {}  # a sequence without breakpoints writes without lifetimes
     assert report == pytest.approx(
         {
             "prompt_tokens": 100,
@@ -71,6 +72,7 @@ async def test_single_turn_exact_timing_and_report() -> None:
             "output_tokens": 5,
             "first_late_ms": 0.0,
             "written_tokens": 96,  # the prompt's 6 full blocks, none stored before
+            "expired_tokens": 0,
             "block_size": 16,
         }
     )

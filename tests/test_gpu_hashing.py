@@ -85,9 +85,9 @@ class CountingCache:
                 counter.keys += 1
                 return super().__contains__(key)
 
-        def counted_acquire(keys: Any) -> list[int]:
+        def counted_acquire(keys: Any, ttl_s: float | None = None) -> list[int]:
             self.keys += len(keys)
-            return acquire(keys)
+            return acquire(keys, ttl_s)
 
         def counted_release(keys: Any) -> None:
             self.keys += len(keys)

@@ -75,3 +75,28 @@ def test_shared_blocks_need_every_holder_released() -> None:
     assert c.blocks_used == 2
     c.release(h2)
     assert c.blocks_used == 0
+
+
+def test_a_free_block_expires_its_lifetime_after_its_last_use() -> None:
+    """Lifetimes run on the cache's clock from a block's last use; a held block is in use and never expires;
+    a block without one leaves by eviction only; a rewrite keeps the longer lifetime."""
+    now = [0.0]
+    c = PrefixCache(100, BS, lambda: now[0])
+    short, long_, forever = (block_keys(list(range(k, k + 12)), BS) for k in (0, 100, 200))
+    c.release(c.acquire(short, 60.0))
+    c.release(c.acquire(long_[:2], 3600.0))
+    c.release(c.acquire(long_[2:], 60.0))  # the third block: under the short lifetime only
+    held = c.acquire(forever[:1], 1.0)
+    c.release(c.acquire(forever[1:]))
+    now[0] = 59.0
+    assert c.match(short, 13) == 3 and c.last_expired == 0  # a lookup, not a use (a turn's pins are)
+    now[0] = 59.0 + 60.0
+    assert c.match(short, 13) == 0 and c.last_expired == 3  # all three expired, and are dropped
+    assert c.expirations == 3 and short[0] not in c
+    assert c.match(long_, 13) == 2 and c.last_expired == 1  # the third block is past its 60 s
+    assert c.match(forever, 13) == 3  # held, and without a lifetime
+    c.release(held)
+    c.release(c.acquire(long_[:1], 60.0))  # a shorter rewrite keeps the longer lifetime
+    now[0] += 3599.0  # 3718 s: the first block was used at 119 s, the second at 0
+    assert c.match(long_, 13) == 1 and c.last_expired == 1
+    assert c.match(forever, 13) == 0  # let go at 119 s, with a lifetime of 1 s

@@ -18,6 +18,7 @@ from proto.client.ga import GaClient
 from proto.client.http import HttpClient
 from proto.client.longlived import LongLivedClient
 from proto.core.caching import KEY_INPUTS, billed_input
+from proto.processes import ChildEngine
 from proto.server.serve import ThreadedServer
 
 pytestmark = pytest.mark.process  # every test starts a server
@@ -224,3 +225,133 @@ async def test_explicit_mode_writes_up_to_its_breakpoint(srv: ThreadedServer, tr
     assert cached == 0 and 0 < written < full - 2 * BLOCK  # the second message is past the breakpoint
     other = await create(srv, transport, explicit(transport, "second"))
     assert details(other) == (written, 0)  # the prefix up to the breakpoint is read, nothing new written
+
+
+def ttl_details(response: dict[str, Any]) -> dict[str, int]:
+    return dict(response["usage"]["input_tokens_details"]["cache_write_tokens_details"])
+
+
+class Aged:
+    """The mock GPU's prefix cache seen ``hours`` later: its lifetimes run on the GPU's clock, moved on here
+    (the scheduler keeps its own pace)."""
+
+    def __init__(self, srv: ThreadedServer, model: str = MODEL) -> None:
+        self.cache = state(srv).pipeline.engines.gpus[model].cache
+        self.real = self.cache.now
+
+    def by(self, hours: float) -> None:
+        self.cache.now = lambda: self.real() + hours * 3600.0
+
+    def restore(self) -> None:
+        self.cache.now = self.real
+
+
+async def test_a_prefix_lives_its_ttl_on_every_transport() -> None:
+    """A prefix written under ``30m`` is read up to its lifetime after its last use and missed after it,
+    and the diagnostics say ``unavailable`` for a miss nothing in the request caused; ``12h`` outlives it.
+    The writes are reported by lifetime and sum to ``cache_write_tokens``."""
+    with running() as srv:
+        aged = Aged(srv)
+        for transport in TRANSPORTS:
+            for case, (ttl, late, lives) in enumerate(
+                (("30m", 0.4, True), ("30m", 0.6, False), ("12h", 0.6, True))
+            ):
+                name = f"case{case} {transport}"  # a first block of its own
+                options = {"ttl": ttl} if ttl != "30m" else {}  # 30m: the default
+                first = await create(srv, transport, base(name, prompt_cache_options=options))
+                prompt = first["usage"]["input_tokens"]
+                written = prompt // BLOCK * BLOCK
+                assert details(first) == (0, written)
+                assert ttl_details(first) == {
+                    "ttl_30m_tokens": written if ttl == "30m" else 0,
+                    "ttl_12h_tokens": written if ttl == "12h" else 0,
+                }
+                compare = {**options, "comparison_response_id": first["id"]}
+                aged.by(late)
+                try:
+                    again = await create(srv, transport, base(name, prompt_cache_options=compare))
+                finally:
+                    aged.restore()
+                if lives:
+                    assert details(again) == (written, 0), name
+                    assert again["prompt_cache_diagnostics"] == {"type": "cache_hit"}, name
+                else:
+                    assert details(again) == (0, written), name  # missed, and written again
+                    assert again["prompt_cache_diagnostics"] == {"type": "unavailable"}, name
+        # 12 h, then 13: past even the longer lifetime
+        first = await create(srv, "json", base("twelve", prompt_cache_options={"ttl": "12h"}))
+        aged.by(13)
+        try:
+            late = await create(srv, "json", base("twelve", prompt_cache_options={"ttl": "12h"}))
+        finally:
+            aged.restore()
+        assert details(late)[0] == 0 and details(first)[1] == details(late)[1] > 0
+
+
+async def test_a_breakpoints_own_ttl_outlives_the_requests() -> None:
+    """Implicit mode with a ``12h`` breakpoint on the first message: the blocks up to it are written for 12 h,
+    the rest for the request's 30 m; 40 minutes later only the 12 h part is read."""
+    with running() as srv:
+        aged = Aged(srv)
+        body = explicit("lifetimes", "tail")
+        body["prompt_cache_options"] = {}
+        body["input"][0]["content"][0]["prompt_cache_breakpoint"] = {"mode": "explicit", "ttl": "12h"}
+        first = await create(srv, "json", body)
+        cached, written = details(first)
+        lives = ttl_details(first)
+        assert cached == 0 and written == first["usage"]["input_tokens"] // BLOCK * BLOCK
+        assert lives["ttl_12h_tokens"] > 0 and lives["ttl_30m_tokens"] > 2 * BLOCK
+        assert lives["ttl_12h_tokens"] + lives["ttl_30m_tokens"] == written
+        aged.by(40 / 60)
+        try:
+            again = await create(srv, "json", body)
+        finally:
+            aged.restore()
+        assert details(again)[0] == lives["ttl_12h_tokens"]
+        assert ttl_details(again) == {"ttl_12h_tokens": 0, "ttl_30m_tokens": lives["ttl_30m_tokens"]}
+        ledger = state(srv).pipeline.ledger
+        await wait_for(lambda: ledger.get(first["id"]) is not None, "the usage row")
+        row = ledger.get(first["id"])
+        assert row is not None and (row.cache_write_tokens, row.cache_write_12h_tokens) == (
+            written,
+            lives["ttl_12h_tokens"],
+        )
+
+
+async def cache_story(srv: ThreadedServer) -> list[Any]:
+    """What prompt caching reports for one run of requests: writes by lifetime (a 12 h breakpoint in
+    implicit mode), a hit, a miss for a changed tool list, and explicit mode's write limit."""
+    body = explicit("story", "tail")
+    body["prompt_cache_options"] = {}
+    body["input"][0]["content"][0]["prompt_cache_breakpoint"] = {"mode": "explicit", "ttl": "12h"}
+    story: list[Any] = []
+    first = await create(srv, "json", body)
+    compare = {"comparison_response_id": first["id"]}
+    tools = [{"type": "function", "name": "grep"}]
+    for sent in (
+        body,
+        {**body, "prompt_cache_options": compare},
+        {**body, "prompt_cache_options": compare, "tools": tools},
+        explicit("story", "other"),
+    ):
+        response = first if sent is body else await create(srv, "json", sent)
+        story.append((details(response), ttl_details(response), response["prompt_cache_diagnostics"]))
+    return story
+
+
+async def test_an_engine_process_caches_and_diagnoses_as_the_gpu_in_process() -> None:
+    """``serve --engine URL``: the breakpoints, their lifetimes and the write limit reach the engine in its
+    request (``responses_lab.retention``), so the counts and diagnostics are the in-process ones."""
+    with running() as srv:
+        local = await cache_story(srv)
+    with ChildEngine([]) as engine, running(engine=engine.http_url) as srv:
+        remote = await cache_story(srv)
+    assert remote == local
+    (written, lives, _), (hit, _, same), (_, _, changed), (limited, _, _) = local
+    assert lives["ttl_12h_tokens"] > 0 and lives["ttl_30m_tokens"] > 0 and written[1] > 0
+    assert same == {"type": "cache_hit"} and hit == (written[1], 0)
+    assert changed["type"] == "cache_miss" and changed["reason"] == "tools_changed"
+    assert limited == (
+        lives["ttl_12h_tokens"],
+        0,
+    )  # the prefix up to the breakpoint read, nothing past it written

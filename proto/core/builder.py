@@ -194,7 +194,11 @@ class ResponseBuilder:
     def record_turn(self, report: TurnReport) -> None:
         self.lab.turns.append(report)
         self.usage.add(
-            report.prompt_tokens, report.cached_tokens, report.output_tokens, report.written_tokens
+            report.prompt_tokens,
+            report.cached_tokens,
+            report.output_tokens,
+            report.written_tokens,
+            report.written_by_ttl,
         )
         if self.cache_comparison is not None and len(self.lab.turns) == 1:
             compared, compacted = self.cache_comparison

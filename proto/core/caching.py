@@ -34,6 +34,10 @@ from proto.core.response import (
 # write for free (1.0: a written token is an ordinary uncached input token).
 WRITE_RATE: Final = 1.25
 WRITE_RATE_FROM: Final = (5, 6)  # the first gpt-N.M family that pays it
+# A write's rate by its lifetime, relative to ``WRITE_RATE``. The guide names one write rate, 1.25×, and no
+# other for a 12 h write; no OpenAI source found gives one, so both lifetimes pay it (kept apart in the
+# ledger, so a published rate is one number here).
+WRITE_RATE_BY_TTL: Final[dict[str, float]] = {"30m": 1.0, "12h": 1.0}
 
 
 def _digest(value: object) -> str:
@@ -67,32 +71,54 @@ def salt(response: Response) -> int:
     return int.from_bytes(hashlib.blake2b(msgspec.json.encode(keyed), digest_size=8).digest(), "big") >> 1
 
 
-def has_breakpoint(item: object) -> bool:
-    """Whether one of the item's content blocks carries ``prompt_cache_breakpoint`` (a message's
-    ``content``, a tool output's ``output``): the breakpoint sits at the item's end, the granularity at
-    which the mock renders an item's text."""
+# The lifetimes a request may write under, in seconds (openai-python 3.63, ``PromptCacheOptions.ttl``:
+# "The minimum lifetime applied to every implicit and explicit cache breakpoint written by the request.
+# Supported values are `30m` (the default) and `12h`. The backend may retain cache entries for longer.").
+# The mock keeps a block exactly its lifetime after its last use, the minimum promised, so a test can tell.
+TTL_SECONDS: Final[dict[str, float]] = {"30m": 30 * 60.0, "12h": 12 * 3600.0}
+DEFAULT_TTL: Final = "30m"
+# "Each request can write up to four breakpoints"; implicit mode's own is one of them (the SDK's
+# ``PromptCacheOptions``: "With `implicit`, OpenAI creates one implicit breakpoint and writes up to the latest
+# three explicit breakpoints in the request. With `explicit`, … up to the latest four").
+MAX_WRITTEN: Final = 4
+
+
+def breakpoint_of(item: object) -> oa.PromptCacheBreakpoint | None:
+    """The last ``prompt_cache_breakpoint`` on the item's content blocks (a message's ``content``, a tool
+    output's ``output``): the breakpoint sits at the item's end, the granularity at which the mock renders
+    an item's text."""
+    found: oa.PromptCacheBreakpoint | None = None
     for name in ("content", "output"):
         parts = getattr(item, name, None)
-        if isinstance(parts, list) and any(getattr(p, "prompt_cache_breakpoint", None) for p in parts):
-            return True
-    return False
+        if isinstance(parts, list):
+            for part in parts:
+                found = getattr(part, "prompt_cache_breakpoint", None) or found
+    return found
 
 
-def write_limit(options: oa.PromptCacheOptions | None, breakpoints: list[int]) -> int | None:
-    """How much of the prompt the GPU may write, given the prompt positions where the request's explicit
-    breakpoints end: ``explicit`` mode writes up to the latest of them (its latest four lie within it;
-    none: nothing); implicit mode's managed breakpoint is the prompt's end, past every explicit one
-    (None: all of it)."""
-    if options is None or options.mode != "explicit":
-        return None
-    return breakpoints[-1] if breakpoints else 0
+def written_breakpoints(
+    options: oa.PromptCacheOptions | None, marks: list[tuple[int, oa.PromptCacheBreakpoint]]
+) -> list[tuple[int | None, str]]:
+    """The breakpoints the request writes, as ``(end, ttl)``: ``end`` the prompt position where an explicit
+    one ends (``marks``, in prompt order), None for implicit mode's managed breakpoint at the prompt's end
+    (past every explicit one: the whole prompt, and the turn's output for the sequence's next turn); ``ttl``
+    its own, else the request's, else 30m. Implicit mode writes its own and the latest three explicit
+    ones; explicit mode the latest four, none at all without one."""
+    request_ttl = (options.ttl if options is not None else None) or DEFAULT_TTL
+    explicit = options is not None and options.mode == "explicit"
+    kept = marks[-MAX_WRITTEN:] if explicit else marks[-(MAX_WRITTEN - 1) :]
+    written: list[tuple[int | None, str]] = [(end, mark.ttl or request_ttl) for end, mark in kept]
+    if not explicit:
+        written.append((None, request_ttl))
+    return written
 
 
 def diagnose(current: Response, compared: Response | None, first: TurnReport, compacted: bool) -> Diagnostics:
     """Compare the current response's first turn with the compared (earlier) response. A miss is what the
     mock GPU had: its cached tokens below the compared prompt's reusable prefix (its full blocks, at most
     the current prompt's last recomputed token); its reason is the first keyed setting that differs,
-    else ``context_compacted`` when the input carries a compaction item, else ``input_changed``."""
+    else ``unavailable`` when the GPU found the prefix expired, else ``context_compacted`` when the input
+    carries a compaction item, else ``input_changed``."""
     if compared is None:
         return ComparisonResponseNotFound()
     turns = compared.lab.turns if compared.lab is not None else []
@@ -104,6 +130,10 @@ def diagnose(current: Response, compared: Response | None, first: TurnReport, co
     if missed <= 0:
         return CacheHit()
     changed = [reason for reason, get in KEY_INPUTS if get(current) != get(compared)]
+    if not changed and first.expired_tokens:
+        # The GPU found the prefix stored but past its lifetime: nothing in the request caused the miss,
+        # and none of the nine reasons says so (docs/protocol.md, "Prompt caching", "Lifetimes").
+        return Unavailable()
     reason: MissReason = changed[0] if changed else "context_compacted" if compacted else "input_changed"
     return CacheMiss(cache_missed_tokens=missed, reason=reason, comparison_reusable_tokens=reusable)
 
@@ -118,7 +148,15 @@ def write_rate(model: str) -> float:
     return WRITE_RATE if family >= WRITE_RATE_FROM else 1.0
 
 
-def billed_input(model: str, input_tokens: int, cached_tokens: int, write_tokens: int) -> float:
+def billed_input(
+    model: str, input_tokens: int, cached_tokens: int, write_tokens: int, write_12h_tokens: int = 0
+) -> float:
     """Input tokens at the uncached rate the response is billed for, cached reads apart (their own
-    discount is the price list's): written tokens at ``write_rate``, the rest at 1."""
-    return (input_tokens - cached_tokens - write_tokens) + write_tokens * write_rate(model)
+    discount is the price list's): written tokens at their lifetime's rate (``WRITE_RATE_BY_TTL`` times
+    ``write_rate``), the rest at 1. ``write_12h_tokens`` is the part of ``write_tokens`` written for 12 h."""
+    rate = write_rate(model)
+    return (
+        (input_tokens - cached_tokens - write_tokens)
+        + (write_tokens - write_12h_tokens) * rate * WRITE_RATE_BY_TTL["30m"]
+        + write_12h_tokens * rate * WRITE_RATE_BY_TTL["12h"]
+    )

@@ -32,6 +32,8 @@ def decode_client_event(data: str | bytes) -> ClientEvent:
     try:
         return _event_decoder.decode(data)
     except msgspec.ValidationError as exc:
+        if (valid := _valid_elsewhere(data)) is not None:
+            return decode_client_event(valid)
         raise _classify(data, exc) from None
     except msgspec.DecodeError as exc:
         raise ClientError("invalid_json", f"frame is not valid JSON: {exc}") from None
@@ -122,11 +124,44 @@ def decode_request(data: str | bytes, decoder: msgspec.json.Decoder[_T]) -> _T:
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
+        if (valid := _valid_elsewhere(data)) is not None:
+            return decode_request(valid, decoder)
         raise request_error(exc, data) from None
     except msgspec.DecodeError as exc:
         raise ClientError("invalid_json", f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ClientError("invalid_json", "body is nested too deeply") from None
+
+
+def _valid_elsewhere(data: str | bytes) -> bytes | None:
+    """A create body the SDK's types refuse but the Open Responses schema allows, rewritten to what it
+    means (docs/protocol.md, "The create body, items and tools": "Valid shapes the SDK's types lack"):
+    ``tools: null`` (the schema's ``tools`` is nullable: no tools), a ``text.format`` without ``type`` (the
+    schema's ``TextResponseFormat.type`` defaults to ``text``), an ``allowed_tools`` choice without ``mode``
+    (``auto``, OpenAI's default for a choice) or with ``mode: "none"`` (the schema's ``ToolChoiceValueEnum``:
+    no tool may be called, which is ``tool_choice: "none"``). None when nothing applies: the error stands.
+    Only on the error path, so a valid body is decoded once."""
+    raw = _raw(data)
+    if not isinstance(raw, dict):
+        return None
+    fixed = False
+    if "tools" in raw and raw["tools"] is None:
+        del raw["tools"]
+        fixed = True
+    text = raw.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(text, dict) and isinstance(fmt, dict) and "type" not in fmt:
+        text["format"] = {**fmt, "type": "json_schema" if {"name", "schema"} & fmt.keys() else "text"}
+        fixed = True
+    choice = raw.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        if "mode" not in choice:
+            choice["mode"] = "auto"
+            fixed = True
+        elif choice["mode"] == "none":
+            raw["tool_choice"] = "none"
+            fixed = True
+    return _encoder.encode(raw) if fixed else None
 
 
 def request_error(exc: msgspec.ValidationError, data: str | bytes | None = None) -> ClientError:
@@ -196,6 +231,8 @@ def _decode_item(raw: msgspec.Raw, path: str, code: str) -> Item:
     try:
         return _item_decoder.decode(raw)
     except msgspec.ValidationError as exc:
+        if (valid := _status_dropped(raw)) is not None:
+            return _decode_item(valid, path, code)
         if "missing required field `type`" not in str(exc):
             param = _param(exc, path)
             raise _range_error(exc, _raw(raw), param) or ClientError(code, _message(exc), param) from None
@@ -215,6 +252,21 @@ def _decode_item(raw: msgspec.Raw, path: str, code: str) -> Item:
         raise _range_error(exc, _raw(raw), param) or ClientError(code, _message(exc), param) from None
     except RecursionError:
         raise ClientError(code, "item is nested too deeply", path) from None
+
+
+def _status_dropped(raw: msgspec.Raw) -> msgspec.Raw | None:
+    """A message whose ``status`` is a string outside the SDK's enum (``""``): the Open Responses schema
+    types an input message's ``status`` as any string, and an input's status is the client's own report,
+    which nothing reads, so it is dropped (docs/protocol.md, "Valid shapes the SDK's types lack"). None
+    for any other item: its error stands."""
+    shape = _raw(raw)
+    if not isinstance(shape, dict) or shape.get("type", "message") != "message":
+        return None
+    status = shape.get("status")
+    if not isinstance(status, str) or status in ("in_progress", "completed", "incomplete"):
+        return None
+    del shape["status"]
+    return msgspec.Raw(_encoder.encode(shape))
 
 
 def encode(value: Any) -> bytes:

@@ -145,3 +145,20 @@ def async_tool_names(tools: Sequence[Any]) -> frozenset[str]:
             if isinstance(one, (FunctionTool, NamespaceFunction, CustomTool)) and one.async_:
                 names.add(one.name)
     return frozenset(names)
+
+
+def listed(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored input item as ``GET /v1/responses/{id}/input_items`` lists it, in openai-python's
+    ``ResponseInputMessageItem`` / ``ResponseOutputMessage`` shape for a message: ``type`` named, ``content``
+    a list of parts (a string is one ``input_text``, or one ``output_text`` for an assistant), and
+    ``status`` "populated when items are returned via API" (``completed``: the item is whole). Other items
+    are listed as they were stored (docs/protocol.md, "Stored responses")."""
+    if item.get("type", "message") != "message" or "role" not in item:
+        return item
+    content = item.get("content")
+    if isinstance(content, str):
+        part: dict[str, Any] = {"type": "input_text", "text": content}
+        if item["role"] == "assistant":
+            part = {"type": "output_text", "text": content, "annotations": []}
+        content = [part]
+    return {**item, "type": "message", "content": content, "status": item.get("status") or "completed"}

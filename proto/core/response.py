@@ -18,10 +18,25 @@ Mode = Literal["http", "http-cached", "http-prev", "ws", "longlived"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 
 
+class CacheWriteTokensDetails(msgspec.Struct):
+    """openai-python's ``InputTokensDetailsCacheWriteTokensDetails``: the written tokens by the lifetime they
+    were written under (docs/protocol.md, "Prompt caching")."""
+
+    ttl_12h_tokens: int = 0
+    ttl_30m_tokens: int = 0
+
+    def add(self, written_by_ttl: dict[str, int]) -> None:
+        self.ttl_12h_tokens += written_by_ttl.get("12h", 0)
+        self.ttl_30m_tokens += written_by_ttl.get("30m", 0)
+
+
 class InputTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
     # Prompt tokens the mock GPU stored in its prefix cache (docs/protocol.md, "Prompt caching").
     cache_write_tokens: int = 0
+    cache_write_tokens_details: CacheWriteTokensDetails = msgspec.field(
+        default_factory=CacheWriteTokensDetails
+    )
 
 
 class OutputTokensDetails(msgspec.Struct):
@@ -35,10 +50,19 @@ class Usage(msgspec.Struct, kw_only=True):
     output_tokens_details: OutputTokensDetails = msgspec.field(default_factory=OutputTokensDetails)
     total_tokens: int = 0
 
-    def add(self, input_tokens: int, cached_tokens: int, output_tokens: int, written_tokens: int = 0) -> None:
+    def add(
+        self,
+        input_tokens: int,
+        cached_tokens: int,
+        output_tokens: int,
+        written_tokens: int = 0,
+        written_by_ttl: dict[str, int] | None = None,
+    ) -> None:
         self.input_tokens += input_tokens
         self.input_tokens_details.cached_tokens += cached_tokens
         self.input_tokens_details.cache_write_tokens += written_tokens
+        if written_by_ttl:
+            self.input_tokens_details.cache_write_tokens_details.add(written_by_ttl)
         self.output_tokens += output_tokens
         self.total_tokens = self.input_tokens + self.output_tokens
 
@@ -47,12 +71,17 @@ class Usage(msgspec.Struct, kw_only=True):
 
     def minus(self, earlier: Usage) -> Usage:
         """What was used since ``earlier`` (a copy taken from this same running total)."""
+        now = self.input_tokens_details.cache_write_tokens_details
+        then = earlier.input_tokens_details.cache_write_tokens_details
         spent = Usage(
             input_tokens=self.input_tokens - earlier.input_tokens,
             input_tokens_details=InputTokensDetails(
                 self.input_tokens_details.cached_tokens - earlier.input_tokens_details.cached_tokens,
                 self.input_tokens_details.cache_write_tokens
                 - earlier.input_tokens_details.cache_write_tokens,
+                CacheWriteTokensDetails(
+                    now.ttl_12h_tokens - then.ttl_12h_tokens, now.ttl_30m_tokens - then.ttl_30m_tokens
+                ),
             ),
             output_tokens=self.output_tokens - earlier.output_tokens,
             output_tokens_details=OutputTokensDetails(
@@ -88,6 +117,8 @@ class TurnReport(msgspec.Struct, kw_only=True):
     output_tokens: int
     phases_ms: dict[str, float] = msgspec.field(default_factory=dict)
     written_tokens: int = 0  # prompt tokens the turn stored in the prefix cache
+    written_by_ttl: dict[str, int] = msgspec.field(default_factory=dict)  # those, by their lifetime
+    expired_tokens: int = 0  # prompt tokens its match found stored but past their lifetime
     block_size: int = 0  # the prefix cache's block (0: the engine does not report it)
 
 

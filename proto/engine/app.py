@@ -44,6 +44,7 @@ from proto.engine.wire import (
     CompletionRequest,
     ErrorInfo,
     FinalChunk,
+    LabRequest,
     PerRequestMetrics,
     PromptTokensDetails,
     StreamChoice,
@@ -54,7 +55,7 @@ from proto.engine.wire import (
     sse,
 )
 from sampler.clock import Clock
-from sampler.engine import EngineFailure, EngineOverloaded, EngineReport
+from sampler.engine import Breakpoint, EngineFailure, EngineOverloaded, EngineReport
 from sampler.gpu import GpuSequence, MockGPU
 from sampler.models import ContextLengthExceeded, ModelSpec
 from sampler.tokens import TextStream, Tokenizer
@@ -174,13 +175,16 @@ class MockEngine:
         lab = request.responses_lab
         salt = request.cache_salt or ""
         if lab is None or lab.sequence_id is None:
-            return gpu.open(salt=salt), None
+            sequence = gpu.open(salt=salt)
+            sequence.retention = _retention(lab)
+            return sequence, None
         lease = self.leases.get(lab.sequence_id)
         if lease is None:
             lease = self.leases[lab.sequence_id] = Lease(request.model, gpu.open(salt=salt), 0.0, salt=salt)
         else:
             self.check_lease(request)
         lease.busy = True
+        lease.sequence.retention = _retention(lab)
         return lease.sequence, lease
 
     def check_lease(self, request: CompletionRequest) -> None:
@@ -583,3 +587,8 @@ async def _sweep(engine: MockEngine) -> None:
         await asyncio.sleep(PIN_SWEEP_S)  # a periodic check of pin expiry, not a stand-in for work
         if engine.sweep(time.monotonic()):
             log.info("engine.pins_expired", pinned=len(engine.leases))
+
+
+def _retention(lab: LabRequest | None) -> tuple[Breakpoint, ...] | None:
+    """What the request asks the prefix cache to keep (``LabRequest.retention``); None: all, no lifetime."""
+    return tuple(lab.retention) if lab is not None and lab.retention is not None else None

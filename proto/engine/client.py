@@ -43,7 +43,7 @@ import structlog
 
 from proto.engine.wire import DONE, CompletionRequest, EventStream, LabRequest, StreamChunk, StreamOptions
 from sampler.clock import Clock
-from sampler.engine import EngineFailure, EngineOverloaded, EngineReport
+from sampler.engine import Breakpoint, EngineFailure, EngineOverloaded, EngineReport
 from sampler.models import ModelLimits
 
 log = structlog.get_logger("proto.engine.client")
@@ -266,7 +266,9 @@ class RemoteSequence:
         # Once the first tokens arrived (the prefill is done): the prompt, what a cut turn bills. The engine
         # says its cached tokens only in the last chunk, so a cut turn reports none.
         self.live: EngineReport | None = None
-        self.write_limit: int | None = None  # not sent: the engine's own cache decides what it keeps
+        # Sent with every turn to an engine that takes the lab's extension (the mock engine); vLLM's own
+        # cache decides what it keeps.
+        self.retention: tuple[Breakpoint, ...] | None = None
         self.progress = 0.0  # the server clock's time of the last sign of life from the engine
         self._busy = False
         self._closed = False
@@ -371,6 +373,7 @@ class RemoteSequence:
                 pin=self.pin,
                 pin_ttl_s=self.engine.pin_ttl_s,
                 output_token_ids=list(output_ids) if n else None,
+                retention=list(self.retention) if self.retention is not None else None,
             )
             if self.pin:
                 self.engine.pinned.add(self.sequence_id)  # from now on the engine may hold blocks for it
@@ -502,5 +505,7 @@ def _report(
         {"engine_hop": to_first_ms - prefill - queue},
         # the mock engine's prefix cache writes (vLLM reports none: docs/protocol.md, "Prompt caching")
         written_tokens=lab.written_tokens if lab is not None else 0,
+        written_by_ttl=dict(lab.written_by_ttl) if lab is not None else {},
+        expired_tokens=lab.expired_tokens if lab is not None else 0,
         block_size=lab.block_size if lab is not None else 0,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sampler.engine import EngineReport
+from sampler.engine import Breakpoint, EngineReport
 
 DONE = b"[DONE]"
 
@@ -42,6 +42,7 @@ class LabRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
     pin: bool = False
     pin_ttl_s: float = 600.0
     output_token_ids: list[int] | None = None
+    retention: list[Breakpoint] | None = None
 
 
 class CompletionRequest(msgspec.Struct, omit_defaults=True, kw_only=True):

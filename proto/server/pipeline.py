@@ -29,7 +29,7 @@ import structlog
 
 from proto.core import openai_types as oa
 from proto.core.builder import ResponseBuilder
-from proto.core.caching import has_breakpoint, write_limit
+from proto.core.caching import TTL_SECONDS, breakpoint_of, written_breakpoints
 from proto.core.caching import salt as cache_salt
 from proto.core.create import configured
 from proto.core.errors import ClientError
@@ -65,7 +65,7 @@ from proto.server.storage.ledger import LedgerRow, UsageLedger
 from proto.server.storage.store import ResponseStore, StoreUnavailable
 from proto.server.tiers import serve
 from sampler.clock import Clock, RealClock
-from sampler.engine import Engine
+from sampler.engine import Breakpoint, Engine
 from sampler.gpu import MockGPU
 from sampler.loop import Rollout
 from sampler.models import ContextLengthExceeded, ModelLimits, ModelSpec, context_message
@@ -400,7 +400,8 @@ class Pipeline:
             self.tokenizer if cache_scope is None else self.item_cache.tokenizer(self.tokenizer, cache_scope)
         )
 
-        breakpoints: list[int] = []  # where the input's explicit cache breakpoints end, in the prompt
+        # the input's explicit cache breakpoints, each with where it ends in the prompt
+        breakpoints: list[tuple[int, oa.PromptCacheBreakpoint]] = []
 
         def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
@@ -408,8 +409,8 @@ class Pipeline:
             conversation.work = work
             for item in new_items:
                 conversation.add_input([item])
-                if has_breakpoint(item):
-                    breakpoints.append(len(conversation.log))
+                if (mark := breakpoint_of(item)) is not None:
+                    breakpoints.append((len(conversation.log), mark))
             return conversation
 
         # The bodies the rendering tokenizes (instructions, and the history unless continuing a rendered
@@ -468,7 +469,10 @@ class Pipeline:
             encrypted_reasoning=request.includes("reasoning.encrypted_content"),
             prewarm=bool(request.prompt_cache_options and request.prompt_cache_options.prewarm),
         )
-        rollout.sequence.write_limit = write_limit(request.prompt_cache_options, breakpoints)
+        rollout.sequence.retention = tuple(
+            Breakpoint(end, ttl, TTL_SECONDS[ttl])
+            for end, ttl in written_breakpoints(request.prompt_cache_options, breakpoints)
+        )
         builder.lab.phases_ms = dict(phases)
         if ticket is None:
             try:  # last, so that no failure of the work above holds a place
@@ -592,6 +596,7 @@ class Pipeline:
                 completed_at=time.time(),
                 reason=end_reason(response),
                 cache_write_tokens=usage.input_tokens_details.cache_write_tokens,
+                cache_write_12h_tokens=usage.input_tokens_details.cache_write_tokens_details.ttl_12h_tokens,
             )
         )
 

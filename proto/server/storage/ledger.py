@@ -185,6 +185,9 @@ MIGRATIONS: Migrations = (
     # 4: prompt tokens written to the prefix cache, billed at their own rate (docs/protocol.md, "Prompt
     # caching"); rows from before it wrote none.
     ("ALTER TABLE usage ADD COLUMN cache_write_tokens {int} NOT NULL DEFAULT 0",),
+    # 5: the part of them written for 12 h (``cache_write_tokens_details.ttl_12h_tokens``), which has a
+    # rate of its own (``proto.core.caching.WRITE_RATE_BY_TTL``); rows from before it wrote none.
+    ("ALTER TABLE usage ADD COLUMN cache_write_12h_tokens {int} NOT NULL DEFAULT 0",),
 )
 
 
@@ -241,12 +244,19 @@ class LedgerRow:
     # ("cancelled", "max_output_tokens", "engine_failure", …); "server_crashed" from reconcile(); "" if none.
     reason: str = ""
     cache_write_tokens: int = 0  # input tokens written to the prompt cache (a part of input_tokens)
+    cache_write_12h_tokens: int = 0  # of those, the ones written for 12 h
 
     @property
     def billed_input_tokens(self) -> float:
-        """Input at the uncached rate, cached reads apart: writes at their model's rate (1.25 from GPT-5.6:
-        ``proto.core.caching.write_rate``)."""
-        return billed_input(self.model, self.input_tokens, self.cached_tokens, self.cache_write_tokens)
+        """Input at the uncached rate, cached reads apart: writes at their model's and lifetime's rate (1.25
+        from GPT-5.6: ``proto.core.caching.billed_input``)."""
+        return billed_input(
+            self.model,
+            self.input_tokens,
+            self.cached_tokens,
+            self.cache_write_tokens,
+            self.cache_write_12h_tokens,
+        )
 
     def __post_init__(self) -> None:
         # Refused at record() time, on the caller's stack, rather than later in the writer thread.
@@ -264,6 +274,7 @@ class LedgerRow:
             output_tokens=self.output_tokens,
             turns=self.turns,
             cache_write_tokens=self.cache_write_tokens,
+            cache_write_12h_tokens=self.cache_write_12h_tokens,
         )
         _check_times(created_at=self.created_at, completed_at=self.completed_at)
 

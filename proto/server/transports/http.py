@@ -51,7 +51,7 @@ from proto.core.codec import CACHE_HEADER, decode_body
 from proto.core.create import CreateLimits, check_outputs, validate_create
 from proto.core.errors import ClientError
 from proto.core.events import CreateBody, ErrorDetail, ServerEvent, StreamError
-from proto.core.items import Item
+from proto.core.items import Item, listed
 from proto.core.longlived import Cancel
 from proto.core.response import Mode
 from proto.core.work import WorkCounters
@@ -426,7 +426,7 @@ class HttpResponses:
             limit = max(1, min(100, int(query.get("limit", "20"))))
         except ValueError:
             return error_response(ClientError("invalid_request", "limit must be an integer", "limit"))
-        page = items[:limit]
+        page = [listed(item) for item in items[:limit]]
         body = {
             "object": "list",
             "data": page,
