@@ -49,7 +49,7 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Final
 
 from proto.engine.client import RemoteEngine, RemoteModel, RemoteSequence
-from sampler.engine import EngineReport
+from sampler.engine import Breakpoint, EngineReport
 from sampler.models import ModelLimits
 
 POLICIES: Final = ("random", "least-loaded", "prefix-aware", "sticky")
@@ -244,7 +244,7 @@ class RoutedSequence:
         self.affinity = affinity
         self.replica: int | None = None
         self.inner: RemoteSequence | None = None
-        self._write_limit: int | None = None
+        self._retention: tuple[Breakpoint, ...] | None = None
         self._closed = False
 
     @property
@@ -270,14 +270,14 @@ class RoutedSequence:
             self.inner.live = value
 
     @property
-    def write_limit(self) -> int | None:
-        return self._write_limit
+    def retention(self) -> tuple[Breakpoint, ...] | None:
+        return self._retention
 
-    @write_limit.setter
-    def write_limit(self, value: int | None) -> None:
-        self._write_limit = value
+    @retention.setter
+    def retention(self, value: tuple[Breakpoint, ...] | None) -> None:
+        self._retention = value
         if self.inner is not None:
-            self.inner.write_limit = value
+            self.inner.retention = value
 
     def run_turn(
         self, prompt_ids: Sequence[int], output_ids: Sequence[int], every_s: float = 0.0
@@ -290,7 +290,7 @@ class RoutedSequence:
             self.replica, hashes = replicas.route(model.name, prompt_ids, self.salt, self.affinity)
             engine = replicas.engines[self.replica]
             self.inner = engine.models[model.name].open(self.keep_warm, self.salt)
-            self.inner.write_limit = self._write_limit
+            self.inner.retention = self._retention
         elif replicas.router.policy == "prefix-aware":  # its later prompts live on its replica too
             hashes = block_hashes(prompt_ids, f"{model.name}\x1f{self.salt}", model.block_size)
         else:
