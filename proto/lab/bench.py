@@ -23,7 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.codex_rollout import RolloutError
-from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig, profile_named
+from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig, profile_named, with_networks
+from proto.lab.network import NETWORKS, RUN_KEY, NetworkError, NetworkUnavailable, requirements
 from proto.lab.peers import PeerError, PeerUnavailable, agentic_server
 from proto.lab.plan import PlanError
 from proto.lab.predict import PASSES, Calibration, Prediction
@@ -92,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"the rules factor: presets {','.join(PROFILES)} or hops:SAFETY/RESOLVE/STORE[:before|beside]"
         "[:user|new|all] (default: local,production-like,production-like-beside)",
+    )
+    parser.add_argument(
+        "--network",
+        type=_csv,
+        default=None,
+        help=f"a factor: each profile's server behind each shaped link, in a network namespace of its own "
+        f"(needs root): {','.join(NETWORKS)} or net:RTT/JITTER/UP/DOWN (ms, ms, Mbit/s; - not shaped), "
+        '+tls for TLS (docs/lab.md, "Network")',
     )
     parser.add_argument(
         "--sessions", type=int, default=None, help="concurrent rollouts per mode (default 4; --quick 2)"
@@ -275,11 +284,19 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     bad = [m for m in config.modes if m not in (*MODES, *PEER_MODES)]
     if bad:
         raise SystemExit(f"unknown mode: {', '.join(bad)} (modes: {', '.join((*MODES, *PEER_MODES))})")
+    if args.network:
+        if config.url:
+            raise SystemExit("--network places the servers the lab starts; with --url, shape that link")
+        config.profiles = with_networks(config.profiles, args.network)
     for name in config.profiles:
         try:
             profile_named(name)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
+    if any(profile_named(name).network for name in config.profiles):
+        requirements()  # NetworkUnavailable: what this machine or user lacks, before anything starts
+        # A server behind a link listens beyond loopback: keyed (a key of the run's own unless given).
+        config.api_key = config.api_key or RUN_KEY
     if config.url and (config.model_overrides or config.engine or config.workers > 1):
         raise SystemExit(
             "--model-override, --engine and --workers apply to the servers the lab starts; with --url, start "
@@ -350,7 +367,8 @@ def run(argv: list[str]) -> int:
                 raise SystemExit("--predict runs no cells: there is nothing to resume")
             return _predict_only(args, argv, console)
         return _cells(parser, args, argv, console)
-    except (SweepError, TraceError, RolloutError, PlanError) as exc:  # the user's input: one line, no trace
+    except (SweepError, TraceError, RolloutError, PlanError, NetworkUnavailable, NetworkError) as exc:
+        # the user's input, or what the machine lacks for it: one line, no trace
         Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
         return 2
     except (PeerUnavailable, PeerError) as exc:  # a peer not installed, not started, or not as planned

@@ -36,6 +36,7 @@ from proto.lab.clients import RolloutClient, make_client
 from proto.lab.config import PEER_MODES, WARM, BenchConfig, Profile, jitter_overrides, nonce, profile_named
 from proto.lab.design import draw_tool_times, mode_order, rollout_seed
 from proto.lab.metrics import Trace
+from proto.lab.network import LabNetwork, LinkCheck, live_link, network_named
 from proto.lab.peers import peer_info, run_peer_modes
 from proto.lab.plan import RolloutPlan, build_plan
 from proto.lab.predict import Calibration, calibrate
@@ -153,6 +154,7 @@ class GroupResult:
     floors: list[Floor]
     blocks: int  # server lifetimes: 1, or one per rollout index with fresh_server
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # per peer mode: proto/lab/peers.py
+    link: LinkCheck | None = None  # the shaped link's check, beside the floors (docs/lab.md, "Network")
 
 
 def _plans(replay: Replay, model: str, config: BenchConfig, index: int) -> list[tuple[Session, int | None]]:
@@ -191,6 +193,7 @@ async def run_group(
     indices = list(range(config.rollouts))
     blocks = [[i] for i in indices] if config.fresh_server else [indices]
     floors: list[Floor] = []
+    link: LinkCheck | None = None
     before = load_now()
     for block in blocks:
         with servers() as server:
@@ -200,13 +203,15 @@ async def run_group(
                     floor("ws_ping", await ping_rtts_ms(ws_url, config.pings, config.api_key)),
                     floor("http_noop", await http_noop_rtts_ms(http_url, config.pings, config.api_key)),
                 ]
+                shaped = live_link(http_url)
+                link = None if shaped is None else await shaped.check()
             if ours:
                 await _block(ours, replay, model, config, server, block, tallies, orders, on_turn)
     peers = await run_peer_modes(
         peer_modes, replay, model, config, peer_flags or [], indices, tallies, on_turn, _block
     )
     load = Load(before, load_now(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    return tallies, GroupResult(orders, load, floors, len(blocks), peers)
+    return tallies, GroupResult(orders, load, floors, len(blocks), peers, link)
 
 
 async def _block(
@@ -339,7 +344,11 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
     pairs = 2 if config.reconnect else 1
     started: list[list[ChildServer]] = []
     engine: ChildEngine | None = None
-    with tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as scratch:
+    networked = any(profile_named(name).network for name in config.profiles)
+    with (
+        tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as scratch,
+        LabNetwork(seed=config.seed) if networked else contextlib.nullcontext() as net,
+    ):
         try:
             engine_url = config.engine
             if config.engine == "spawn":
@@ -354,7 +363,17 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
                 flags = server_flags(profile_named(name), config, engine_url)
                 if pairs > 1 or config.db:  # several of its servers on one file, on purpose
                     flags.append("--db-shared")
-                started.append([ChildServer(flags, api_key=config.api_key, db=db) for _ in range(pairs)])
+                # Behind a shaped link: the profile's servers in its namespace (docs/lab.md, "Network").
+                network = profile_named(name).network
+                link = net.link(network_named(network)) if net and network else None
+                started.append(
+                    [
+                        ChildServer(
+                            flags, api_key=config.api_key, db=db, placement=link.placement() if link else None
+                        )
+                        for _ in range(pairs)
+                    ]
+                )
             for group in started:
                 for server in group:
                     server.wait_ready()
