@@ -250,7 +250,7 @@ def _shape(device: str, ns: str | None, delay_ms: float, jitter_ms: float, mbit:
     if mbit is not None:
         rate = mbit * 1e6 / 8  # bytes/s
         burst = max(2 * 1514, int(rate * 1e-3))
-        limit = max(64 * 1024, int(rate * 0.1)) + burst
+        limit = max(2**20, int(rate * 0.5)) + burst
         run(
             *tc,
             *parent,
