@@ -46,16 +46,17 @@ class Profile:
         ]
 
     def factors(self) -> dict[str, object]:
-        """What a run's results record of it: every rule its cells ran under, and its network (the link's
-        profile and source; None: loopback)."""
-        network = None if self.network is None else msgspec.to_builtins(network_named(self.network))
+        """What a run's results record of it: every rule its cells ran under, and behind a link its network
+        (the link's profile and source)."""
+        link = None if self.network is None else msgspec.to_builtins(network_named(self.network))
+        network = {} if link is None else {"network": link}
         return {
             "safety_hop_ms": self.safety_hop_ms,
             "resolve_hop_ms": self.resolve_hop_ms,
             "store_hop_ms": self.store_hop_ms,
             "safety_placement": self.placement,
             "safety_classify": self.classify,
-            "network": network,
+            **network,
         }
 
 
