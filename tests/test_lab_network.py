@@ -105,7 +105,8 @@ def test_a_shaped_link_measures_as_its_profile() -> None:
 
 def test_the_relay_keeps_every_byte_in_order() -> None:
     """Chunks through a relay whose jitter (±3 ms on 3 ms) would reorder them if it released each at its
-    own draw: every byte arrives, in order, and the half-close after them."""
+    own draw: every byte arrives, in order, and the half-close after them; once both directions have
+    ended, the relay lets go of both sockets."""
 
     async def scenario() -> bytes:
         loop = asyncio.get_running_loop()
@@ -132,8 +133,13 @@ def test_the_relay_keeps_every_byte_in_order() -> None:
             if k % 7 == 0:
                 await asyncio.sleep(0.0005)  # separate reads at the relay: separate draws
         writer.write_eof()
-        assert await reader.read() == b"done"
+        assert await reader.read() == b"done"  # and the sink's EOF, relayed
         writer.close()
+        for _ in range(200):  # both directions ended: the relay closes its two sockets (no descriptor kept)
+            if not relay.connections:
+                break
+            await asyncio.sleep(0.005)
+        assert not relay.connections
         relay.close()
         server.close()
         upstream.close()

@@ -58,9 +58,11 @@ class Hold:
         sink: asyncio.WriteTransport,
         pause: Callable[[], None],
         resume: Callable[[], None],
+        on_finished: Callable[[], None],
     ) -> None:
         self.loop, self.draw, self.sink = loop, draw, sink
-        self.pause, self.resume = pause, resume
+        self.pause, self.resume, self.on_finished = pause, resume, on_finished
+        self.finished = False  # the source's EOF was passed on
         self.held: collections.deque[tuple[float, bytes]] = collections.deque()
         self.bytes = 0
         self.last = 0.0  # the latest release time given: none may be earlier
@@ -118,6 +120,8 @@ class Hold:
     def _end(self) -> None:
         if not self.sink.is_closing() and self.sink.can_write_eof():
             self.sink.write_eof()
+        self.finished = True
+        self.on_finished()
 
     def close(self) -> None:
         if self.timer is not None:
@@ -169,13 +173,26 @@ class Side(asyncio.Protocol):
             self.peer.transport.close()
         self.relay.connections.discard(self)
 
+    def finished(self) -> None:
+        """One direction passed its EOF on: once both have, the connection is over on both sockets."""
+        peer = self.peer
+        if self.hold and self.hold.finished and peer and peer.hold and peer.hold.finished:
+            for side in (self, peer):
+                if side.transport is not None:
+                    side.transport.close()
+
     def start(self, peer: Side) -> None:
         """Join ``peer``: from now on what this side reads is held, then written to ``peer``."""
         assert self.transport is not None and peer.transport is not None
         self.peer = peer
         source = self.transport
         self.hold = Hold(
-            self.relay.loop, self.relay.draw, peer.transport, source.pause_reading, source.resume_reading
+            self.relay.loop,
+            self.relay.draw,
+            peer.transport,
+            source.pause_reading,
+            source.resume_reading,
+            self.finished,
         )
         for data in self.early:
             self.hold.feed(data)
