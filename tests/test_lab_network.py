@@ -38,7 +38,6 @@ from proto.lab.traces import Round, Session
 from proto.processes import ChildServer
 from sampler.policy import PlannedCall
 
-pytestmark = pytest.mark.process
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,6 +60,7 @@ def test_without_root_or_iproute2_it_fails_typed() -> None:
     requirements(euid=0, which=lambda tool: f"/usr/sbin/{tool}")  # all there: no error
 
 
+@pytest.mark.process
 def test_a_bench_run_without_iproute2_exits_2_with_what_it_needs(tmp_path: Path) -> None:
     """The CLI itself, with ``ip``, ``tc`` and ``chrt`` off its PATH (the check a test can drive: the
     root check is the same code, driven above): exit 2, the reason, nothing started."""
@@ -88,6 +88,7 @@ def test_a_bench_run_without_iproute2_exits_2_with_what_it_needs(tmp_path: Path)
     assert not (tmp_path / "results.json").exists()
 
 
+@pytest.mark.process
 @pytest.mark.serial  # a ping and rates on the wall clock: alone after the parallel part
 def test_a_shaped_link_measures_as_its_profile() -> None:
     """20 ms, 20 Mbit/s each way: the link check's ping p50 within its tolerance of 20 ms and each rate
@@ -103,6 +104,7 @@ def test_a_shaped_link_measures_as_its_profile() -> None:
     assert check.expected_up_mbit == pytest.approx(20 * PAYLOAD_SHARE)
 
 
+@pytest.mark.process
 def test_the_relay_keeps_every_byte_in_order() -> None:
     """Chunks through a relay whose jitter (±3 ms on 3 ms) would reorder them if it released each at its
     own draw: every byte arrives, in order, and the half-close after them; once both directions have
@@ -153,6 +155,7 @@ def _ours() -> list[str]:
     return [ns for ns in namespaces() if ns.startswith(f"rlab-{os.getpid()}-")]
 
 
+@pytest.mark.process
 def test_no_namespace_outlives_its_run() -> None:
     """On exit and on an exception the owner removes its namespaces; one left by a run killed outright
     (SIGKILL: no owner ran) is removed by the next run's start."""
@@ -198,6 +201,7 @@ BIG = Session(
 )
 
 
+@pytest.mark.process
 @pytest.mark.serial  # times on the wall clock: alone after the parallel part
 def test_http_bytes_cost_what_the_uplink_says() -> None:
     """The same rollouts, http and ws, over a 2 Mbit/s uplink and over an unshaped link: http's extra time
@@ -239,3 +243,28 @@ def test_http_bytes_cost_what_the_uplink_says() -> None:
     )
     for mode in ("http", "ws"):
         assert 0 < extra[mode] <= 1.2 * sent[mode] / rate, (mode, extra, sent)
+
+
+def test_the_shapers_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What each end's egress gets: netem's delay with tbf under it where the kernel has netem (these
+    machines have not: the commands are tc-netem(8)'s, checked here as text), tbf alone for a rate, nothing
+    for a link neither delays nor shapes."""
+    from proto.lab import network
+
+    commands: list[tuple[str, ...]] = []
+    monkeypatch.setattr(network, "run", lambda *args: commands.append(args) or "")
+    network._shape("rl1n0", None, 45.5, 1.0, 20.0)
+    assert commands[0] == (
+        "tc", "qdisc", "add", "dev", "rl1n0", "root", "handle", "1:", "netem", "delay", "45.5ms", "1.0ms",
+        "limit", "100000",
+    )  # fmt: skip
+    assert commands[1][:9] == ("tc", "qdisc", "add", "dev", "rl1n0", "parent", "1:1", "handle", "2:")
+    assert commands[1][9:12] == ("tbf", "rate", "20000000bit")
+    commands.clear()
+    network._shape("rlab0", "rlab-1-2-0", 0.0, 0.0, 10.0)
+    assert [c[:8] for c in commands] == [("tc", "-n", "rlab-1-2-0", "qdisc", "add", "dev", "rlab0", "root")]
+    burst, limit = int(commands[0][commands[0].index("burst") + 1]), int(commands[0][-1])
+    assert burst == 2 * 1514 and limit == 2**20 + burst  # 1 ms of 10 Mbit/s is less than two frames
+    commands.clear()
+    network._shape("rl1n0", None, 0.0, 0.0, None)
+    assert commands == []
