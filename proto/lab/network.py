@@ -362,12 +362,15 @@ class Link:
             "proto.lab.relay",
             *flags,
         ]
-        self.helper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Its stdout says "ready" once; what it says later (stderr) goes to a file, never a pipe nobody reads.
+        self.helper_log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
+        self.helper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.helper_log, text=True)
         assert self.helper.stdout is not None
-        line = self.helper.stdout.readline()  # "ready", or its error and EOF
-        if line.strip() != "ready":
-            rest = self.helper.stdout.read() if self.helper.poll() is not None else ""
-            raise NetworkError(f"the link's helper did not start: {line}{rest}")
+        if self.helper.stdout.readline().strip() != "ready":  # else its error, and EOF
+            self._stop_helper()
+            self.helper_log.seek(0)
+            said = self.helper_log.read().decode(errors="replace")
+            raise NetworkError(f"the link's helper did not start: {said[-2000:]}")
 
     def placement(self) -> Placement:
         """Where the next server on this link binds and how the lab reaches it."""
@@ -422,17 +425,23 @@ class Link:
             source=p.source,
         )
 
+    def _stop_helper(self) -> None:
+        if self.helper is None:
+            return
+        self.helper.terminate()
+        try:
+            self.helper.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.helper.kill()
+            self.helper.wait()
+        if self.helper.stdout is not None:
+            self.helper.stdout.close()
+        self.helper = None
+
     def close(self) -> None:
-        if self.helper is not None:
-            self.helper.terminate()
-            try:
-                self.helper.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.helper.kill()
-                self.helper.wait()
-            if self.helper.stdout is not None:
-                self.helper.stdout.close()
-            self.helper = None
+        """The helper stopped, then the namespace (and what still runs in it) removed."""
+        self._stop_helper()
+        self.helper_log.close()
         remove(self.ns)
 
 
@@ -561,8 +570,8 @@ class LabNetwork:
             except BaseException:
                 remove(ns)
                 raise
-        relay = self.prefer_relay or not netem_available(device)
         try:
+            relay = self.prefer_relay or not netem_available(device)
             link = Link(profile, ns, device, subnet, relay, self._certs(profile, far), self.seed + n)
         except BaseException:
             remove(ns)
