@@ -192,11 +192,14 @@ def test_no_namespace_outlives_its_run() -> None:
         assert not [ns for ns in namespaces() if ns.startswith(stem)]
 
 
-# A first message of ~20 k tokens, one tool call, then the answer: http sends the history twice, ws once.
+# A first message of ~20 k tokens, one tool call, then the answer: the second turn's request holds the
+# whole history in http, the tool's output alone in ws. The tool's 0.5 s lets the server finish the first
+# turn's tail (its store and ledger writes) before the second is sent, on either link: without it that work
+# overlapped a slow upload and hid a sixth of its time.
 BIG = Session(
     "big",
     0.0,
-    (Round(16, (PlannedCall("tool", "{}"),), 0.0, result_tokens=(50,)), Round(16, (), 0.0, text="Done.")),
+    (Round(16, (PlannedCall("tool", "{}"),), 0.5, result_tokens=(50,)), Round(16, (), 0.0, text="Done.")),
     first_tokens=20_000,
 )
 
@@ -204,9 +207,9 @@ BIG = Session(
 @pytest.mark.process
 @pytest.mark.serial  # times on the wall clock: alone after the parallel part
 def test_http_bytes_cost_what_the_uplink_says() -> None:
-    """The same rollouts, http and ws, over a 2 Mbit/s uplink and over an unshaped link: http's extra time
-    to the first tokens over ws's, summed over a rollout's turns, is its extra bytes ÷ the uplink's
-    payload rate (within 20 %; medians of three rollouts); no mode's extra exceeds its own bytes' time."""
+    """The same rollouts, http and ws, over a 2 Mbit/s uplink and over an unshaped link: on the turn after
+    the tool call, http's extra time to the first token over ws's is its extra bytes ÷ the uplink's
+    payload rate (within 20 %; medians of three rollouts). The first turns send the same bytes in both."""
     requirements()
     up_mbit = 2.0
     rate = up_mbit * 1e6 / 8 * PAYLOAD_SHARE  # payload bytes/s
@@ -220,7 +223,7 @@ def test_http_bytes_cost_what_the_uplink_says() -> None:
             await client.rollout(build_plan(BIG, "mock-4000tps", nonce()))  # warm: connection, code paths
             for _ in range(3):
                 trace = await client.rollout(build_plan(BIG, "mock-4000tps", nonce()))
-                seconds.append(sum(t.ttft_ms for t in rollout_metrics(trace).turns) / 1e3)
+                seconds.append(rollout_metrics(trace).turns[1].ttft_ms / 1e3)
                 sent.append(trace.bytes_sent)
         finally:
             await client.close()
@@ -241,8 +244,6 @@ def test_http_bytes_cost_what_the_uplink_says() -> None:
         extra,
         sent,
     )
-    for mode in ("http", "ws"):
-        assert 0 < extra[mode] <= 1.2 * sent[mode] / rate, (mode, extra, sent)
 
 
 def test_the_shapers_commands(monkeypatch: pytest.MonkeyPatch) -> None:
