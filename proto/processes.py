@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import TracebackType
 
 import httpx
@@ -44,6 +45,19 @@ def cpu_seconds(process: psutil.Process, children: bool = True) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a child runs and how it is reached, when not on this namespace's loopback: a command prefix
+    (``ip netns exec NS``), the address and port it binds, the base URL its clients use, and flags it
+    needs there (a TLS certificate). proto/lab/run/network.py makes one per server on a shaped link."""
+
+    prefix: tuple[str, ...]
+    bind: str
+    port: int
+    url: str
+    flags: tuple[str, ...] = ()
+
+
 class ChildProcess:
     """``python -m proto COMMAND --port P FLAGS…``, started at construction; ready once ``health`` answers
     200. ``with`` waits for it and stops it on the way out. To start several at once, construct them all,
@@ -62,14 +76,33 @@ class ChildProcess:
         new_session: bool = False,
         capture: bool = True,
         pythonpath: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         """``pythonpath``: run the child's code from that checkout (there, so ``-m proto`` imports it first):
-        a before/after in one run (``responses-lab perf --compare``)."""
-        self.port = port or free_port()
+        a before/after in one run (``responses-lab perf --compare``). ``placement``: run it elsewhere (a
+        network namespace) and reach it there."""
+        self.name = command
         self.api_key = api_key
-        self.http_url = f"http://127.0.0.1:{self.port}"
         self.health = health
-        self.command = [sys.executable, "-m", "proto", command, "--port", str(self.port), *flags]
+        if placement is None:
+            self.port = port or free_port()
+            self.http_url = f"http://127.0.0.1:{self.port}"
+            where: list[str] = []
+        else:
+            self.port, self.http_url = placement.port, placement.url
+            where = ["--host", placement.bind, *placement.flags]
+        prefix = list(placement.prefix) if placement else []
+        self.command = [
+            *prefix,
+            sys.executable,
+            "-m",
+            "proto",
+            command,
+            "--port",
+            str(self.port),
+            *where,
+            *flags,
+        ]
         self.new_session = new_session
         self.pythonpath = pythonpath
         # Captured for log() (the lab, the tests), or the parent's own stdout and stderr (an operator's
@@ -105,14 +138,12 @@ class ChildProcess:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.command[3]} exited with {self.proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.http_url + self.health, headers=headers, timeout=1.0).status_code == 200:
                     return
             time.sleep(0.05)
-        raise RuntimeError(
-            f"{self.command[3]} did not answer {self.health} within {timeout_s} s:\n{self.log()}"
-        )
+        raise RuntimeError(f"{self.name} did not answer {self.health} within {timeout_s} s:\n{self.log()}")
 
     def cpu_s(self) -> float:
         return cpu_seconds(self.process)
@@ -170,12 +201,18 @@ class ChildServer(ChildProcess):
         db: str = ":memory:",
         api_key: str | None = None,
         pythonpath: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         keyed = ["--api-key", api_key] if api_key else []
         super().__init__(
-            "serve", ["--db", db, *keyed, *flags], "/healthz", api_key=api_key, pythonpath=pythonpath
+            "serve",
+            ["--db", db, *keyed, *flags],
+            "/healthz",
+            api_key=api_key,
+            pythonpath=pythonpath,
+            placement=placement,
         )
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
+        self.ws_url = "ws" + self.http_url.removeprefix("http") + "/v1/responses"
 
     def __enter__(self) -> ChildServer:
         super().__enter__()

@@ -27,7 +27,7 @@ from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.predict import PASSES, Calibration, Prediction
 from proto.lab.analysis.stats import MIN_ROLLOUTS
 from proto.lab.analysis.sweep import sweep
-from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig, profile_named
+from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig, profile_named, with_networks
 from proto.lab.records import provenance
 from proto.lab.report.results import (
     grid_predictions,
@@ -40,6 +40,7 @@ from proto.lab.report.results import (
 )
 from proto.lab.report.tables import print_grid, print_table, write_plots
 from proto.lab.report.timeline import write_trace
+from proto.lab.run.network import NETWORKS, RUN_KEY, NetworkError, NetworkUnavailable, requirements
 from proto.lab.run.peers import PeerError, PeerUnavailable, agentic_server
 from proto.lab.run.runner import BenchResult, CellKey, CellResult, cell_turns, grid, replays_of, run_bench
 from proto.lab.run.store import (
@@ -106,6 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"the rules factor: presets {','.join(PROFILES)} or hops:SAFETY/RESOLVE/STORE[:before|beside]"
         "[:user|new|all] (default: local,production-like,production-like-beside)",
+    )
+    servers.add_argument(
+        "--network",
+        type=_csv,
+        default=None,
+        help=f"a factor: each profile's server behind each shaped link, in a network namespace of its own "
+        f"(needs root): {','.join(NETWORKS)} or net:RTT/JITTER/UP/DOWN (ms, ms, Mbit/s; - not shaped), "
+        '+tls for TLS (docs/lab.md, "Network") (default: none, loopback)',
     )
     rollouts.add_argument(
         "--sessions", type=int, default=None, help="concurrent rollouts per mode (default 4; --quick 2)"
@@ -296,11 +305,19 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     bad = [m for m in config.modes if m not in (*MODES, *PEER_MODES)]
     if bad:
         raise SystemExit(f"unknown mode: {', '.join(bad)} (modes: {', '.join((*MODES, *PEER_MODES))})")
+    if args.network:
+        if config.url:
+            raise SystemExit("--network places the servers the lab starts; with --url, shape that link")
+        config.profiles = with_networks(config.profiles, args.network)
     for name in config.profiles:
         try:
             profile_named(name)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
+    if any(profile_named(name).network for name in config.profiles):
+        requirements()  # NetworkUnavailable: what this machine or user lacks, before anything starts
+        # A server behind a link listens beyond loopback: keyed (a key of the run's own unless given).
+        config.api_key = config.api_key or RUN_KEY
     if config.url and (config.model_overrides or config.engine or config.workers > 1):
         raise SystemExit(
             "--model-override, --engine and --workers apply to the servers the lab starts; with --url, start "
@@ -397,7 +414,8 @@ def run(argv: list[str]) -> int:
                 raise SystemExit("--predict runs no cells: there is nothing to resume")
             return _predict_only(args, argv, console)
         return _cells(parser, args, argv, console)
-    except (SweepError, TraceError, RolloutError, PlanError) as exc:  # the user's input: one line, no trace
+    except (SweepError, TraceError, RolloutError, PlanError, NetworkUnavailable, NetworkError) as exc:
+        # the user's input, or what the machine lacks for it: one line, no trace
         Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
         return 2
     except (PeerUnavailable, PeerError) as exc:  # a peer not installed, not started, or not as planned

@@ -4,8 +4,11 @@ rollout that the runner and the fast model share (the warm-up session, the nonce
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import msgspec
+
+from proto.lab.run.network import network_named
 from proto.lab.workload.traces import Round, Session
 from sampler.policy import PlannedCall
 
@@ -23,6 +26,9 @@ class Profile:
     store_hop_ms: float = 0.0
     placement: str = "before"  # --safety-placement: before | beside
     classify: str = "new"  # --safety-classify: user | new | all
+    # The link between the clients and this server (``NAME@NETWORK``; docs/lab.md, "Network"): None is
+    # loopback, the server in the lab's own namespace.
+    network: str | None = None
 
     def flags(self) -> list[str]:
         """The ``responses-lab serve`` flags that set it."""
@@ -39,14 +45,18 @@ class Profile:
             self.classify,
         ]
 
-    def factors(self) -> dict[str, float | str]:
-        """What a run's results record of it: every rule its cells ran under."""
+    def factors(self) -> dict[str, object]:
+        """What a run's results record of it: every rule its cells ran under, and behind a link its network
+        (the link's profile and source)."""
+        link = None if self.network is None else msgspec.to_builtins(network_named(self.network))
+        network = {} if link is None else {"network": link}
         return {
             "safety_hop_ms": self.safety_hop_ms,
             "resolve_hop_ms": self.resolve_hop_ms,
             "store_hop_ms": self.store_hop_ms,
             "safety_placement": self.placement,
             "safety_classify": self.classify,
+            **network,
         }
 
 
@@ -75,7 +85,12 @@ CLASSIFY = ("user", "new", "all")
 
 def profile_named(name: str) -> Profile:
     """A preset, or a point of the parametric factor named ``hops:SAFETY/RESOLVE/STORE[:PLACEMENT]
-    [:CLASSIFY]`` (ms; e.g. ``hops:20/2/2:beside:user``). ``ValueError`` names what is wrong."""
+    [:CLASSIFY]`` (ms; e.g. ``hops:20/2/2:beside:user``), either behind a network: ``…@NETWORK``
+    (proto/lab/run/network.py, ``network_named``). ``ValueError`` names what is wrong."""
+    rules, at, network = name.rpartition("@")
+    if at:
+        network_named(network)  # its ValueError names what is wrong
+        return replace(profile_named(rules), name=name, network=network)
     if name in PROFILES:
         return PROFILES[name]
     kind, _, spec = name.partition(":")
@@ -96,6 +111,11 @@ def profile_named(name: str) -> Profile:
         )
     placement = placements[0] if placements else "before"
     return Profile(name, safety, resolve, store, placement, contents[0] if contents else "new")
+
+
+def with_networks(profiles: tuple[str, ...], networks: tuple[str, ...]) -> tuple[str, ...]:
+    """``bench --network``: every profile behind every network (``NAME@NETWORK``), in that order."""
+    return tuple(f"{p}@{n}" for p in profiles for n in networks)
 
 
 @dataclass

@@ -105,6 +105,9 @@ class Settings:
     # flat out) to shrink a delta frame from 189 to 10 bytes, a saving a loopback or LAN does not need
     # (docs/decisions/0010-permessage-deflate-off.md).
     ws_per_message_deflate: bool = False
+    # TLS (uvicorn's own ssl options): a PEM certificate chain and its key; both empty: plain HTTP and ws://.
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
     send_queue: int = 4096  # frames buffered per connection before the sampler waits for the client
     send_timeout_s: float = (
         30.0  # slow reader: one frame not written for this long closes the connection 1008

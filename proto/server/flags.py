@@ -17,6 +17,8 @@ GROUPS: dict[str, dict[str, str]] = {
         "http": "HTTP parser: auto (httptools when installed), httptools or h11",
         "ws_per_message_deflate": "accept permessage-deflate when a client offers it (off: measured 3.5x CPU "
         "per streamed token)",
+        "ssl_certfile": "serve TLS (https://, wss://) with this PEM certificate chain (with --ssl-keyfile)",
+        "ssl_keyfile": "the PEM private key of --ssl-certfile",
     },
     "storage": {
         "db": "response store and usage ledger: a SQLite file, :memory:, or a postgresql:// URL",

@@ -53,6 +53,8 @@ def uvicorn_config(
         ),
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=settings.ws_per_message_deflate,
+        ssl_certfile=settings.ssl_certfile or None,
+        ssl_keyfile=settings.ssl_keyfile or None,
         ws_ping_interval=None,  # the lab measures its own pings; keep-alive traffic would perturb it
         log_level=settings.log_level,
         access_log=False,

@@ -127,6 +127,7 @@ def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[s
     ]
     group = cell.group
     floors = group.floors if group is not None else []
+    link = group.link if group is not None else None
     return {
         "e2e_s_pct": msgspec.to_builtins(percentiles([m.e2e_s for m in metrics])),
         "ttft_ms_pct": msgspec.to_builtins(percentiles([t.ttft_ms for m in metrics for t in m.turns])),
@@ -135,7 +136,10 @@ def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[s
         "blocks": group.blocks if group is not None else 1,
         "load": None if group is None else msgspec.to_builtins(group.load),
         "floors": msgspec.to_builtins(floors),
-        "noisy": noise(group.load if group is not None else None, floors),
+        # A shaped link's check beside the floors; its figures past tolerance flag the cell (docs/lab.md,
+        # "Network").
+        "link": msgspec.to_builtins(link) if link is not None else None,
+        "noisy": noise(group.load if group is not None else None, floors) + (link.off if link else []),
     }
 
 

@@ -486,7 +486,9 @@ def parser() -> argparse.ArgumentParser:
         "shared engine process behind the API server; every mode on the same schedule and tool times.",
     )
     d = FleetConfig()
-    grid = p.add_argument_group("the grid: a cell per mode, load, pin, KV size, replicas and routing").add_argument
+    grid = p.add_argument_group(
+        "the grid: a cell per mode, load, pin, KV size, replicas and routing"
+    ).add_argument
     agents = p.add_argument_group("the agents and the engine").add_argument
     measured = p.add_argument_group("measurement and output").add_argument
     grid("--modes", default=",".join(d.modes), help=f"modes to compare, from {', '.join(MODES)}")

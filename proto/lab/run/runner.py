@@ -38,6 +38,7 @@ from proto.lab.config import PEER_MODES, WARM, BenchConfig, Profile, jitter_over
 from proto.lab.records import Floor, Load, cpu_between, floor, load_now, tree_cpu
 from proto.lab.run.clients import RolloutClient, make_client
 from proto.lab.run.design import draw_tool_times, mode_order, rollout_seed
+from proto.lab.run.network import LabNetwork, LinkCheck, live_link, network_named
 from proto.lab.run.peers import peer_info, run_peer_modes
 from proto.lab.workload.plan import RolloutPlan, build_plan
 from proto.lab.workload.traces import Replay, Session, load_replay
@@ -153,6 +154,7 @@ class GroupResult:
     floors: list[Floor]
     blocks: int  # server lifetimes: 1, or one per rollout index with fresh_server
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # per peer mode: proto/lab/run/peers.py
+    link: LinkCheck | None = None  # the shaped link's check, beside the floors (docs/lab.md, "Network")
 
 
 def _plans(replay: Replay, model: str, config: BenchConfig, index: int) -> list[tuple[Session, int | None]]:
@@ -191,6 +193,7 @@ async def run_group(
     indices = list(range(config.rollouts))
     blocks = [[i] for i in indices] if config.fresh_server else [indices]
     floors: list[Floor] = []
+    link: LinkCheck | None = None
     before = load_now()
     cpu_before = tree_cpu()
     for block in blocks:
@@ -201,6 +204,8 @@ async def run_group(
                     floor("ws_ping", await ping_rtts_ms(ws_url, config.pings, config.api_key)),
                     floor("http_noop", await http_noop_rtts_ms(http_url, config.pings, config.api_key)),
                 ]
+                shaped = live_link(http_url)
+                link = None if shaped is None else await shaped.check()
             if ours:
                 await _block(ours, replay, model, config, server, block, tallies, orders, on_turn)
     peers = await run_peer_modes(
@@ -208,7 +213,7 @@ async def run_group(
     )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     load = Load(before, load_now(), cores, cpu_between(cpu_before, tree_cpu()))
-    return tallies, GroupResult(orders, load, floors, len(blocks), peers)
+    return tallies, GroupResult(orders, load, floors, len(blocks), peers, link)
 
 
 async def _block(
@@ -341,7 +346,11 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
     pairs = 2 if config.reconnect else 1
     started: list[list[ChildServer]] = []
     engine: ChildEngine | None = None
-    with tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as scratch:
+    networked = any(profile_named(name).network for name in config.profiles)
+    with (
+        tempfile.TemporaryDirectory(prefix="responses-lab-bench-") as scratch,
+        LabNetwork(seed=config.seed) if networked else contextlib.nullcontext() as net,
+    ):
         try:
             engine_url = config.engine
             if config.engine == "spawn":
@@ -356,7 +365,17 @@ def _servers(config: BenchConfig) -> Iterator[list[Server]]:
                 flags = server_flags(profile_named(name), config, engine_url)
                 if pairs > 1 or config.db:  # several of its servers on one file, on purpose
                     flags.append("--db-shared")
-                started.append([ChildServer(flags, api_key=config.api_key, db=db) for _ in range(pairs)])
+                # Behind a shaped link: the profile's servers in its namespace (docs/lab.md, "Network").
+                network = profile_named(name).network
+                link = net.link(network_named(network)) if net and network else None
+                started.append(
+                    [
+                        ChildServer(
+                            flags, api_key=config.api_key, db=db, placement=link.placement() if link else None
+                        )
+                        for _ in range(pairs)
+                    ]
+                )
             for group in started:
                 for server in group:
                     server.wait_ready()
