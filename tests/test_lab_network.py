@@ -250,7 +250,7 @@ def test_the_shapers_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     """What each end's egress gets: netem's delay with tbf under it where the kernel has netem (these
     machines have not: the commands are tc-netem(8)'s, checked here as text), tbf alone for a rate, nothing
     for a link neither delays nor shapes."""
-    from proto.lab import network
+    from proto.lab.run import network
 
     commands: list[tuple[str, ...]] = []
     monkeypatch.setattr(network, "run", lambda *args: commands.append(args) or "")

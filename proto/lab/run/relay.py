@@ -1,5 +1,5 @@
 """The shaped link's helper process (docs/lab.md, "Network"): a delaying relay and a probe, run inside the
-server's network namespace by :mod:`proto.lab.network`.
+server's network namespace by :mod:`proto.lab.run.network`.
 
 **The relay** is the one-way delay where the kernel has no netem: a TCP proxy that holds each chunk it
 reads for the profile's one-way delay ± a uniform jitter draw (netem's ``delay TIME JITTER`` without a
