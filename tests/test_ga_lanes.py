@@ -311,7 +311,7 @@ async def test_steer_waits_for_required_tool_outputs(srv: ThreadedServer, ws: Cl
             await http.get(f"/v1/responses/{follow['response']['id']}/input_items", params={"order": "asc"})
         ).json()["data"]
     assert [item["type"] for item in listed] == ["message", "function_call_output"]
-    assert listed[0]["content"] == "Use the fast path."
+    assert listed[0]["content"] == [{"type": "input_text", "text": "Use the fast path."}]
 
 
 @pytest.mark.parametrize("case", ["unknown", "completed", "not_user"])

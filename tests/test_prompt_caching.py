@@ -355,3 +355,21 @@ async def test_an_engine_process_caches_and_diagnoses_as_the_gpu_in_process() ->
         lives["ttl_12h_tokens"],
         0,
     )  # the prefix up to the breakpoint read, nothing past it written
+
+
+async def test_writes_by_lifetime_only_for_a_request_that_uses_the_caching_surface() -> None:
+    """@openai/agents 0.20 reads ``input_tokens_details`` as a record of numbers (its ``runState``'s zod
+    schema): a request without ``prompt_cache_options`` or a breakpoint gets ``cache_write_tokens`` only,
+    every write its default 30 minutes (docs/protocol.md, "Prompt caching"); one that uses them gets the
+    split, on every transport."""
+    with running() as srv:
+        for transport in TRANSPORTS:
+            plain = await create(srv, transport, base(f"plain {transport}"))
+            details = plain["usage"]["input_tokens_details"]
+            assert details["cache_write_tokens"] > 0 and "cache_write_tokens_details" not in details
+            assert all(isinstance(v, int) for v in details.values())
+            opted = await create(srv, transport, base(f"opted {transport}", prompt_cache_options={}))
+            assert ttl_details(opted) == {
+                "ttl_12h_tokens": 0,
+                "ttl_30m_tokens": opted["usage"]["input_tokens_details"]["cache_write_tokens"],
+            }

@@ -20,7 +20,7 @@ import time
 import msgspec
 
 from proto.core import openai_types as oa
-from proto.core.caching import diagnose
+from proto.core.caching import breakpoint_of, diagnose
 from proto.core.events import (
     CompactionCompacting,
     ContentPartAdded,
@@ -70,6 +70,7 @@ from proto.core.items import (
     item_type,
 )
 from proto.core.response import (
+    CacheWriteTokensDetails,
     IncompleteDetails,
     LabInfo,
     Mode,
@@ -151,6 +152,10 @@ class ResponseBuilder:
         # Set by the pipeline when the request names a response to compare with: that response (None: not
         # found) and whether this input carries a compaction item (docs/protocol.md, "Prompt caching").
         self.cache_comparison: tuple[Response | None, bool] | None = None
+        if request.prompt_cache_options is not None or (
+            isinstance(request.input, list) and any(breakpoint_of(item) for item in request.input)
+        ):
+            self.usage.input_tokens_details.cache_write_tokens_details = CacheWriteTokensDetails()
         if request.prompt_cache_options is not None:
             options = request.prompt_cache_options
             self.response.prompt_cache_options = oa.PromptCacheOptions(

@@ -34,9 +34,15 @@ class InputTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
     # Prompt tokens the mock GPU stored in its prefix cache (docs/protocol.md, "Prompt caching").
     cache_write_tokens: int = 0
-    cache_write_tokens_details: CacheWriteTokensDetails = msgspec.field(
-        default_factory=CacheWriteTokensDetails
-    )
+    # Those by lifetime, only for a request that uses the caching surface (prompt_cache_options or a
+    # breakpoint): @openai/agents 0.20 reads input_tokens_details as numbers only (docs/protocol.md,
+    # "Prompt caching"). Unset: every write was for the default 30 minutes.
+    cache_write_tokens_details: CacheWriteTokensDetails | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def written_12h(self) -> int:
+        details = self.cache_write_tokens_details
+        return 0 if isinstance(details, msgspec.UnsetType) else details.ttl_12h_tokens
 
 
 class OutputTokensDetails(msgspec.Struct):
@@ -61,8 +67,9 @@ class Usage(msgspec.Struct, kw_only=True):
         self.input_tokens += input_tokens
         self.input_tokens_details.cached_tokens += cached_tokens
         self.input_tokens_details.cache_write_tokens += written_tokens
-        if written_by_ttl:
-            self.input_tokens_details.cache_write_tokens_details.add(written_by_ttl)
+        details = self.input_tokens_details.cache_write_tokens_details
+        if written_by_ttl and not isinstance(details, msgspec.UnsetType):
+            details.add(written_by_ttl)
         self.output_tokens += output_tokens
         self.total_tokens = self.input_tokens + self.output_tokens
 
@@ -73,13 +80,17 @@ class Usage(msgspec.Struct, kw_only=True):
         """What was used since ``earlier`` (a copy taken from this same running total)."""
         now = self.input_tokens_details.cache_write_tokens_details
         then = earlier.input_tokens_details.cache_write_tokens_details
+        if isinstance(then, msgspec.UnsetType):
+            then = CacheWriteTokensDetails()
         spent = Usage(
             input_tokens=self.input_tokens - earlier.input_tokens,
             input_tokens_details=InputTokensDetails(
                 self.input_tokens_details.cached_tokens - earlier.input_tokens_details.cached_tokens,
                 self.input_tokens_details.cache_write_tokens
                 - earlier.input_tokens_details.cache_write_tokens,
-                CacheWriteTokensDetails(
+                msgspec.UNSET
+                if isinstance(now, msgspec.UnsetType)
+                else CacheWriteTokensDetails(
                     now.ttl_12h_tokens - then.ttl_12h_tokens, now.ttl_30m_tokens - then.ttl_30m_tokens
                 ),
             ),

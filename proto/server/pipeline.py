@@ -596,7 +596,7 @@ class Pipeline:
                 completed_at=time.time(),
                 reason=end_reason(response),
                 cache_write_tokens=usage.input_tokens_details.cache_write_tokens,
-                cache_write_12h_tokens=usage.input_tokens_details.cache_write_tokens_details.ttl_12h_tokens,
+                cache_write_12h_tokens=usage.input_tokens_details.written_12h,
             )
         )
 
