@@ -56,7 +56,7 @@ from proto.lab.run.runner import server_flags
 from proto.lab.workload.codex_rollout import RESULTS, derive_rounds
 from proto.processes import ChildServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEY = "sk-lab-codex-0001"
 RUN_TIMEOUT_S = 600.0  # a guard against a hung client (a 65 tok/s rollout takes seconds), not a figure
 MODELS = ("mock-65tps", "mock-1000tps", "mock-4000tps")
