@@ -12,14 +12,28 @@ import subprocess
 import sys
 from collections import Counter
 
+import msgspec
 import numpy as np
 import pytest
+from test_lab_records import made_up_run
 
 from proto.client.frames import SENT, Frame
 from proto.client.http import HttpClient
 from proto.lab.analysis.stats import FASTER, FEW, SAME, SLOWER, paired_gain, percentiles
 from proto.lab.config import PROFILES, BenchConfig, jitter_overrides
-from proto.lab.records import ROOT, CpuTime, Floor, Load, cpu_between, noise, provenance, tree_cpu
+from proto.lab.records import (
+    ROOT,
+    CpuTime,
+    Floor,
+    Load,
+    RolloutRecord,
+    RunRecord,
+    cpu_between,
+    noise,
+    provenance,
+    run_of,
+    tree_cpu,
+)
 from proto.lab.report.results import add_gains, design_json, floors_json, run_record
 from proto.lab.run.design import draw_tool_times, mode_order, rollout_seed, williams_rows
 from proto.lab.run.runner import CellResult, run_bench, server_flags
@@ -216,11 +230,11 @@ def test_a_default_cell_has_ten_rollouts_a_mode_and_quick_says_it_has_fewer() ->
 
 
 def test_gains_pair_rollouts_by_index_and_session() -> None:
-    def run(mode: str, e2e: list[float]) -> dict[str, object]:
+    def run(mode: str, e2e: list[float]) -> RunRecord:
         records = [
-            {"index": i // 2, "session": i % 2, "e2e_s": x, "ttft_ms_p50": 10 * x} for i, x in enumerate(e2e)
+            RolloutRecord(i // 2, i % 2, None, 0, x, 10 * x, 1, 0.0, "completed") for i, x in enumerate(e2e)
         ]
-        return {"profile": "local", "workload": "w", "model": "m", "mode": mode, "rollout_records": records}
+        return made_up_run("local", "w", "m", mode, rollout_records=records)
 
     base = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
     runs = [
@@ -228,19 +242,21 @@ def test_gains_pair_rollouts_by_index_and_session() -> None:
         run("http-cached", [x * 0.9 for x in base]),
         run("ws", [x * 0.8 for x in base]),
     ]
-    runs[2]["rollout_records"] = list(reversed(runs[2]["rollout_records"]))  # type: ignore[call-overload]
-    old = {"profile": "local", "workload": "w", "model": "m2", "mode": "ws"}  # a format-1 run: left alone
+    assert isinstance(runs[2].rollout_records, list)
+    runs[2].rollout_records = list(reversed(runs[2].rollout_records))
+    old = made_up_run("local", "w", "m2", "ws")  # a format-1 run: left alone
     add_gains([*runs, old])
-    ws = runs[2]["gains"]
-    assert ws["http"]["e2e"]["gain"] == pytest.approx(-0.2) and ws["http"]["e2e"]["pairs"] == 6  # type: ignore[index]
-    assert ws["http-cached"]["ttft"]["gain"] == pytest.approx(0.8 / 0.9 - 1)  # type: ignore[index]
-    assert list(runs[0]["gains"]) == ["http-cached"]  # type: ignore[call-overload]  # not against itself
-    assert "gains" not in old
+    ws = runs[2].gains
+    assert isinstance(ws, dict) and isinstance(runs[0].gains, dict)
+    assert ws["http"]["e2e"].gain == pytest.approx(-0.2) and ws["http"]["e2e"].pairs == 6
+    assert ws["http-cached"]["ttft"].gain == pytest.approx(0.8 / 0.9 - 1)
+    assert list(runs[0].gains) == ["http-cached"]  # not against itself
+    assert old.gains is msgspec.UNSET
 
 
 def test_pooled_floors_count_each_group_once() -> None:
-    f = [{"name": "ws_ping", "p50": 0.1}, {"name": "http_noop", "p50": 1.0}]
-    runs = [{"profile": "p", "workload": "w", "model": "m", "mode": m, "floors": f} for m in ("http", "ws")]
+    f = [Floor("ws_ping", 9, None, 0.1, None, None), Floor("http_noop", 9, None, 1.0, None, None)]
+    runs = [made_up_run("local", "w", "m", m, floors=f) for m in ("http", "ws")]
     pooled = floors_json(runs)
     assert pooled["ws_ping"]["n"] == 1 and pooled["http_noop"]["p50"] == 1.0
 
@@ -266,8 +282,9 @@ def test_a_small_run_records_the_design_the_floors_and_the_gains() -> None:
     cells: list[CellResult] = []
     result = asyncio.run(run_bench(config, on_done=cells.append))
     assert [c.mode for c in cells] == list(modes)
-    runs = [run_record(c) for c in cells]
-    add_gains(runs, config.seed)
+    runs = [msgspec.to_builtins(run_record(c)) for c in cells]
+    add_gains(typed := [run_of(r) for r in runs], config.seed)
+    runs = msgspec.to_builtins(typed)  # the entries as results.json holds them
     orders = runs[0]["orders"]
     assert orders == [list(mode_order(modes, i)) for i in range(3)]
     assert {tuple(o) for o in orders} == {tuple(mode_order(modes, i)) for i in range(3)}
@@ -340,7 +357,7 @@ def test_fresh_server_starts_new_servers_per_rollout_index() -> None:
     )
     cells: list[CellResult] = []
     asyncio.run(run_bench(config, on_done=cells.append))
-    runs = [run_record(c) for c in cells]
+    runs = [msgspec.to_builtins(run_record(c)) for c in cells]
     assert [r["mode"] for r in runs] == ["http", "ws"]
     for run in runs:
         assert run["blocks"] == 2 and [r["index"] for r in run["rollout_records"]] == [0, 1]

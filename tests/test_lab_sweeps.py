@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_lab_e2e import TINY
+from test_lab_records import made_up_run
 
 from proto.lab.analysis.predict import Prediction
 from proto.lab.bench import Eta
@@ -39,6 +41,7 @@ from proto.lab.run.store import (
     Shard,
     ShardMismatch,
     ShardOverlap,
+    SweepError,
     UnfinishedRun,
     assemble,
     check_shards,
@@ -129,7 +132,7 @@ def _record(run_dir: RunDir, key: CellKey, t0: float = 100.0) -> None:
         "format": 1,
         "key": list(key),
         "shard": run_dir.data["shard"],
-        "run": {"profile": key[0], "workload": key[1], "model": key[2], "mode": key[3], "e2e_s_p50": 0.5},
+        "run": msgspec.to_builtins(made_up_run(*key, e2e_s_p50=0.5)),
         "timeline": {
             "label": " · ".join(key[:3]),
             "mode": key[3],
@@ -243,6 +246,16 @@ def test_a_write_that_fails_midway_leaves_the_file_as_it_was(
         atomic_write(path, '{"done": 2, "half": ')
     assert path.read_text() == '{"done": 1}\n'
     assert [p.name for p in tmp_path.glob("*.json")] == ["cell.json"]
+
+
+def test_a_record_that_is_not_a_cell_record_is_refused_with_the_field_at_fault(tmp_path: Path) -> None:
+    run_dir = _shard_dir(tmp_path, "one", None)
+    path = run_dir.record_path(run_dir.cells()[0])
+    record = json.loads(path.read_text(encoding="utf-8"))
+    del record["run"]["usage"]
+    atomic_write(path, json.dumps(record) + "\n")
+    with pytest.raises(SweepError, match=r"is not a cell record .*`usage` - at `\$\.run`"):
+        run_dir.records()
 
 
 def test_the_eta_is_the_fast_models_walls_scaled_by_the_pace_so_far() -> None:

@@ -1,6 +1,8 @@
 """A run's typed records (docs/lab.md, "results.json"): where it ran (:class:`Provenance`), how quiet the
-machine was around each cell (:class:`Load`), the floors measured in the run (:class:`Floor`), and one
-:class:`RolloutRecord` per measured rollout. Encoded into results.json with ``msgspec.to_builtins``.
+machine was around each cell (:class:`Load`), the floors measured in the run (:class:`Floor`), one
+:class:`RolloutRecord` per measured rollout, one :class:`RunRecord` per cell (results.json's ``runs[]``)
+and a run directory's :class:`CellRecord` (docs/lab.md, "Long sweeps"). Encoded into results.json with
+``msgspec.to_builtins``; read back with ``msgspec.convert`` / ``msgspec.json.decode`` (:func:`run_of`).
 
 **A noisy cell** (flagged in the tables): the lab's own processes (this one and every descendant: the
 servers, an engine, a peer) waited in a run queue for a core more than ``WAIT_SHARE`` of the time they ran
@@ -16,11 +18,15 @@ import contextlib
 import hashlib
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
+
+from proto.lab.analysis.stats import Gain, Percentiles
 
 LOAD_PER_CORE = 1.0
 FLOOR_SPREAD = 1.0
@@ -196,12 +202,12 @@ class CpuTime(msgspec.Struct, frozen=True):
 class Load(msgspec.Struct, frozen=True):
     """``os.getloadavg()`` (1, 5, 15 min) just before a group's first rollout and just after its last, and
     the lab's own processes' CPU and run-queue wait over the group (None where the kernel has no
-    ``schedstat``)."""
+    ``schedstat``; unset in a file written before the lab read it)."""
 
     before: tuple[float, float, float]
     after: tuple[float, float, float]
     cores: int
-    lab_cpu: CpuTime | None = None
+    lab_cpu: CpuTime | UnsetType | None = UNSET
 
 
 def load_now() -> tuple[float, float, float]:
@@ -260,7 +266,7 @@ def cpu_between(
 def noise(load: Load | None, floors: Sequence[Floor]) -> list[str]:
     """Why a cell is noisy (the module docstring's rule); [] for a quiet one."""
     reasons = []
-    if load is not None and load.lab_cpu is not None:
+    if load is not None and isinstance(load.lab_cpu, CpuTime):
         cpu = load.lab_cpu
         if cpu.run_ms > 0 and cpu.wait_ms > WAIT_SHARE * cpu.run_ms:
             reasons.append(
@@ -286,8 +292,99 @@ class RolloutRecord(msgspec.Struct, frozen=True):
     session: int
     seed: int | None  # the tool times' seed (None: a trace's own recorded tool times)
     position: int
-    e2e_s: float
-    ttft_ms_p50: float
+    e2e_s: float | None  # None: NaN when written (results.json is strict JSON)
+    ttft_ms_p50: float | None
     turns: int
     tool_wait_s: float
     status: str
+
+
+# ---- results.json's runs[] ------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct):
+    """A cell's token usage over its measured rollouts, as the server counted it."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+class RunRecord(msgspec.Struct, kw_only=True):
+    """One ``runs[]`` entry of results.json (docs/lab.md, "results.json"): one cell (profile, workload,
+    model, mode) measured. Format 1 (no ``format`` field) has the fields up to ``store_vs_cached``; format 2
+    adds the design's (``e2e_s_pct`` … ``noisy``). A peer's cell has ``peer``; a cell the fast model knows
+    has the ``predicted_*`` fields; a format-2 run's cells have ``gains``. A field a record lacks is
+    ``UNSET`` and is not written; the field order is the file's key order. Not frozen: the predictions and
+    the gains are written into a finished cell's record (:func:`~proto.lab.report.results.add_gains`)."""
+
+    mode: str
+    workload: str
+    model: str
+    sessions: int
+    e2e_s_p50: float | None
+    ttft_ms_p50: float | None
+    tpot_ms_p50: float | None
+    itl_ms_p99: float | None
+    turn_overhead_ms_p50: float | None
+    turn_overhead_ms_by_turn: list[float | None]
+    server_cpu_ms_per_turn: float | None
+    client_bytes_sent_per_turn: float
+    usage: Usage
+    phases_ms: dict[str, float]  # mean per turn
+    # the lab's extras
+    profile: str = ""  # "" in files that lack it
+    rollouts: int
+    turns: int
+    statuses: list[str]
+    e2e_s: Sequence[float | None]  # every rollout's, sorted
+    ttft_ms_p90: float | None
+    turn_overhead_ms_mean: float | None
+    turn_overhead_ms_p90: float | None
+    prefill_ms_per_turn: float | None  # None: the server sent no report of its own (``--url``)
+    decode_ms_per_turn: float | None
+    tool_wait_s_per_rollout: float
+    wall_s: float
+    ttft_ms_all: list[float | None]
+    # Per round of each session's first rollout, what the server counted: [input, cached, output] tokens.
+    usage_by_round: dict[str, list[list[int]]]
+    round_kinds: dict[str, int]
+    # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
+    store_vs_cached: Mapping[str, Mapping[str, float | None]]
+    # format 2: the experiment's design (docs/lab.md, "Statistics")
+    e2e_s_pct: Percentiles | UnsetType = UNSET
+    ttft_ms_pct: Percentiles | UnsetType = UNSET
+    rollout_records: list[RolloutRecord] | UnsetType = UNSET
+    orders: list[list[str]] | UnsetType = UNSET
+    blocks: int | UnsetType = UNSET
+    load: Load | UnsetType | None = UNSET
+    floors: list[Floor] | UnsetType = UNSET
+    # A shaped link's check (proto/lab/run/network.py's LinkCheck, as builtins); None on loopback.
+    link: dict[str, Any] | UnsetType | None = UNSET
+    noisy: list[str] | UnsetType = UNSET
+    # A peer's or a --url server's: who served the cell, how it was timed (docs/lab.md, "Peers").
+    peer: dict[str, Any] | UnsetType = UNSET
+    # the fast model's prediction for the cell (docs/lab.md, "The fast model")
+    predicted_e2e_s_p50: float | UnsetType | None = UNSET
+    predicted_ttft_ms_p50: float | UnsetType | None = UNSET
+    predicted_parts_s: dict[str, float] | UnsetType = UNSET  # per rollout
+    prediction_error: float | UnsetType | None = UNSET
+    # baseline → figure (``e2e``, ``ttft``) → the paired gain
+    gains: dict[str, dict[str, Gain]] | UnsetType = UNSET
+
+
+class CellRecord(msgspec.Struct):
+    """A run directory's ``cells/<cell>.json``: the cell's key, the shard that ran it, its ``runs[]`` entry
+    (predictions included) and its spans for ``trace.json`` (docs/lab.md, "Long sweeps")."""
+
+    format: int
+    key: tuple[str, str, str, str]  # (profile, workload, model, mode)
+    shard: str | None
+    run: RunRecord
+    timeline: dict[str, Any]
+
+
+def run_of(data: Any) -> RunRecord:
+    """A ``runs[]`` entry read back from JSON (format 1 or 2): ``msgspec.ValidationError`` when it is not
+    one."""
+    return msgspec.convert(data, RunRecord)

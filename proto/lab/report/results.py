@@ -1,7 +1,8 @@
 """results.json (docs/lab.md, "results.json") and results.csv: what a bench run produced, shaped, written and
 read back.
 
-:func:`run_record` shapes one finished cell into its ``runs[]`` entry; :func:`floor_json`,
+:func:`run_record` shapes one finished cell into its ``runs[]`` entry (a
+:class:`~proto.lab.records.RunRecord`); :func:`floor_json`,
 :func:`config_json` and :func:`profiles_json` the run's fields. A run with cells keeps each entry in a
 record as the cell finishes and assembles results.json from the records (:mod:`proto.lab.run.store`);
 ``--predict`` alone shapes its :class:`~proto.lab.run.runner.BenchResult` with :func:`results_json`.
@@ -21,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import psutil
@@ -34,9 +35,19 @@ from proto.lab.analysis.metrics import (
     store_vs_cached,
     summarize,
 )
-from proto.lab.analysis.stats import MIN_ROLLOUTS, SIGN, paired_gain, percentiles
+from proto.lab.analysis.stats import MIN_ROLLOUTS, SIGN, Gain, paired_gain, percentiles
 from proto.lab.config import JITTER, PEER_MODES, BenchConfig, profile_named
-from proto.lab.records import FLOOR_SPREAD, LOAD_PER_CORE, WAIT_SHARE, RolloutRecord, floor, noise, provenance
+from proto.lab.records import (
+    FLOOR_SPREAD,
+    LOAD_PER_CORE,
+    WAIT_SHARE,
+    RolloutRecord,
+    RunRecord,
+    Usage,
+    floor,
+    noise,
+    provenance,
+)
 from proto.lab.run.runner import BenchResult, CellKey, CellResult
 from proto.lab.workload.traces import Replay
 
@@ -47,7 +58,7 @@ FORMAT = 2  # results.json's shape: 2 adds the design, the paired gains and the 
 # ---- shaping ------------------------------------------------------------------------------------
 
 
-def run_record(cell: CellResult) -> dict[str, Any]:
+def run_record(cell: CellResult) -> RunRecord:
     """One ``runs[]`` entry: docs/lab.md, "results.json"'s fields, then the lab's extras."""
     metrics = [rollout_metrics(t) for t in cell.traces]
     s = summarize(metrics)
@@ -62,48 +73,48 @@ def run_record(cell: CellResult) -> dict[str, Any]:
             phases[name] = phases.get(name, 0.0) + ms
         prefill += sum(float(r["prefill_ms"]) for r in trace.reports)
         decode += sum(float(r["decode_ms"]) for r in trace.reports)
-    return {
-        "mode": cell.mode,
-        "workload": cell.workload,
-        "model": cell.model,
-        "sessions": cell.sessions,
-        "e2e_s_p50": s.e2e_s_p50,
-        "ttft_ms_p50": s.ttft_ms_p50,
-        "tpot_ms_p50": s.tpot_ms_p50,
-        "itl_ms_p99": s.itl_ms_p99,
-        "turn_overhead_ms_p50": s.turn_overhead_ms_p50,
-        "turn_overhead_ms_by_turn": s.turn_overhead_ms_by_turn,
-        "server_cpu_ms_per_turn": None if cell.server_cpu_s is None else cell.server_cpu_s * 1e3 / turns,
-        "client_bytes_sent_per_turn": sum(t.bytes_sent for t in cell.traces) / turns,
-        "usage": usage,
-        "phases_ms": {name: ms / turns for name, ms in sorted(phases.items())},  # mean per turn
+    return RunRecord(
+        mode=cell.mode,
+        workload=cell.workload,
+        model=cell.model,
+        sessions=cell.sessions,
+        e2e_s_p50=s.e2e_s_p50,
+        ttft_ms_p50=s.ttft_ms_p50,
+        tpot_ms_p50=s.tpot_ms_p50,
+        itl_ms_p99=s.itl_ms_p99,
+        turn_overhead_ms_p50=s.turn_overhead_ms_p50,
+        turn_overhead_ms_by_turn=list(s.turn_overhead_ms_by_turn),
+        server_cpu_ms_per_turn=None if cell.server_cpu_s is None else cell.server_cpu_s * 1e3 / turns,
+        client_bytes_sent_per_turn=sum(t.bytes_sent for t in cell.traces) / turns,
+        usage=Usage(**usage),
+        phases_ms={name: ms / turns for name, ms in sorted(phases.items())},  # mean per turn
         # extras
-        "profile": cell.profile,
-        "rollouts": len(cell.traces),
-        "turns": s.turns,
-        "statuses": sorted({t.status for t in cell.traces}),
-        "e2e_s": sorted(m.e2e_s for m in metrics),
-        "ttft_ms_p90": percentile(s.ttft_ms, 90),
-        "turn_overhead_ms_mean": statistics.fmean(t.overhead_ms for m in metrics for t in m.turns)
+        profile=cell.profile,
+        rollouts=len(cell.traces),
+        turns=s.turns,
+        statuses=sorted({t.status for t in cell.traces}),
+        e2e_s=sorted(m.e2e_s for m in metrics),
+        ttft_ms_p90=percentile(s.ttft_ms, 90),
+        turn_overhead_ms_mean=statistics.fmean(t.overhead_ms for m in metrics for t in m.turns)
         if s.turns
         else None,
-        "turn_overhead_ms_p90": percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
-        "prefill_ms_per_turn": prefill / turns,
-        "decode_ms_per_turn": decode / turns,
-        "tool_wait_s_per_rollout": sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
-        "wall_s": cell.wall_s,
-        "ttft_ms_all": [round(x, 3) for x in s.ttft_ms],
+        turn_overhead_ms_p90=percentile((t.overhead_ms for m in metrics for t in m.turns), 90),
+        prefill_ms_per_turn=prefill / turns,
+        decode_ms_per_turn=decode / turns,
+        tool_wait_s_per_rollout=sum(t.tool_wait_s for t in cell.traces) / max(len(cell.traces), 1),
+        wall_s=cell.wall_s,
+        ttft_ms_all=[round(x, 3) for x in s.ttft_ms],
         # Per round of each session's first rollout, what the server counted: [input, cached, output] tokens
         # (a trace's input and output must be the file's own: tests/test_lab_traces.py).
-        "usage_by_round": usage_by_round(cell.traces),
-        "round_kinds": dict(sorted(Counter(k for t in cell.traces for k in t.kinds).items())),
+        usage_by_round=usage_by_round(cell.traces),
+        round_kinds=dict(sorted(Counter(k for t in cell.traces for k in t.kinds).items())),
         # --reconnect: the turns after a reconnect (the store path) against the cached ones; {} without.
-        "store_vs_cached": store_vs_cached(cell.traces),
+        store_vs_cached=store_vs_cached(cell.traces),
         **design_fields(cell, metrics),
         # A peer's or a --url server's: who served the cell, how it was timed, the gateway/upstream split
         # (docs/lab.md, "Peers").
-        **({"peer": cell.peer} if cell.peer else {}),
-    }
+        peer=cell.peer if cell.peer else msgspec.UNSET,
+    )
 
 
 def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[str, Any]:
@@ -129,13 +140,13 @@ def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[s
     floors = group.floors if group is not None else []
     link = group.link if group is not None else None
     return {
-        "e2e_s_pct": msgspec.to_builtins(percentiles([m.e2e_s for m in metrics])),
-        "ttft_ms_pct": msgspec.to_builtins(percentiles([t.ttft_ms for m in metrics for t in m.turns])),
-        "rollout_records": msgspec.to_builtins(rollouts),
+        "e2e_s_pct": percentiles([m.e2e_s for m in metrics]),
+        "ttft_ms_pct": percentiles([t.ttft_ms for m in metrics for t in m.turns]),
+        "rollout_records": rollouts,
         "orders": group.orders if group is not None else [],
         "blocks": group.blocks if group is not None else 1,
-        "load": None if group is None else msgspec.to_builtins(group.load),
-        "floors": msgspec.to_builtins(floors),
+        "load": None if group is None else group.load,
+        "floors": list(floors),
         # A shaped link's check beside the floors; its figures past tolerance flag the cell (docs/lab.md,
         # "Network").
         "link": msgspec.to_builtins(link) if link is not None else None,
@@ -143,38 +154,42 @@ def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[s
     }
 
 
-def add_gains(runs: Sequence[dict[str, Any]], seed: int = 0) -> None:
+def add_gains(runs: Sequence[RunRecord], seed: int = 0) -> None:
     """Each run's ``gains`` (in place): against every baseline of ``BASELINES`` measured in its (profile,
     workload, model), its paired E2E and TTFT gains (analysis/stats.py) over the rollouts both ran (pairs
     matched by rollout index and session). Runs without ``rollout_records`` (format 1) get none."""
     for modes in cells(runs).values():
         for run in modes.values():
-            if "rollout_records" not in run:
+            if run.rollout_records is msgspec.UNSET:
                 continue
-            gains: dict[str, Any] = {}
+            gains: dict[str, dict[str, Gain]] = {}
             for name in BASELINES:
                 base = modes.get(name)
-                if base is None or base is run or "rollout_records" not in base:
+                if base is None or base is run or base.rollout_records is msgspec.UNSET:
                     continue
-                theirs = {(r["index"], r["session"]): r for r in base["rollout_records"]}
+                theirs = {(r.index, r.session): r for r in base.rollout_records}
                 pairs = [
-                    (r, theirs[(r["index"], r["session"])])
-                    for r in run["rollout_records"]
-                    if (r["index"], r["session"]) in theirs
+                    (r, theirs[(r.index, r.session)])
+                    for r in run.rollout_records
+                    if (r.index, r.session) in theirs
                 ]
                 gains[name] = {
-                    metric: msgspec.to_builtins(
-                        paired_gain(
-                            [float(a[field]) for a, _ in pairs],
-                            [float(b[field]) for _, b in pairs],
-                            baseline=name,
-                            metric=metric,
-                            seed=seed,
-                        )
+                    metric: paired_gain(
+                        [_paired(a, metric) for a, _ in pairs],
+                        [_paired(b, metric) for _, b in pairs],
+                        baseline=name,
+                        metric=metric,
+                        seed=seed,
                     )
-                    for metric, field in (("e2e", "e2e_s"), ("ttft", "ttft_ms_p50"))
+                    for metric in ("e2e", "ttft")
                 }
-            run["gains"] = gains
+            run.gains = gains
+
+
+def _paired(r: RolloutRecord, metric: str) -> float:
+    """A rollout's figure of ``metric`` (``e2e``: its E2E; ``ttft``: its median TTFT); NaN when unknown."""
+    x = r.e2e_s if metric == "e2e" else r.ttft_ms_p50
+    return math.nan if x is None else float(x)
 
 
 def design_json(config: BenchConfig) -> dict[str, Any]:
@@ -199,13 +214,18 @@ def design_json(config: BenchConfig) -> dict[str, Any]:
     }
 
 
-def floors_json(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def floors_json(runs: Sequence[RunRecord]) -> dict[str, Any]:
     """results.json's ``floors``: each floor over the groups' own p50s (a group's floors are measured once,
     on its server, and carried by each of its cells): n groups, their p10 / p50 / p90 and spread."""
     groups = [next(iter(modes.values())) for modes in cells(runs).values()]
     out: dict[str, Any] = {}
     for name in ("ws_ping", "http_noop"):
-        p50s = [f["p50"] for r in groups for f in r.get("floors", []) if f["name"] == name and f["p50"]]
+        p50s = [
+            f.p50
+            for r in groups
+            for f in (r.floors if r.floors is not msgspec.UNSET else [])
+            if f.name == name and f.p50
+        ]
         out[name] = msgspec.to_builtins(floor(name, p50s))
     return out
 
@@ -351,13 +371,21 @@ def grid_predictions(
     return rows
 
 
-def apply_prediction(run: dict[str, Any], p: Any) -> None:
-    """Write a :class:`~proto.lab.analysis.predict.Prediction`'s fields into ``run`` (in place)."""
-    run["predicted_e2e_s_p50"] = p.e2e_s_p50
-    run["predicted_ttft_ms_p50"] = p.ttft_ms_p50
-    run["predicted_parts_s"] = {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()}  # per rollout
-    measured = run.get("e2e_s_p50")
-    run["prediction_error"] = (p.e2e_s_p50 / measured - 1) if measured else None
+def apply_prediction(run: dict[str, Any] | RunRecord, p: Any) -> None:
+    """Write a :class:`~proto.lab.analysis.predict.Prediction`'s fields into ``run`` (in place): a
+    :class:`~proto.lab.records.RunRecord`, or a ``grid`` row or a kept file's entry as it was read."""
+    measured = run.get("e2e_s_p50") if isinstance(run, dict) else run.e2e_s_p50
+    fields = {
+        "predicted_e2e_s_p50": p.e2e_s_p50,
+        "predicted_ttft_ms_p50": p.ttft_ms_p50,
+        "predicted_parts_s": {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()},  # per rollout
+        "prediction_error": (p.e2e_s_p50 / measured - 1) if measured else None,
+    }
+    if isinstance(run, dict):
+        run.update(fields)
+    else:
+        for name, value in fields.items():
+            setattr(run, name, value)
 
 
 def results_json(
@@ -605,21 +633,33 @@ def load(path: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def cell_key(run: dict[str, Any]) -> tuple[str, str, str]:
+def cell_key(run: dict[str, Any] | RunRecord) -> tuple[str, str, str]:
     """(profile, workload, model): the cell a run belongs to (``profile`` is "" in files that lack it)."""
+    if isinstance(run, RunRecord):
+        return (run.profile, run.workload, run.model)
     return (run.get("profile", ""), run["workload"], run["model"])
 
 
-def cells(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
+Row = TypeVar("Row", dict[str, Any], RunRecord)
+
+
+def cells(runs: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Row]]:
     """(profile, workload, model) → mode → run, in first-seen order."""
-    out: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    out: dict[tuple[str, str, str], dict[str, Row]] = {}
     for run in runs:
-        out.setdefault(cell_key(run), {})[run["mode"]] = run
+        out.setdefault(cell_key(run), {})[run.mode if isinstance(run, RunRecord) else run["mode"]] = run
     return out
 
 
-def ratio(run: dict[str, Any], base: dict[str, Any] | None, key: str) -> float | None:
+def ratio(run: Row, base: Row | None, key: str) -> float | None:
     """``run[key] / base[key]``; None when either is missing or the base is zero."""
-    if base is None or not base.get(key) or run.get(key) is None:
+    mine, theirs = figure(run, key), None if base is None else figure(base, key)
+    if not theirs or mine is None:
         return None
-    return float(run[key]) / float(base[key])
+    return float(mine) / float(theirs)
+
+
+def figure(run: dict[str, Any] | RunRecord, key: str) -> Any:
+    """``run``'s field ``key``: a record's attribute or an entry's key; None when it has none."""
+    value = run.get(key) if isinstance(run, dict) else getattr(run, key, None)
+    return None if value is msgspec.UNSET else value

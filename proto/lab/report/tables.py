@@ -7,13 +7,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from proto.core.response import MODES
-from proto.lab.analysis.stats import MIN_ROLLOUTS
-from proto.lab.report.results import BASELINE, cells, ratio
+from proto.lab.analysis.stats import MIN_ROLLOUTS, Gain, Percentiles
+from proto.lab.records import RunRecord, run_of
+from proto.lab.report.results import BASELINE, cells, figure, ratio
 
 MODE_ORDER: tuple[str, ...] = (
     MODES  # the order the designs are compared in: each removes work the one before redoes
@@ -34,12 +36,10 @@ WIDTH = 80  # every table reads whole in an 80-column terminal (tests/test_lab_t
 
 def print_table(results: dict[str, Any], console: Console) -> None:
     """Per (workload, model) and profile: latency with the fast model's prediction; then cost per turn."""
-    runs = results["runs"]
-    groups: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
+    runs = [run_of(r) for r in results["runs"]]
+    groups: dict[tuple[str, str], dict[str, dict[str, RunRecord]]] = {}
     for run in runs:
-        groups.setdefault((run["workload"], run["model"]), {}).setdefault(run.get("profile", ""), {})[
-            run["mode"]
-        ] = run
+        groups.setdefault((run.workload, run.model), {}).setdefault(run.profile, {})[run.mode] = run
     floor = results["floor"]["ws_ping_rtt_ms_p50"]
     if floor is not None and math.isfinite(floor):  # --predict measures no floor
         console.print(f"floor: WebSocket ping RTT p50 {floor:.3f} ms", width=WIDTH)
@@ -57,19 +57,19 @@ def print_table(results: dict[str, Any], console: Console) -> None:
             for mode in sorted(modes, key=_mode_rank):
                 run = modes[mode]
                 e2e, ttft = ratio(run, base, "e2e_s_p50"), ratio(run, base, "ttft_ms_p50")
-                pred, err = run.get("predicted_e2e_s_p50"), run.get("prediction_error")
+                pred, err = figure(run, "predicted_e2e_s_p50"), figure(run, "prediction_error")
                 table.add_row(
                     mode,
-                    f"{run['e2e_s_p50']:.2f}",
+                    f"{run.e2e_s_p50:.2f}",
                     _pct(e2e, mode),
                     "–" if pred is None else f"{pred:.2f}",
                     "–" if err is None else f"{err * 100:+.1f}%",
-                    f"{run['ttft_ms_p50']:.1f}",
+                    f"{run.ttft_ms_p50:.1f}",
                     _pct(ttft, mode),
-                    _ms(run["turn_overhead_ms_p50"]),  # None: a server without its own report (--url)
+                    _ms(run.turn_overhead_ms_p50),  # None: a server without its own report (--url)
                 )
             console.print(table, width=WIDTH)
-            if any("gains" in run for run in modes.values()):
+            if any(run.gains is not msgspec.UNSET for run in modes.values()):
                 _print_statistics(profile, workload, model, modes, console)
         names = list(profiles)
         cost = Table(
@@ -86,18 +86,18 @@ def print_table(results: dict[str, Any], console: Console) -> None:
         for mode in sorted({m for ms in profiles.values() for m in ms}, key=_mode_rank):
             row = [mode]
             for p in names:
-                run = profiles[p].get(mode)
-                cpu = None if run is None else run["server_cpu_ms_per_turn"]
+                found = profiles[p].get(mode)
+                cpu = None if found is None else found.server_cpu_ms_per_turn
                 row += [
                     "–" if cpu is None else f"{cpu:.1f}",
-                    "–" if run is None else f"{run['client_bytes_sent_per_turn'] / 1024:.1f}",
+                    "–" if found is None else f"{found.client_bytes_sent_per_turn / 1024:.1f}",
                 ]
             cost.add_row(*row)
         console.print(cost, width=WIDTH)
 
 
 def _print_statistics(
-    profile: str, workload: str, model: str, modes: dict[str, dict[str, Any]], console: Console
+    profile: str, workload: str, model: str, modes: dict[str, RunRecord], console: Console
 ) -> None:
     """A group's spread and paired gains (docs/lab.md, "Statistics"): E2E and TTFT p50 / p90 / p99, and each
     mode's gain against ``http`` and ``http-cached`` with its 95 % interval (negative = faster; "=" when the
@@ -120,9 +120,10 @@ def _print_statistics(
         gain.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
     for mode in sorted(modes, key=_mode_rank):
         run = modes[mode]
-        e, t = run.get("e2e_s_pct") or {}, run.get("ttft_ms_pct") or {}
-        spread.add_row(mode, *_three(e, "{:.2f}"), *_three(t, "{:.1f}"))
-        gains = run.get("gains") or {}
+        spread.add_row(
+            mode, *_three(figure(run, "e2e_s_pct"), "{:.2f}"), *_three(figure(run, "ttft_ms_pct"), "{:.1f}")
+        )
+        gains = figure(run, "gains") or {}
         http, cached = gains.get("http") or {}, gains.get("http-cached") or {}
         gain.add_row(
             _SHORT_MODE.get(mode, mode),
@@ -134,7 +135,7 @@ def _print_statistics(
     console.print(spread, width=WIDTH)
     console.print(gain, width=WIDTH)
     any_run = next(iter(modes.values()))
-    n = min(len(run.get("rollout_records") or []) for run in modes.values())
+    n = min(len(figure(run, "rollout_records") or []) for run in modes.values())
     few = f" (fewer than the {MIN_ROLLOUTS} of a default cell)" if n < MIN_ROLLOUTS else ""
     console.print(
         f"{n} measured rollouts per mode{few}; gain = mode / baseline - 1 per rollout pair, negative = "
@@ -142,23 +143,24 @@ def _print_statistics(
         width=WIDTH,
         highlight=False,
     )
-    if any_run.get("noisy"):
-        console.print("NOISY: " + "; ".join(any_run["noisy"]), width=WIDTH, highlight=False)
+    if figure(any_run, "noisy"):
+        console.print("NOISY: " + "; ".join(figure(any_run, "noisy")), width=WIDTH, highlight=False)
 
 
-def _three(p: dict[str, Any], fmt: str) -> list[str]:
-    return ["–" if p.get(k) is None else fmt.format(p[k]) for k in ("p50", "p90", "p99")]
+def _three(p: Percentiles | None, fmt: str) -> list[str]:
+    values = (None, None, None) if p is None else (p.p50, p.p90, p.p99)
+    return ["–" if x is None else fmt.format(x) for x in values]
 
 
-def _gain(g: dict[str, Any] | None) -> str:
+def _gain(g: Gain | None) -> str:
     """``-14[-23,-7]`` (per cent); ``=[-5,+3]`` when the interval holds 0; the point and its pair count
     without an interval."""
-    if not g or g.get("gain") is None:
+    if g is None or g.gain is None:
         return ""
-    if g.get("low") is None or g.get("high") is None:
-        return f"{g['gain'] * 100:+.0f} n={g['pairs']}"
-    head = "=" if g["verdict"] == "no difference" else f"{g['gain'] * 100:+.0f}"
-    return f"{head}[{g['low'] * 100:+.0f},{g['high'] * 100:+.0f}]"
+    if g.low is None or g.high is None:
+        return f"{g.gain * 100:+.0f} n={g.pairs}"
+    head = "=" if g.verdict == "no difference" else f"{g.gain * 100:+.0f}"
+    return f"{head}[{g.low * 100:+.0f},{g.high * 100:+.0f}]"
 
 
 def print_grid(results: dict[str, Any], console: Console) -> None:
@@ -237,7 +239,8 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by_cell = cells(results["runs"])
+    runs = [run_of(r) for r in results["runs"]]
+    by_cell = cells(runs)
     labels = [" · ".join(x for x in key if x) for key in by_cell]
     paths = []
 
@@ -267,7 +270,8 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
         for j, modes in enumerate(by_cell.values()):
             if mode in modes:
                 xs.append(j + (i - (len(MODE_ORDER) - 1) / 2) * width)
-                ys.append(modes[mode]["e2e_s_p50"])
+                e2e = modes[mode].e2e_s_p50
+                ys.append(math.nan if e2e is None else e2e)
         if xs:
             ax.bar(xs, ys, width, label=mode, color=MODE_COLORS[mode])
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
@@ -279,8 +283,8 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
     fig, axes = grid("API overhead per turn (TTFT − modelled prefill − queue wait), median over rollouts")
     for ax, label, modes in zip(axes, labels, by_cell.values(), strict=True):
         for mode in sorted(modes, key=_mode_rank):
-            ys = modes[mode]["turn_overhead_ms_by_turn"]
-            ax.plot(range(len(ys)), ys, marker=".", label=mode, color=MODE_COLORS.get(mode))
+            by_turn = modes[mode].turn_overhead_ms_by_turn
+            ax.plot(range(len(by_turn)), by_turn, marker=".", label=mode, color=MODE_COLORS.get(mode))
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("turn index")
         ax.set_ylabel("overhead (ms)")
@@ -288,7 +292,7 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
         ax.legend(fontsize=8)
     save(fig, "overhead_by_turn.png")
 
-    phase_names = sorted({n for run in results["runs"] for n in run["phases_ms"]})
+    phase_names = sorted({n for run in runs for n in run.phases_ms})
     fig, axes = grid("Server phases per turn (mean ms) and the rest of the API overhead")
     cmap = plt.get_cmap("tab20")
     for ax, label, modes in zip(axes, labels, by_cell.values(), strict=True):
@@ -301,10 +305,10 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
                 if (
                     name == "unattributed"
                 ):  # mean overhead no timed server phase covers: framing, loop, network
-                    known = sum(run["phases_ms"].values())
-                    heights.append(max(run.get("turn_overhead_ms_mean", 0.0) - known, 0.0))
+                    known = sum(run.phases_ms.values())
+                    heights.append(max((run.turn_overhead_ms_mean or 0.0) - known, 0.0))
                 else:
-                    heights.append(run["phases_ms"].get(name, 0.0))
+                    heights.append(run.phases_ms.get(name, 0.0))
             color = "#bbbbbb" if name == "unattributed" else cmap(k % 20)
             ax.bar(order, heights, bottom=bottoms, label=name, color=color)
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
@@ -316,7 +320,7 @@ def _run_plots(results: dict[str, Any], out: Path) -> list[Path]:
     fig, axes = grid("TTFT CDF (every measured turn)")
     for ax, label, modes in zip(axes, labels, by_cell.values(), strict=True):
         for mode in sorted(modes, key=_mode_rank):
-            xs = sorted(modes[mode].get("ttft_ms_all") or [])
+            xs = sorted(x for x in modes[mode].ttft_ms_all if x is not None)
             if xs:
                 ax.step(
                     xs,

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from proto.lab.config import BenchConfig
-from proto.lab.records import Provenance
+from proto.lab.records import CellRecord, Provenance
 from proto.lab.report.results import (
     FORMAT as RESULTS_FORMAT,
 )
@@ -331,26 +331,24 @@ class RunDir:
             apply_prediction(run, prediction)
         path = self.record_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"format": FORMAT, "key": list(key), "shard": self.data["shard"], "run": run}
-        record["timeline"] = cell_timeline(cell)
-        atomic_write(path, json.dumps(clean(record), separators=(",", ":"), allow_nan=False) + "\n")
+        record = CellRecord(FORMAT, key, self.data["shard"], run, cell_timeline(cell))
+        text = json.dumps(clean(msgspec.to_builtins(record)), separators=(",", ":"), allow_nan=False)
+        atomic_write(path, text + "\n")
         self.save()
         return path
 
-    def records(self) -> dict[CellKey, dict[str, Any]]:
+    def records(self) -> dict[CellKey, CellRecord]:
         """The finished cells, by key (temporary files of an interrupted write are not records)."""
-        out: dict[CellKey, dict[str, Any]] = {}
+        out: dict[CellKey, CellRecord] = {}
         folder = self.path / RECORDS
         if not folder.is_dir():
             return out
         for path in sorted(folder.glob("*.json")):
             try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-                profile, workload, model, mode = record["key"]
-                key: CellKey = (str(profile), str(workload), str(model), str(mode))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                record = msgspec.json.decode(path.read_bytes(), type=CellRecord)
+            except msgspec.DecodeError as exc:
                 raise SweepError(f"{path} is not a cell record ({exc}): move it away and resume") from None
-            out[key] = record
+            out[record.key] = record
         return out
 
     def done(self) -> set[CellKey]:
@@ -369,7 +367,7 @@ def assemble(
     first = dirs[0]
     grid = first.grid()
     by_dir = [d.records() for d in dirs]  # each record file read and parsed once
-    records: dict[CellKey, dict[str, Any]] = {}
+    records: dict[CellKey, CellRecord] = {}
     for found in by_dir:
         records.update(found)
     keys = [k for k in grid if k in records]
@@ -379,13 +377,13 @@ def assemble(
         for profile, xs in d.data["floor_pings_ms"].items():
             pings.setdefault(profile, []).extend(xs)
     floor = floor_json(pings)
-    runs = [records[k]["run"] for k in keys]
+    runs = [records[k].run for k in keys]
     add_gains(runs, first.data["settings"].get("seed", 0))
     results: dict[str, Any] = {
         "format": RESULTS_FORMAT,
         "floor": floor,
         "floors": floors_json(runs),
-        "runs": runs,
+        "runs": msgspec.to_builtins(runs),
         "calibration": first.data["calibration"],
         "sweep": first.data["sweep"],
         "profiles": first.data["profiles"],
@@ -424,7 +422,7 @@ def assemble(
             }
             for d, found in zip(dirs, by_dir, strict=True)
         ]
-    timelines = [records[k]["timeline"] for k in keys]
+    timelines = [records[k].timeline for k in keys]
     if len(dirs) > 1:  # each machine's clock has its own zero: each shard's spans from its own first one
         timelines = _rebased(dirs, by_dir, records, keys)
     return results, timelines
@@ -432,19 +430,19 @@ def assemble(
 
 def _rebased(
     dirs: Sequence[RunDir],
-    by_dir: Sequence[dict[CellKey, dict[str, Any]]],
-    records: dict[CellKey, dict[str, Any]],
+    by_dir: Sequence[dict[CellKey, CellRecord]],
+    records: dict[CellKey, CellRecord],
     keys: Sequence[CellKey],
 ) -> list[dict[str, Any]]:
     from proto.lab.report.timeline import origin
 
     zero: dict[str | None, float] = {}
     for d, found in zip(dirs, by_dir, strict=True):
-        zero[d.data["shard"]] = origin([r["timeline"] for r in found.values()])
+        zero[d.data["shard"]] = origin([r.timeline for r in found.values()])
     out = []
     for k in keys:
-        t = records[k]["timeline"]
-        z = zero[records[k]["shard"]]
+        t = records[k].timeline
+        z = zero[records[k].shard]
         tracks = [
             {
                 "name": tr["name"],
