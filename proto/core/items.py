@@ -145,3 +145,17 @@ def async_tool_names(tools: Sequence[Any]) -> frozenset[str]:
             if isinstance(one, (FunctionTool, NamespaceFunction, CustomTool)) and one.async_:
                 names.add(one.name)
     return frozenset(names)
+
+
+def earlier_reasoning(items: Sequence[Item], context: str | None) -> list[int]:
+    """The positions of the reasoning items ``reasoning.context`` withholds from the model: under
+    ``current_turn``, those of earlier turns (before the latest user message: a turn is everything after
+    it); none under ``all_turns``, ``auto`` or no setting (the gpt-5.6 family's default, ``all_turns``).
+    docs/protocol.md, "Newer fields"."""
+    if context != "current_turn":
+        return []
+    latest = 0
+    for i, item in enumerate(items):
+        if isinstance(item, Message) and item.role == "user":
+            latest = i
+    return [i for i in range(latest) if isinstance(items[i], Reasoning)]
