@@ -437,10 +437,11 @@ class Conversation:
         self.items: list[Item] = []
         self.call_names: dict[str, str] = {}
         self.user_texts: list[str] = []
-        # Where each item's rendering starts in the log, and the reasoning items ``reasoning.context``
-        # withheld so far, in input order (``withhold``).
+        # Where each item's rendering starts in the log; the reasoning items ``reasoning.context`` withheld
+        # so far, in input order, and how many of ``items`` preceded each (``history``).
         self.starts: list[int] = []
         self.withheld: list[Item] = []
+        self.withheld_at: list[int] = []
 
     def fork(self, work: WorkCounters) -> Conversation:
         """A copy to continue on its own (a GA lane forking a response another lane holds): the ids are
@@ -449,6 +450,7 @@ class Conversation:
         other.log, other.items = TokenLog(self.log.ids), list(self.items)
         other.call_names, other.user_texts = dict(self.call_names), list(self.user_texts)
         other.starts, other.withheld = list(self.starts), list(self.withheld)
+        other.withheld_at = list(self.withheld_at)
         return other
 
     def add_instructions(self, text: str) -> None:
@@ -494,26 +496,47 @@ class Conversation:
         positions = earlier_reasoning([*self.items, *new], context)
         held = len(self.items)
         self.withhold([p for p in positions if p < held])
-        dropped = {p - held for p in positions if p >= held}
-        self.withheld.extend(new[i] for i in sorted(dropped))
-        return [item for i, item in enumerate(new) if i not in dropped]
+        return self.keep(new, [p - held for p in positions if p >= held])
+
+    def keep(self, new: Sequence[Item], withheld: Iterable[int]) -> list[Item]:
+        """``new`` (items about to be appended) but those at the ``withheld`` positions, noted as withheld."""
+        dropped, kept = set(withheld), list[Item]()
+        for i, item in enumerate(new):
+            if i in dropped:
+                self.withheld.append(item)
+                self.withheld_at.append(len(self.items) + len(kept))
+            else:
+                kept.append(item)
+        return kept
 
     def withhold(self, positions: Sequence[int]) -> None:
         """Take the items at ``positions`` (reasoning of earlier turns, ``reasoning.context:
-        current_turn``) out of the context: the log is cut where the first of them started and the items
-        after it that stay are rendered again (a rewrite: the prefix cache misses from the cut on). The
-        withheld items are kept in ``withheld``, in input order."""
+        current_turn``; ascending) out of the context: the log is cut where the first of them started and
+        the items after it that stay are rendered again (a rewrite: the prefix cache misses from the cut
+        on)."""
         if not positions:
             return
-        first, dropped = positions[0], set(positions)
-        rest = self.items[first:]
-        self.withheld.extend(self.items[i] for i in positions)
+        first, rest = positions[0], self.items[positions[0] :]
         users = sum(1 for item in rest if isinstance(item, Message) and item.role == "user")
         if users:
             del self.user_texts[-users:]
         self.log.rewrite(self.starts[first])
         del self.items[first:], self.starts[first:]
-        self.add_input([item for i, item in enumerate(rest, first) if i not in dropped])
+        self.add_input(self.keep(rest, [p - first for p in positions]))
+
+    def history(self) -> list[Item]:
+        """Every item in input order, the withheld ones in their places: what a rendering under other
+        settings starts from."""
+        out: list[Item] = []
+        pending = list(zip(self.withheld_at, self.withheld, strict=True))
+        w = 0
+        for k, item in enumerate(self.items):
+            while w < len(pending) and pending[w][0] <= k:
+                out.append(pending[w][1])
+                w += 1
+            out.append(item)
+        out.extend(item for _, item in pending[w:])
+        return out
 
     def add_hosted_result(self, header: str, text: str) -> None:
         self._segment(header, self.tokenizer.encode(text, self.work))

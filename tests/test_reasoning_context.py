@@ -204,3 +204,46 @@ async def test_withholding_counts_as_leaving_the_items_out(
     assert (await http.post("/v1/responses/input_tokens", json=plain)).json()["input_tokens"] == counted
     kept = dict(base("all_turns", "http"), input=history)
     assert (await http.post("/v1/responses/input_tokens", json=kept)).json()["input_tokens"] > counted
+
+
+async def test_a_ga_chain_that_changes_its_settings_renders_what_a_full_history_would(
+    srv: ThreadedServer,  # noqa: F811
+    http: httpx.AsyncClient,  # noqa: F811
+) -> None:
+    """On one GA connection the reused rendering holds only under the setting that withheld its items:
+    a continuation under ``all_turns`` gets the withheld reasoning back, one under new instructions lists
+    every withheld item; each prompt is what ``input_tokens`` counts for the full history re-sent."""
+    first = base("current_turn", "ws")
+    history, event, responses = list(first["input"]), first, []
+    follow = [
+        ("current_turn", None),
+        ("current_turn", None),
+        ("all_turns", None),  # the withheld reasoning is back
+        ("current_turn", "Be brief."),  # new instructions: rendered again, every earlier item withheld
+    ]
+    async with connect(srv.url) as ws:
+        for turn, (context, instructions) in enumerate(follow):
+            await ws.send(json.dumps(messages.create(event)))
+            frame = (await until(ws, TERMINAL_OR_ERROR))[-1]
+            assert frame["type"] == "response.completed", frame
+            response = frame["response"]
+            # The body an HTTP client would send for the same create: the whole history.
+            body = dict(event, input=history)
+            body.pop("previous_response_id", None)
+            counted = (await http.post("/v1/responses/input_tokens", json=body)).json()["input_tokens"]
+            assert response["lab"]["turns"][0]["prompt_tokens"] == counted, (turn, context)
+            withheld = [t["id"] for t in response["input_transformations"]]
+            users = [i for i, item in enumerate(history) if item.get("role") == "user"]
+            before = [item["id"] for item in history[: users[-1]] if item.get("type") == "reasoning"]
+            assert withheld == (before if event["reasoning"]["context"] == "current_turn" else []), turn
+            responses.append(response)
+            if turn + 1 == len(follow):
+                break
+            new = [*outputs_for(response), messages.user_message(f"Now step {turn}.")]
+            history = [*history, *response["output"], *new]
+            context, instructions = follow[turn + 1]
+            reasoning = {"effort": "low", "context": context}
+            event = messages.continuation(dict(first, reasoning=reasoning), new, response["id"])
+            if instructions is not None:
+                event["instructions"] = instructions
+    assert len(responses[-1]["input_transformations"]) >= 3

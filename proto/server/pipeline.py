@@ -690,9 +690,7 @@ def render_context(
     if request.instructions:
         conversation.add_instructions(request.instructions)
     conversation.add_tools(request.tools)
-    dropped = set(withhold)
-    conversation.withheld = [items[i] for i in withhold]
-    conversation.add_input([item for i, item in enumerate(items) if i not in dropped])
+    conversation.add_input(conversation.keep(items, withhold))
     return conversation
 
 
