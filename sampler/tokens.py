@@ -42,6 +42,7 @@ from proto.core.items import (
     WebSearchAction,
     WebSearchCall,
     WebSearchSource,
+    earlier_reasoning,
     item_type,
     media_parts,
     message_text,
@@ -436,6 +437,11 @@ class Conversation:
         self.items: list[Item] = []
         self.call_names: dict[str, str] = {}
         self.user_texts: list[str] = []
+        # Where each item's rendering starts in the log; the reasoning items ``reasoning.context`` withheld
+        # so far, in input order, and how many of ``items`` preceded each (``history``).
+        self.starts: list[int] = []
+        self.withheld: list[Item] = []
+        self.withheld_at: list[int] = []
 
     def fork(self, work: WorkCounters) -> Conversation:
         """A copy to continue on its own (a GA lane forking a response another lane holds): the ids are
@@ -443,6 +449,8 @@ class Conversation:
         other = Conversation(self.tokenizer, work)
         other.log, other.items = TokenLog(self.log.ids), list(self.items)
         other.call_names, other.user_texts = dict(self.call_names), list(self.user_texts)
+        other.starts, other.withheld = list(self.starts), list(self.withheld)
+        other.withheld_at = list(self.withheld_at)
         return other
 
     def add_instructions(self, text: str) -> None:
@@ -460,6 +468,7 @@ class Conversation:
             self._note(item)
             if isinstance(item, Message) and item.role == "user":
                 self.user_texts.append(message_text(item))
+            self.starts.append(len(self.log))
             for header, body in render_parts(item, self.call_names):
                 ids = self.tokenizer.encode(body, self.work) if isinstance(body, str) else self._counted(body)
                 self._segment(header, ids)
@@ -477,8 +486,57 @@ class Conversation:
         """The model's own tokens go straight into the context: nothing to render or tokenize."""
         self._note(item)
         header, _ = render_parts(item, self.call_names)[0]
+        self.starts.append(len(self.log))
         self._segment(header, body_ids)
         self.items.append(item)
+
+    def start_turn(self, new: Sequence[Item], context: str | None) -> list[Item]:
+        """The ``new`` items that join the context, under ``reasoning.context`` (``earlier_reasoning``): the
+        reasoning of earlier turns is withheld, among the items held (``withhold``) and the new ones."""
+        positions = earlier_reasoning([*self.items, *new], context)
+        held = len(self.items)
+        self.withhold([p for p in positions if p < held])
+        return self.keep(new, [p - held for p in positions if p >= held])
+
+    def keep(self, new: Sequence[Item], withheld: Iterable[int]) -> list[Item]:
+        """``new`` (items about to be appended) but those at the ``withheld`` positions, noted as withheld."""
+        dropped, kept = set(withheld), list[Item]()
+        for i, item in enumerate(new):
+            if i in dropped:
+                self.withheld.append(item)
+                self.withheld_at.append(len(self.items) + len(kept))
+            else:
+                kept.append(item)
+        return kept
+
+    def withhold(self, positions: Sequence[int]) -> None:
+        """Take the items at ``positions`` (reasoning of earlier turns, ``reasoning.context:
+        current_turn``; ascending) out of the context: the log is cut where the first of them started and
+        the items after it that stay are rendered again (a rewrite: the prefix cache misses from the cut
+        on)."""
+        if not positions:
+            return
+        first, rest = positions[0], self.items[positions[0] :]
+        users = sum(1 for item in rest if isinstance(item, Message) and item.role == "user")
+        if users:
+            del self.user_texts[-users:]
+        self.log.rewrite(self.starts[first])
+        del self.items[first:], self.starts[first:]
+        self.add_input(self.keep(rest, [p - first for p in positions]))
+
+    def history(self) -> list[Item]:
+        """Every item in input order, the withheld ones in their places: what a rendering under other
+        settings starts from."""
+        out: list[Item] = []
+        pending = list(zip(self.withheld_at, self.withheld, strict=True))
+        w = 0
+        for k, item in enumerate(self.items):
+            while w < len(pending) and pending[w][0] <= k:
+                out.append(pending[w][1])
+                w += 1
+            out.append(item)
+        out.extend(item for _, item in pending[w:])
+        return out
 
     def add_hosted_result(self, header: str, text: str) -> None:
         self._segment(header, self.tokenizer.encode(text, self.work))

@@ -121,7 +121,8 @@ async def test_reasoning_context_mode_and_the_newer_efforts_are_echoed(
     effort: str,
 ) -> None:
     """The Response carries the effective settings: the effort asked, the mode asked (``standard`` when
-    none), the context mode used (``all_turns``: the mock renders every reasoning item it is sent)."""
+    none), the context mode used (``auto`` and none are ``all_turns``; ``current_turn``:
+    tests/test_reasoning_context.py)."""
     reasoning = {"effort": effort, "mode": "pro", "context": "auto"}
     response = response_of(
         await terminal(transport, srv, http, body("!reason 5 !say ok", reasoning=reasoning))

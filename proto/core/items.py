@@ -162,3 +162,17 @@ def listed(item: dict[str, Any]) -> dict[str, Any]:
             part = {"type": "output_text", "text": content, "annotations": []}
         content = [part]
     return {**item, "type": "message", "content": content, "status": item.get("status") or "completed"}
+
+
+def earlier_reasoning(items: Sequence[Item], context: str | None) -> list[int]:
+    """The positions of the reasoning items ``reasoning.context`` withholds from the model: under
+    ``current_turn``, those of earlier turns (before the latest user message: a turn is everything after
+    it); none under ``all_turns``, ``auto`` or no setting (the gpt-5.6 family's default, ``all_turns``).
+    docs/protocol.md, "Newer fields"."""
+    if context != "current_turn":
+        return []
+    latest = 0
+    for i, item in enumerate(items):
+        if isinstance(item, Message) and item.role == "user":
+            latest = i
+    return [i for i in range(latest) if isinstance(items[i], Reasoning)]

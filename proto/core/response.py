@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 import msgspec
 
 from proto.core import openai_types as oa
-from proto.core.items import Item, Tool
+from proto.core.items import Item, Tool, item_id_of
 from proto.core.work import WorkCounters
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -219,15 +220,33 @@ class EchoedReasoning(oa.ReasoningReasoning, kw_only=True, omit_defaults=True):
 
 def echo_reasoning(reasoning: oa.ReasoningReasoning | None) -> oa.ReasoningReasoning | None:
     """The effective settings, as the SDK's ``Reasoning`` says the Response returns them: ``context`` the
-    context mode used (the mock renders every reasoning item it is sent, as the gpt-5.6 family's default
-    ``all_turns`` does, whatever was asked: docs/protocol.md, "Newer fields"), ``mode`` the execution mode
-    (``standard`` unless one was asked; the mock runs every mode alike)."""
+    context mode used (``current_turn`` or ``all_turns`` as asked; ``auto`` or none is the gpt-5.6 family's
+    default, ``all_turns``: docs/protocol.md, "Newer fields"), ``mode`` the execution mode (``standard``
+    unless one was asked; the mock runs every mode alike)."""
     if reasoning is None or isinstance(reasoning, EchoedReasoning):
         return reasoning
     fields = {name: getattr(reasoning, name) for name in reasoning.__struct_fields__}
-    fields["context"] = "all_turns"
+    fields["context"] = "current_turn" if reasoning.context == "current_turn" else "all_turns"
     fields["mode"] = reasoning.mode or "standard"
     return EchoedReasoning(**fields)
+
+
+class InputTransformation(msgspec.Struct, kw_only=True):
+    """One reasoning input withheld from the model (openai-python 3.63, ``responses.response``
+    ``InputTransformation``): the mock withholds for one reason, a turn boundary."""
+
+    id: str
+    action: Literal["removed"] = "removed"
+    reason: Literal[
+        "organization_mismatch", "end_user_mismatch", "model_mismatch", "prefix_mismatch", "turn_boundary"
+    ] = "turn_boundary"
+    type: Literal["reasoning"] = "reasoning"
+
+
+def withheld(items: Sequence[Item]) -> list[InputTransformation]:
+    """The Response's ``input_transformations`` for the reasoning items withheld (``reasoning.context:
+    current_turn``), in input order."""
+    return [InputTransformation(id=item_id_of(item) or "") for item in items]
 
 
 class ImageGenInputDetails(msgspec.Struct):
@@ -366,9 +385,9 @@ class Response(msgspec.Struct, kw_only=True):
     max_tool_calls: int | None = None
     top_logprobs: int = 0
     tool_usage: ToolUsage = msgspec.field(default_factory=ToolUsage)
-    # "Reasoning inputs withheld from the model, in input order": the mock renders every one (context mode
-    # all_turns), so none.
-    input_transformations: list[dict[str, str]] = msgspec.field(default_factory=list)
+    # "Reasoning inputs withheld from the model, in input order": those of earlier turns under
+    # ``reasoning.context: current_turn`` (``withheld``).
+    input_transformations: list[InputTransformation] = msgspec.field(default_factory=list)
     # Echoed when the request set them; the diagnostics when it named a response to compare with
     # (docs/protocol.md, "Prompt caching").
     prompt_cache_options: oa.PromptCacheOptions | None = None

@@ -48,9 +48,10 @@ from proto.core.items import (
     WebSearchCall,
     WebSearchTools,
     async_tool_names,
+    earlier_reasoning,
     message_text,
 )
-from proto.core.response import Response, Usage
+from proto.core.response import Response, Usage, withheld
 from proto.core.work import WorkCounters
 from proto.engine.client import RemoteEngine
 from proto.engine.routing import Replicas
@@ -402,12 +403,18 @@ class Pipeline:
 
         # the input's explicit cache breakpoints, each with where it ends in the prompt
         breakpoints: list[tuple[int, oa.PromptCacheBreakpoint]] = []
+        # Reasoning of earlier turns is withheld (``reasoning.context``): left out of a fresh rendering; on
+        # one continued (a GA cache hit) ``start_turn`` cuts it.
+        mode = request.reasoning.context if request.reasoning else None
 
         def render(conversation: Conversation | None) -> Conversation:
             if conversation is None:
-                conversation = render_context(tokenizer, work, request, history)
+                earlier = earlier_reasoning([*history, *new_items], mode)
+                conversation = render_context(
+                    tokenizer, work, request, history, [p for p in earlier if p < len(history)]
+                )
             conversation.work = work
-            for item in new_items:
+            for item in conversation.start_turn(new_items, mode):
                 conversation.add_input([item])
                 if (mark := breakpoint_of(item)) is not None:
                     breakpoints.append((len(conversation.log), mark))
@@ -430,6 +437,7 @@ class Pipeline:
         await self.api_cost(design, len(conversation.log), phases)
         request = configured(request, conversation.items)  # configuration_update items in effect
         builder = ResponseBuilder(context.response_id, request, design.mode, work)
+        builder.response.input_transformations = withheld(conversation.withheld)
         builder.lab.safety_flags = flags
         builder.response.service_tier = served.tier
         if context.api_key_id:  # whose stored responses the diagnostics may compare with
@@ -539,19 +547,24 @@ class Pipeline:
             lab.input_positions = [0] * len(rollout.input_items)
         lab.input_positions.extend([len(rollout.builder.response.output)] * len(items))
         rollout.input_items.extend(items)
-        flags, owed = await self.scan(self.classified(items, rollout.conversation.items, None), work, phases)
+        conversation = rollout.conversation
+        flags, owed = await self.scan(self.classified(items, conversation.items, None), work, phases)
         lab.safety_flags.extend(flags)
         texts = [text for item in items for text in text_segments(item)]
         chars = sum(map(len, texts))
+        # A user message starts a turn: under ``reasoning.context: current_turn`` the reasoning before it
+        # leaves the context (the rendering is cut at the first withheld item and the rest rendered again).
+        mode = rollout.builder.response.reasoning
+        context = mode.context if mode else None
+
+        def render() -> None:
+            conversation.add_input(conversation.start_turn(items, context))
+
         with timed(phases, "render_tokenize"):
             await tokenized(
-                rollout.conversation.tokenizer,
-                chars,
-                lambda: texts,
-                functools.partial(rollout.conversation.add_input, items),
-                limits,
-                len(rollout.conversation.log),
+                conversation.tokenizer, chars, lambda: texts, render, limits, len(conversation.log)
             )
+        rollout.builder.response.input_transformations = withheld(conversation.withheld)
         for name, ms in phases.items():
             rollout.builder.lab.phases_ms[name] = rollout.builder.lab.phases_ms.get(name, 0.0) + ms
         return owed
@@ -669,15 +682,20 @@ def offered_tools(tools: Sequence[Tool]) -> list[OfferedTool]:
 
 
 def render_context(
-    tokenizer: Tokenizer, work: WorkCounters, request: CreateBody, items: list[Item]
+    tokenizer: Tokenizer,
+    work: WorkCounters,
+    request: CreateBody,
+    items: list[Item],
+    withhold: Sequence[int] = (),
 ) -> Conversation:
-    """The model's context for a create: instructions, tool definitions, then the items (what
-    ``Pipeline.prepare`` renders, and what ``POST /v1/responses/input_tokens`` counts)."""
+    """The model's context for a create: instructions, tool definitions, then the items but those at the
+    ``withhold`` positions (reasoning ``reasoning.context`` withholds: kept in ``Conversation.withheld``)
+    (what ``Pipeline.prepare`` renders, and what ``POST /v1/responses/input_tokens`` counts)."""
     conversation = Conversation(tokenizer, work)
     if request.instructions:
         conversation.add_instructions(request.instructions)
     conversation.add_tools(request.tools)
-    conversation.add_input(items)
+    conversation.add_input(conversation.keep(items, withhold))
     return conversation
 
 
@@ -686,6 +704,7 @@ async def count_input_tokens(
 ) -> int:
     """The input tokens a create of ``request`` over ``items`` (its stored chain, then its input) reports
     for its first turn: the rendered context and the tokens that open the assistant's turn."""
+    context = request.reasoning.context if request.reasoning else None
     texts = [request.instructions] if request.instructions else []
     for item in items:
         texts.extend(text_segments(item))
@@ -693,7 +712,7 @@ async def count_input_tokens(
         tokenizer,
         sum(map(len, texts)),
         lambda: texts,
-        functools.partial(render_context, tokenizer, work, request, items),
+        functools.partial(render_context, tokenizer, work, request, items, earlier_reasoning(items, context)),
     )
     return len(conversation.prompt())
 

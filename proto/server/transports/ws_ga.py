@@ -265,14 +265,21 @@ class GaConnection(WebSocketConnection):
             return await self.pipeline.prepare(context(items, history=history, source=source))
         if cached is not None:
             check_outputs(cached.conversation.items, items)
-            if cached.instructions == request.instructions and cached.tools == request.tools:
+            # Reasoning its rendering withheld (``reasoning.context: current_turn``) stays out only under
+            # the same setting.
+            current = request.reasoning is not None and request.reasoning.context == "current_turn"
+            if (
+                cached.instructions == request.instructions
+                and cached.tools == request.tools
+                and (current or not cached.conversation.withheld)
+            ):
                 gpu = cached.gpu if cached.model == self._engine(request) else None
                 return await self.pipeline.prepare(
                     context(items, source="connection", conversation=cached.conversation, gpu=gpu)
                 )
-            # New instructions or tools head the prompt: the items are in memory, their rendering is not
-            # reusable.
-            history = list(cached.conversation.items)
+            # New instructions or tools head the prompt, or withheld reasoning is back: the items are in
+            # memory, their rendering is not reusable.
+            history = cached.conversation.history()
             return await self.pipeline.prepare(context(items, history=history, source="connection"))
         with timed(phases, "store_load"):
             history = await load_history(self.pipeline.store, previous, self.api_key_id, work)
