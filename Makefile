@@ -101,7 +101,7 @@ check: $(STAMP)
 	$(BIN)/pytest -m "serial and not process and not slow" || fast=$$?; \
 	exit $$fast
 
-# The latency lab's quick run (< 3 min on 2 cores). Before and after a change to the hot path, the
+# The latency lab's quick run (about 4 min on 2 cores). Before and after a change to the hot path, the
 # regression suite is `responses-lab perf` (turn, cpu, stream, capacity, rss, deflate, topology; --compare
 # DIR runs a checkout of the old code in the same run); the long chaos run is `responses-lab chaos`.
 bench: $(STAMP)

@@ -17,7 +17,9 @@ from proto.lab.report.results import dumps
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT_2 = ROOT / "tests" / "lab_format2" / "quick" / "results.json"
-KEPT = sorted([*(ROOT / "docs" / "results").glob("*/results.json"), FORMAT_2])
+# the first five runs[] entries of a `bench --quick` run kept before format 2 (no paired gains)
+FORMAT_1 = ROOT / "tests" / "lab_format1" / "quick" / "results.json"
+KEPT = sorted([*(ROOT / "docs" / "results").glob("*/results.json"), FORMAT_2, FORMAT_1])
 
 
 def made_up_run(profile: str, workload: str, model: str, mode: str, **fields: Any) -> RunRecord:
@@ -65,7 +67,7 @@ def test_every_kept_run_reads_and_writes_back_the_same(path: Path) -> None:
 def test_the_format_2_fixture_reads_into_typed_gains_and_format_1_has_none() -> None:
     two = [run_of(e) for e in _runs(FORMAT_2)]
     assert all(isinstance(g, Gain) for r in two for by in r.gains.values() for g in by.values())  # type: ignore[union-attr]
-    one = [run_of(e) for e in _runs(ROOT / "docs/results/quick-1/results.json")]
+    one = [run_of(e) for e in _runs(FORMAT_1)]
     assert one and all(r.gains is msgspec.UNSET and r.rollout_records is msgspec.UNSET for r in one)
     assert all(isinstance(r, RunRecord) and r.predicted_e2e_s_p50 is not msgspec.UNSET for r in one)
 

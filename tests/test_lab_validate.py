@@ -222,9 +222,9 @@ def test_the_printed_table_and_the_documents_label_predictions() -> None:
     from rich.console import Console
 
     from proto.lab.report.tables import print_table
-    from proto.lab.report.writeup import validation_section
+    from proto.lab.report.writeup import predicted_section
 
-    head = validation_section([])[0]
+    head = predicted_section({})[0][0]
     assert head.count("predicted") == 2 and "fast model's" not in head
     console = Console(record=True, width=80)
     results = {

@@ -231,7 +231,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("bench-out"),
         help="where results.json, results.csv, the plots and trace.json go",
     )
-    grid.add_argument("--quick", action="store_true", help="the < 3 min run of make bench")
+    grid.add_argument(
+        "--quick", action="store_true", help="the ~4 min run of make bench (40 measured rollouts)"
+    )
     output.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     output.add_argument(
         "--resume",

@@ -10,18 +10,15 @@ it replaces the text between the ``<!-- MARKER:begin -->`` and ``<!-- MARKER:end
 (``results`` unless ``--marker``). ``--again`` adds the repeatability check: every ratio of the first run
 (mode ÷ http, per profile) set against the same ratio of a second run of the same command.
 
-``--lab`` writes the lab's results document (the fast model's calibration and its repeatability, the curves,
-predicted vs measured for every real-clock cell, the curves' validation points, history rewrites, the
-scenarios) from the runs kept in DIR (``docs/results``: one sub-directory per run, each with its
-results.json) into ``--out`` (``docs/lab-results.md``; ``-`` prints it). The sections look for runs by name:
-``predict-1`` … ``predict-4`` (the calibration, run twice and twice again), ``sweep-coding``, ``turns-8``,
-``turns-15``, ``hops-remote``, ``grid-predicted`` and ``grid-predicted-no-tools`` (``bench --predict``'s
-grids), ``scenario-seed`` / ``-sglang`` / ``-xai`` / ``-vllm``, ``quick-1`` and ``quick-2``,
-``sweep-rewrites``, ``sweep-traces``; a run that is missing leaves its section out. The document opens
-with the lab's one sign (proto/lab/analysis/stats.py, ``SIGN``), the findings (:func:`findings`: the figures
-NOTES.md quotes; ``--notes`` writes them into its marked block) and, for every run of format 2, its paired
-gains with their bootstrap intervals, noisy flags and provenance (:func:`paired_section`). Runs kept before
-format 2 (no ``format`` field) are read as they are, and named as predating the equal-rules method.
+``--lab`` writes the lab's results document from the runs kept in DIR (``docs/results``: one sub-directory
+per run, each with its results.json) into ``--out`` (``docs/lab-results.md``; ``-`` prints it): the lab's one
+sign (proto/lab/analysis/stats.py, ``SIGN``) and the findings (:func:`findings`: the figures NOTES.md quotes;
+``--notes`` writes them into its marked block); the measured curves (proto/lab/report/findings.py, which
+reads the kept set by name: ``speed``, ``hops``, ``turns-8`` / ``turns-30``, ``tools-0`` / ``tools-1``) and
+the scenarios (``scenario-sglang``, ``scenario-vllm``); the fast model's calibration and curves (``speed``'s),
+its grid (``grid-predicted``), predicted vs measured for every real-clock cell and the validation sample
+(``validate-sample``); then, for every run of format 2, its paired gains with their bootstrap intervals,
+noisy flags and provenance (:func:`paired_section`). A run that is missing leaves its section out.
 """
 
 from __future__ import annotations
@@ -35,7 +32,9 @@ import msgspec
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.stats import SAME, SIGN
-from proto.lab.report.markdown import TOLERANCE, change, render, value
+from proto.lab.report.findings import SEED_GAIN, _model_label, curve_tables, curves
+from proto.lab.report.findings import findings as kept_findings
+from proto.lab.report.markdown import change, render, value
 from proto.lab.report.results import cells, load
 
 RESULTS = Path("docs/results")
@@ -49,34 +48,7 @@ def fitted(fit: dict[str, Any], key: str, h: int, a: int = 1000, chain: int = 5,
     return max(float(c[0] + c[1] * h + c[2] * a + c[3] * chain + c[4] * out), 0.0)
 
 
-def repeat_rows(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
-    a, b = first["calibration"]["overhead_vs_http"], second["calibration"]["overhead_vs_http"]
-    rows = [
-        f"**Repeatability** — `{first['command']}` (started {first['started_utc']}) and the same command "
-        f"again "
-        f"(started {second['started_utc']}): each mode's overhead ÷ http's, summed over the calibration's "
-        f"own rounds "
-        "(same seed, same rounds):",
-        "",
-        "| mode | run 1 | run 2 | difference |",
-        "|---|---|---|---|",
-    ]
-    worst = 0.0
-    for mode in MODES:
-        if mode == "http" or mode not in a or mode not in b:
-            continue
-        diff = b[mode] / a[mode] - 1
-        worst = max(worst, abs(diff))
-        rows.append(f"| {mode} | {a[mode]:.3f} | {b[mode]:.3f} | {diff * 100:+.1f} % |")
-    return [
-        *rows,
-        "",
-        f"Largest difference: {worst * 100:.1f} % (target ±{TOLERANCE * 100:.0f} %: "
-        f"{'met' if worst <= TOLERANCE else 'NOT met'}).",
-    ]
-
-
-def calibration_section(first: dict[str, Any], second: dict[str, Any] | None) -> list[str]:
+def calibration_section(first: dict[str, Any]) -> list[str]:
     cal = first["calibration"]
     rows = [
         f"Command: **`{first['command']}`** (started {first['started_utc']}; calibration {cal['wall_s']:.0f} "
@@ -115,8 +87,6 @@ def calibration_section(first: dict[str, Any], second: dict[str, Any] | None) ->
         )
         + ".",
     ]
-    if second is not None:
-        rows += ["", *repeat_rows(first, second)]
     return rows
 
 
@@ -198,72 +168,6 @@ def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str
                 f"{run['predicted_ttft_ms_p50']:.1f} |"
             )
     return rows, worst
-
-
-def validation_section(points: list[tuple[str, dict[str, Any], str]], signs: bool = False) -> list[str]:
-    """(label, a run's cells keyed by mode, mode) → the measured gain beside the fast model's for that
-    cell; with ``signs``, whether the two E2E gains have the same sign, and a closing count of them."""
-    rows = [
-        "| curve point | mode | measured E2E vs http | predicted | measured TTFT vs http | predicted |"
-        + (" same sign |" if signs else ""),
-        "|---|---|---|---|---|---|" + ("---|" if signs else ""),
-    ]
-    agree = shown = 0
-    for label, modes, mode in points:
-        run, base = modes.get(mode), modes.get("http")
-        if run is None or base is None:  # the cell's own prediction is the fast model's value at that point
-            continue
-        measured = run["e2e_s_p50"] / base["e2e_s_p50"] - 1
-        predicted = run["predicted_e2e_s_p50"] / base["predicted_e2e_s_p50"] - 1
-        same = (measured < 0) == (predicted < 0)
-        agree, shown = agree + same, shown + 1
-        rows.append(
-            f"| {label} | {mode} | {change(run['e2e_s_p50'], base['e2e_s_p50'])} | "
-            f"{change(run['predicted_e2e_s_p50'], base['predicted_e2e_s_p50'])} "
-            f"| {change(run['ttft_ms_p50'], base['ttft_ms_p50'])} | "
-            f"{change(run['predicted_ttft_ms_p50'], base['predicted_ttft_ms_p50'])} |"
-            + ((" yes |" if same else " **no** |") if signs else "")
-        )
-    if signs and shown:
-        rows += ["", f"Points whose measured E2E gain has the fast model's sign: **{agree} of {shown}**."]
-    return rows
-
-
-def sample_points(
-    by: dict[str, dict[tuple[str, str, str], dict[str, Any]]],
-) -> list[tuple[str, dict[str, Any], str]]:
-    """The validation sample's curve points at tool times × 1 (docs/lab.md, "The validation sample"): speed
-    and turns on the production-like profile, hops 0 / 20 / 50 ms; coding-agent, one session. The 30-turn,
-    1 000 tok/s and 20 ms points are one cell, ``validate-speed``'s mock-1000tps."""
-    speed = by.get("validate-speed", {})
-    hops = by.get("validate-hops", {})
-    points = []
-    for mode in ("ws", "longlived"):
-        for model, tps in (("mock-65tps", 65), ("mock-1000tps", 1000), ("mock-4000tps", 4000)):
-            points.append(
-                (f"speed {tps} tok/s", speed.get(("production-like", "coding-agent", model), {}), mode)
-            )
-        for name, turns in (("validate-turns-8", 8), ("validate-turns-15", 15), ("validate-speed", 30)):
-            key = next(
-                (k for k in by.get(name, {}) if k[0] == "production-like" and k[2] == "mock-1000tps"), None
-            )
-            points.append((f"{turns} turns", by.get(name, {}).get(key, {}) if key else {}, mode))
-        for source, profile, hop in (
-            (hops, "local", 0),
-            (speed, "production-like", 20),
-            (hops, "remote", 50),
-        ):
-            points.append(
-                (
-                    f"safety hop {hop} ms ({profile})",
-                    source.get((profile, "coding-agent", "mock-1000tps"), {}),
-                    mode,
-                )
-            )
-    return points
-
-
-SEED_GAIN = -0.40  # the seed's E2E figure for agent loops (docs/lab.md, "Published claims")
 
 
 def measured_cells(
@@ -575,66 +479,31 @@ def _pp2(a: float | None, b: float | None) -> str:
     return "–" if a is None or b is None else f"{a:.1f} / {b:.1f} pp"
 
 
-def method_note(runs: dict[str, dict[str, Any]]) -> list[str]:
-    """What a reader needs to know of the kept runs written before the equal-rules method (no ``format``
-    field)."""
-    old = [name for name, r in runs.items() if r.get("format") is None]
-    if not old:
-        return []
-    return [
-        f"**Method.** {len(old)} of the {len(runs)} kept runs ("
-        + ", ".join(f"`{n}`" for n in old)
-        + ') predate the equal-rules method (docs/lab.md, "Equal rules", "Method", "Statistics"): '
-        "the classifier ran on `response.create` only (an append paid none), before the prefill, never "
-        "beside it; chain loads cost no store hop; every mode replayed one draw of the tool times, in a "
-        "fixed "
-        "order; the mock GPU's jitter was 0; and no interval was computed. Their design gains are **not "
-        "comparable** with runs under the new method, and their differences carry no confidence interval.",
-        "",
-    ]
-
-
-def _gain(modes: dict[str, Any], mode: str, base: str, key: str) -> float | None:
-    a, b = modes.get(mode), modes.get(base)
-    if a is None or b is None or not b.get(key):
-        return None
-    return float(a[key]) / float(b[key]) - 1
-
-
 def _pcts(xs: list[float | None]) -> str:
     return " / ".join("–" if x is None else f"{x * 100:+.1f} %" for x in xs)
 
 
 def findings(runs: dict[str, dict[str, Any]], directory: Path = RESULTS) -> list[str]:
     """The figures NOTES.md's findings quote, each computed from the kept runs (the block between
-    ``FINDINGS_BEGIN`` and ``FINDINGS_END`` there is this text)."""
-    by = {name: cells(r["runs"]) for name, r in runs.items() if r["runs"]}
+    ``FINDINGS_BEGIN`` and ``FINDINGS_END`` there is this text): the measured curves and scenarios
+    (proto/lab/report/findings.py), then the fast model's grid (predicted, and labelled so) and the fast
+    model judged against the real clock."""
     out = [
-        f"**Sign, everywhere in the lab's tables**: {SIGN} (a run kept before format 2: its p50 ÷ the "
-        f"baseline's p50 − 1). A predicted figure is marked predicted. Every figure here is generated from "
+        f'**Sign, everywhere in the lab\'s tables**: {SIGN}; `=` or "no difference": its bootstrap 95 % '
+        "interval holds 0. A predicted figure is marked predicted. Every figure here is generated from "
         f"`{directory}/*/results.json`.",
         "",
+        *kept_findings(runs),
     ]
-    out += method_note(runs)
-    speed = by.get("validate-speed", {})
-    prod = [speed.get(("production-like", "coding-agent", m), {}) for m in MODELS3]
-    if all(prod):
-        out.append(
-            "- *End to end, measured* (`validate-speed`, coding-agent, production-like hops, tool times × 1, "
-            "65 / 1 000 / 4 000 tok/s): `longlived` vs `http` "
-            + _pcts([_gain(m, "longlived", "http", "e2e_s_p50") for m in prod])
-            + "; TTFT p50 "
-            + _pcts([_gain(m, "longlived", "http", "ttft_ms_p50") for m in prod])
-            + "."
-        )
     grid = (runs.get("grid-predicted") or {}).get("grid") or []
     if grid:
         prod_cells = cells([r for r in grid if r["profile"] == "production-like"])
+        grid_models = list(dict.fromkeys(r["model"] for r in grid))
         ttft = [
             prod_cells.get(("production-like", "coding-agent", m), {})
             .get("longlived", {})
             .get("predicted_ttft_vs_http")
-            for m in MODELS3
+            for m in grid_models
         ]
         gains = [
             r for r in grid if r["mode"] in ("ws", "longlived") and r["predicted_e2e_vs_http"] is not None
@@ -647,63 +516,8 @@ def findings(runs: dict[str, dict[str, Any]], directory: Path = RESULTS) -> list
             f"best predicted {best['predicted_e2e_vs_http'] * 100:+.1f} % "
             f"({best['mode']}, {best['profile']} · "
             f"{best['workload']} · {best['model']}). Predicted `longlived` TTFT vs `http` on coding-agent, "
-            f"production-like, 65 / 1 000 / 4 000 tok/s: {_pcts(ttft)} (predicted; measured above)."
-        )
-    sweep = by.get("sweep-coding", {})
-    fast = [sweep.get(("production-like", "coding-agent", m), {}) for m in ("mock-1000tps", "mock-4000tps")]
-    if all(fast):
-        out.append(
-            "- *At a tenth of the tool times, measured* (`sweep-coding`, production-like, 1 000 / 4 000 "
-            "tok/s): `longlived` vs `http` E2E "
-            + _pcts([_gain(m, "longlived", "http", "e2e_s_p50") for m in fast])
-            + ", TTFT "
-            + _pcts([_gain(m, "longlived", "http", "ttft_ms_p50") for m in fast])
-            + "."
-        )
-    sg = by.get("scenario-sglang", {})
-    chains = [sg.get(("local", f"chain-{n}", "mock-65tps"), {}) for n in (8, 40)]
-    if all(chains):
-        out.append(
-            "- *SGLang's gateway comparison, measured* (`scenario-sglang`, `ws` vs `http-prev`, TTFT p50 at "
-            "8 / 40 turns): "
-            + "; ".join(
-                f"{m['ws']['ttft_ms_p50']:.2f} vs {m['http-prev']['ttft_ms_p50']:.2f} ms "
-                f"({_pcts([_gain(m, 'ws', 'http-prev', 'ttft_ms_p50')])})"
-                for m in chains
-            )
-            + "."
-        )
-    rw = by.get("sweep-rewrites", {})
-    if rw:
-        out.append(
-            "- *Rewrites, measured* (`sweep-rewrites`, the rewrite-heavy trace, 4 000 tok/s, tools × 0.1): "
-            + "; ".join(
-                f"{p}: `longlived` TTFT {m['longlived']['ttft_ms_p50']:.1f} vs `http` "
-                f"{m['http']['ttft_ms_p50']:.1f} ms "
-                f"({_pcts([_gain(m, 'longlived', 'http', 'ttft_ms_p50')])}),"
-                f" E2E {_pcts([_gain(m, 'longlived', 'http', 'e2e_s_p50')])}"
-                for (p, _, _), m in rw.items()
-                if "longlived" in m and "http" in m
-            )
-            + "."
-        )
-    prev = [
-        m
-        for name, c in by.items()
-        for m in c.values()
-        if "http-prev" in m and "http" in m and m["http-prev"].get("predicted_e2e_s_p50")
-    ]
-    if prev:
-        slower = sum((_gain(m, "http-prev", "http", "e2e_s_p50") or 0.0) > 0 for m in prev)
-        other = sum(
-            ((_gain(m, "http-prev", "http", "e2e_s_p50") or 0.0) < 0)
-            != ((_gain(m, "http-prev", "http", "predicted_e2e_s_p50") or 0.0) < 0)
-            for m in prev
-        )
-        out.append(
-            f"- *`http-prev`, measured*: slower than `http` end to end in {slower} of {len(prev)} real-clock "
-            f"cells; its measured E2E gain vs `http` has the other sign than the fast model's in {other} of "
-            f"the {len(prev)}."
+            f"production-like, {' / '.join(_model_label(m) for m in grid_models)}: {_pcts(ttft)} (predicted; "
+            "measured above)."
         )
     measured = [r for res in runs.values() for r in res["runs"] if r.get("prediction_error") is not None]
     if measured:
@@ -732,7 +546,6 @@ def findings(runs: dict[str, dict[str, Any]], directory: Path = RESULTS) -> list
 
 FINDINGS_BEGIN, FINDINGS_END = "<!-- generated: bench report -->", "<!-- end generated -->"
 NOTES = Path("NOTES.md")
-MODELS3 = ("mock-65tps", "mock-1000tps", "mock-4000tps")
 
 
 def notes_block(directory: Path) -> str:
@@ -764,39 +577,40 @@ def lab(directory: Path) -> str:
         *findings(runs, directory),
         "",
     ]
-    for name, results in runs.items():
-        if results.get("format") is not None and results["runs"]:
-            out += [f"## Run `{name}`: paired gains", "", *paired_section(results)]
-    if "predict-1" in runs:
+    measured_curves = curves(runs)
+    if measured_curves:
         out += [
-            "## The fast model: per-round overhead on this machine",
+            "## The curves, measured",
             "",
-            *calibration_section(runs["predict-1"], runs.get("predict-2")),
+            "Each point a group of a kept run (its own paired rollouts); the full tables, p90 and p99 with "
+            "them, are the runs' own sections below.",
             "",
-            *(
-                repeat_rows(runs["predict-3"], runs["predict-4"])
-                if "predict-3" in runs and "predict-4" in runs
-                else []
-            ),
+        ]
+        for curve in measured_curves:
+            out += curve_tables(curve)
+    for name, title in (
+        ("scenario-sglang", "SGLang / SMG model gateway"),
+        ("scenario-vllm", "vLLM's /v1/responses API cost"),
+    ):
+        if name in runs:
+            out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
+    if "speed" in runs and runs["speed"].get("calibration"):
+        out += [
+            "## The fast model: per-round overhead on this machine (the `speed` run's calibration)",
             "",
-            "## The seed's curve and the SMG axis (fast model, tool times × 1)",
+            *calibration_section(runs["speed"]),
             "",
-            *curves_section(runs["predict-1"]),
+            "## The fast model's curves (predicted, tool times × 1)",
+            "",
+            *curves_section(runs["speed"]),
         ]
     for name, title in (
         ("grid-predicted", "The fast model's grid: every model × workload × profile (predicted)"),
-        ("grid-predicted-no-tools", "The same grid without tool time (predicted)"),
     ):
         if name in runs:
             grid = runs[name].get("grid") or [{}]
             real = measured_cells(runs, grid[0].get("tool_time_scale", 1.0))
             out += [f"## {title}", "", *grid_section(runs[name], real), ""]
-    if "sweep-coding" in runs:
-        out += [
-            "## The same curves at the real-clock runs' tool times (× 0.1)",
-            "",
-            *curves_section(runs["sweep-coding"]),
-        ]
     measured = {k: v for k, v in runs.items() if v["runs"]}
     rows, worst = predicted_section(measured)
     out += [
@@ -816,79 +630,9 @@ def lab(directory: Path) -> str:
         "",
         *gains_section(measured, directory),
     ]
-    points = []
-    by = {name: cells(r["runs"]) for name, r in measured.items()}
-
-    for mode in ("http-cached", "ws", "longlived"):
-        for model, tps in (("mock-65tps", 65), ("mock-1000tps", 1000), ("mock-4000tps", 4000)):
-            for profile in ("local", "production-like"):
-                modes = by.get("sweep-coding", {}).get((profile, "coding-agent", model), {})
-                points.append((f"speed {tps} tok/s, {profile}", modes, mode))
-        for name, turns in (("turns-8", 8), ("turns-15", 15), ("sweep-coding", 30)):
-            for profile in ("local", "production-like"):
-                key = next((k for k in by.get(name, {}) if k[0] == profile and k[2] == "mock-1000tps"), None)
-                points.append(
-                    (f"{turns} turns, {profile}", by.get(name, {}).get(key, {}) if key else {}, mode)
-                )
-        for name, profile, hop in (
-            ("sweep-coding", "local", 0),
-            ("sweep-coding", "production-like", 20),
-            ("hops-remote", "remote", 50),
-        ):
-            key = next(
-                (
-                    k
-                    for k in by.get(name, {})
-                    if k[0] == profile and k[2] == "mock-1000tps" and k[1] == "coding-agent"
-                ),
-                None,
-            )
-            points.append(
-                (f"safety hop {hop} ms ({profile})", by.get(name, {}).get(key, {}) if key else {}, mode)
-            )
-    shown = validation_section(points)
-    out += (
-        []
-        if len(shown) == 2
-        else [
-            "## Three real-clock points of each curve",
-            "",
-            "Each curve point measured on the real clock (tool times × 0.1, 2 sessions), its gain over http "
-            "beside the fast "
-            "model's for the same cell:",
-            "",
-            *shown,
-            "",
-        ]
-    )
-    sample = sample_points(by)
-    if any(modes for _, modes, _ in sample):
-        out += [
-            "## The validation sample's curve points (tool times × 1)",
-            "",
-            "The same curves' points at the traces' own tool times, one session, coding-agent, measured "
-            'by the `validate-*` runs (docs/lab.md, "The validation sample"); the bar is the fast model\'s '
-            "sign:",
-            "",
-            *validation_section(sample, signs=True),
-            "",
-        ]
-    for name, title in (
-        ("scenario-seed", "OpenAI's seed"),
-        ("scenario-sglang", "SGLang / SMG model gateway"),
-        ("scenario-xai", "xAI"),
-        ("scenario-vllm", "vLLM's /v1/responses API cost"),
-    ):
-        if name in runs:
-            out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
-    for name in ("quick-1", "sweep-rewrites", "sweep-traces"):
-        if name in runs:
-            out += [
-                render(
-                    runs[name], runs.get("quick-2") if name == "quick-1" else None, title=f"Run `{name}`"
-                ).replace("### ", "## ", 1),
-                "",
-            ]
+    for name, results in runs.items():
+        if results.get("format") is not None and results["runs"]:
+            out += [f"## Run `{name}`: paired gains", "", *paired_section(results)]
     return "\n".join(out).rstrip() + "\n"
 
 
