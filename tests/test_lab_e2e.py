@@ -18,7 +18,9 @@ from proto.core.response import MODES
 from proto.lab.analysis.repredict import repredict
 from proto.lab.bench import main as bench_main
 
-pytestmark = pytest.mark.process  # every test starts a server or a process
+# every test starts a server or a process; the module's bench run (its first test's setup) is a whole lab run
+# with its calibration: a hang guard above the default 120 s
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 TINY = {
     "format": 1,
