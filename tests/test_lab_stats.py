@@ -187,7 +187,7 @@ def test_the_labs_own_wait_for_a_core_decides_where_the_kernel_says_it() -> None
     shared_but_served = Load((6.0, 5.0, 4.0), (7.0, 5.0, 4.0), 2, CpuTime(run_ms=1000.0, wait_ms=20.0))
     starved = Load((0.5, 0.4, 0.3), (0.9, 0.5, 0.3), 2, CpuTime(run_ms=1000.0, wait_ms=300.0))
     assert noise(shared_but_served, [calm]) == []
-    assert noise(starved, [calm]) == ["the lab's processes waited for a core 30% of their CPU time > 5%"]
+    assert noise(starved, [calm]) == ["the lab's processes waited for a core 30.0% of their CPU time > 5%"]
 
 
 @pytest.mark.process

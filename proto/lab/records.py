@@ -270,7 +270,7 @@ def noise(load: Load | None, floors: Sequence[Floor]) -> list[str]:
         cpu = load.lab_cpu
         if cpu.run_ms > 0 and cpu.wait_ms > WAIT_SHARE * cpu.run_ms:
             reasons.append(
-                f"the lab's processes waited for a core {cpu.wait_ms / cpu.run_ms:.0%} of their CPU time"
+                f"the lab's processes waited for a core {cpu.wait_ms / cpu.run_ms:.1%} of their CPU time"
                 f" > {WAIT_SHARE:.0%}"
             )
     elif load is not None:
