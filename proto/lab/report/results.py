@@ -41,12 +41,14 @@ from proto.lab.records import (
     FLOOR_SPREAD,
     LOAD_PER_CORE,
     WAIT_SHARE,
+    Results,
     RolloutRecord,
     RunRecord,
     Usage,
     floor,
     noise,
     provenance,
+    results_of,
 )
 from proto.lab.run.runner import BenchResult, CellKey, CellResult
 from proto.lab.workload.traces import Replay
@@ -630,7 +632,14 @@ def _fmt(value: Any) -> Any:
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A results.json as JSON (for the code that rewrites one: ``bench repredict``, the calibration's reuse);
+    readers take :func:`load_results`'s typed record."""
     return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def load_results(path: Path) -> Results:
+    """A results.json (format 1 or 2) as a :class:`~proto.lab.records.Results`."""
+    return results_of(json.loads(path.read_text(encoding="utf-8")))
 
 
 def cell_key(run: dict[str, Any] | RunRecord) -> tuple[str, str, str]:
