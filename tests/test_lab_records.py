@@ -32,24 +32,22 @@ def made_up_run(profile: str, workload: str, model: str, mode: str, **fields: An
         **dict.fromkeys(("client_bytes_sent_per_turn", "prefill_ms_per_turn", "decode_ms_per_turn"), 0.0),
         **dict.fromkeys(("tool_wait_s_per_rollout", "wall_s"), 0.0),
     }
+    base: dict[str, Any] = {
+        "sessions": 1,
+        "turn_overhead_ms_by_turn": [],
+        "usage": Usage(0, 0, 0),
+        "phases_ms": {},
+        "rollouts": 0,
+        "turns": 0,
+        "statuses": [],
+        "e2e_s": [],
+        "ttft_ms_all": [],
+        "usage_by_round": {},
+        "round_kinds": {},
+        "store_vs_cached": {},
+    }
     return RunRecord(
-        mode=mode,
-        workload=workload,
-        model=model,
-        sessions=1,
-        turn_overhead_ms_by_turn=[],
-        usage=Usage(0, 0, 0),
-        phases_ms={},
-        profile=profile,
-        rollouts=0,
-        turns=0,
-        statuses=[],
-        e2e_s=[],
-        ttft_ms_all=[],
-        usage_by_round={},
-        round_kinds={},
-        store_vs_cached={},
-        **{**empty, **fields},
+        mode=mode, workload=workload, model=model, profile=profile, **{**base, **empty, **fields}
     )
 
 

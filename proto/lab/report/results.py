@@ -41,6 +41,7 @@ from proto.lab.records import (
     FLOOR_SPREAD,
     LOAD_PER_CORE,
     WAIT_SHARE,
+    GridRow,
     Results,
     RolloutRecord,
     RunRecord,
@@ -642,21 +643,22 @@ def load_results(path: Path) -> Results:
     return results_of(json.loads(path.read_text(encoding="utf-8")))
 
 
-def cell_key(run: dict[str, Any] | RunRecord) -> tuple[str, str, str]:
+def cell_key(run: dict[str, Any] | RunRecord | GridRow) -> tuple[str, str, str]:
     """(profile, workload, model): the cell a run belongs to (``profile`` is "" in files that lack it)."""
-    if isinstance(run, RunRecord):
-        return (run.profile, run.workload, run.model)
-    return (run.get("profile", ""), run["workload"], run["model"])
+    if isinstance(run, dict):
+        return (run.get("profile", ""), run["workload"], run["model"])
+    return (run.profile, run.workload, run.model)
 
 
-Row = TypeVar("Row", dict[str, Any], RunRecord)
+Row = TypeVar("Row", dict[str, Any], RunRecord, GridRow)
 
 
 def cells(runs: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Row]]:
-    """(profile, workload, model) → mode → run, in first-seen order."""
+    """(profile, workload, model) → mode → run (a ``runs[]`` record, a ``grid`` row), in first-seen
+    order."""
     out: dict[tuple[str, str, str], dict[str, Row]] = {}
     for run in runs:
-        out.setdefault(cell_key(run), {})[run.mode if isinstance(run, RunRecord) else run["mode"]] = run
+        out.setdefault(cell_key(run), {})[run["mode"] if isinstance(run, dict) else run.mode] = run
     return out
 
 
@@ -668,7 +670,7 @@ def ratio(run: Row, base: Row | None, key: str) -> float | None:
     return float(mine) / float(theirs)
 
 
-def figure(run: dict[str, Any] | RunRecord, key: str) -> Any:
+def figure(run: dict[str, Any] | RunRecord | GridRow, key: str) -> Any:
     """``run``'s field ``key``: a record's attribute or an entry's key; None when it has none."""
     value = run.get(key) if isinstance(run, dict) else getattr(run, key, None)
     return None if value is msgspec.UNSET else value
