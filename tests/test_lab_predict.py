@@ -306,10 +306,11 @@ def test_predict_predicts_every_cell_of_the_grid_without_running_it(
     )
     assert float(table[1]["part_tools_s"]) == pytest.approx(rows[1]["predicted_parts_s"]["tools"], rel=1e-5)
     # bench report --lab's section: the WebSocket designs' gains, the best of them, none at the seed's -40 %
+    from proto.lab.records import results_of
     from proto.lab.report.writeup import grid_section
 
     best = min((r for r in rows if r["mode"] == "longlived"), key=lambda r: r["predicted_e2e_vs_http"])
-    text = "\n".join(grid_section(results))
+    text = "\n".join(grid_section(results_of(results)))
     assert f"**{best['predicted_e2e_vs_http'] * 100:+.1f} %** (longlived, production-like" in text
     assert "Cells at or beyond the seed's -40 %: **0** of 6." in text and text.count("| mock-") == 2
     # --shard: the cells that shard would run, so each shard's real-clock wall is known before it runs

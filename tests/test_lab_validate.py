@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+from test_lab_records import made_up_run
 
 from proto.lab.analysis.predict import LONG_OUTPUTS, OUTPUTS, calibration_replay
+from proto.lab.analysis.stats import Gain
 from proto.lab.analysis.validate import (
     PREDICTED,
     SAMPLE,
@@ -24,22 +27,19 @@ from proto.lab.analysis.validate import (
     summarize,
     validate,
 )
+from proto.lab.records import RunRecord, Usage, results_of, run_of
 from proto.lab.workload.traces import load_replay, replay_names
 
 
 def test_a_gain_inside_its_interval_of_the_same_sign() -> None:
-    g = gain_check(
-        "ws", "http", "e2e", {"gain": -0.10, "low": -0.15, "high": -0.05, "verdict": "faster"}, -0.12
-    )
+    g = gain_check("ws", "http", "e2e", Gain("http", "e2e", 10, -0.10, -0.15, -0.05, "faster"), -0.12)
     assert g.error_pp == pytest.approx(-2.0)
     assert g.error_rel == pytest.approx(-0.2)
     assert g.same_sign is True and g.inside is True and g.disagrees is False
 
 
 def test_a_prediction_on_the_other_side_of_a_decided_gain_disagrees() -> None:
-    g = gain_check(
-        "ws", "http", "ttft", {"gain": -0.10, "low": -0.15, "high": -0.05, "verdict": "faster"}, 0.02
-    )
+    g = gain_check("ws", "http", "ttft", Gain("http", "ttft", 10, -0.10, -0.15, -0.05, "faster"), 0.02)
     assert g.error_pp == pytest.approx(12.0)
     assert g.error_rel == pytest.approx(1.2)
     assert g.same_sign is False and g.inside is False and g.disagrees is True
@@ -48,14 +48,14 @@ def test_a_prediction_on_the_other_side_of_a_decided_gain_disagrees() -> None:
 def test_an_undecided_gain_is_no_sign_disagreement() -> None:
     """The measured interval holds 0: a prediction of the other point sign is a mismatch, not a
     disagreement; outside the interval it is still outside."""
-    measured = {"gain": -0.01, "low": -0.03, "high": 0.01, "verdict": "no difference"}
+    measured = Gain("http", "e2e", 10, -0.01, -0.03, 0.01, "no difference")
     g = gain_check("ws", "http", "e2e", measured, 0.02)
     assert g.same_sign is False and g.disagrees is False and g.inside is False
     assert gain_check("ws", "http", "e2e", measured, 0.005).inside is True
 
 
 def test_without_an_interval_the_signs_are_still_compared() -> None:
-    g = gain_check("ws", "http", "e2e", {"gain": 0.05}, -0.05)
+    g = gain_check("ws", "http", "e2e", 0.05, -0.05)
     assert g.same_sign is False and g.inside is None and g.disagrees is False
     assert g.error_pp == pytest.approx(-10.0)
     assert gain_check("ws", "http", "e2e", None, -0.05).error_pp is None
@@ -81,7 +81,23 @@ def _interval(gain: float, low: float, high: float) -> dict[str, Any]:
     return {"gain": gain, "low": low, "high": high, "verdict": "faster" if high < 0 else "slower"}
 
 
-RUNS = [
+def _records(runs: list[dict[str, Any]]) -> list[RunRecord]:
+    """``runs`` (results.json's entries cut to what validation reads) as records."""
+    return [
+        made_up_run(
+            r["profile"], r["workload"], r["model"], r["mode"],
+            **{k: r[k] for k in ("e2e_s_p50", "predicted_e2e_s_p50", "ttft_ms_p50", "predicted_ttft_ms_p50")},
+            usage=Usage(0, 0, r["usage"]["output_tokens"]),
+            turns=r["turns"],
+            gains={
+                base: {m: Gain(base, m, 10, **g) for m, g in by.items()} for base, by in r["gains"].items()
+            },
+        )
+        for r in runs
+    ]  # fmt: skip
+
+
+_ENTRIES = [
     _cell("http", 10.0, 10.0, 100.0, 100.0),
     _cell(
         "http-cached",
@@ -101,10 +117,12 @@ RUNS = [
         **{"http-cached": {"e2e": _interval(-0.11, -0.15, -0.07), "ttft": _interval(-0.375, -0.4, -0.35)}},
     ),
 ]
+# the entries as results.json holds them (every field a record has)
+RUNS: list[dict[str, Any]] = [msgspec.to_builtins(r) for r in _records(_ENTRIES)]
 
 
 def test_cells_and_summary_from_known_inputs() -> None:
-    checks = check_cells("r", RUNS)
+    checks = check_cells("r", [run_of(r) for r in RUNS])
     assert [c.mode for c in checks] == ["http", "http-cached", "ws"]
     # http against http-cached (no interval in these inputs: its p50s' ratio), never against itself
     assert [(g.baseline, g.metric, g.low) for g in checks[0].gains] == [
@@ -145,7 +163,7 @@ def test_cells_and_summary_from_known_inputs() -> None:
 
 def test_a_run_without_paired_gains_is_read_from_its_p50s() -> None:
     runs = [{**r, "gains": {}} for r in RUNS]
-    ws = check_cells("r", runs)[2]
+    ws = check_cells("r", [run_of(r) for r in runs])[2]
     assert ws.gains[0].measured == pytest.approx(-0.2) and ws.gains[0].low is None
     assert ws.gains[0].inside is None
 
@@ -273,7 +291,7 @@ def test_a_kept_sample_is_in_the_findings_and_the_document(tmp_path: Path) -> No
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "results.json").write_text(json.dumps({"runs": [], "format": 2}), encoding="utf-8")
     write(validate([("r", {"runs": RUNS})], None, "x", own=True), tmp_path / "validate-sample")
-    line = findings({"r": {"runs": []}}, tmp_path)[-1]
+    line = findings({"r": results_of({"runs": []})}, tmp_path)[-1]
     assert line.startswith(
         "- *The validation sample, measured vs predicted* (`validate-sample`, 3 mode cells"
     )

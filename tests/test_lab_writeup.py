@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from proto.lab.analysis.stats import Gain
+from proto.lab.records import results_of
 from proto.lab.report.writeup import (
     FINDINGS_BEGIN,
     FINDINGS_END,
@@ -94,24 +96,22 @@ def test_scenario_gains_before_format_2_are_read_in_the_labs_sign() -> None:
     """A scenario written before the format field held the share saved; the document shows mode ÷ base − 1,
     negative = faster, as every other table. A format-2 file is already in that sign."""
     saved = 0.12
-    old = {"runs": [], "scenario": {"name": "seed", "authors": "a", "conditions": "c", "fast_model": {
+    entry = {"runs": [], "scenario": {"name": "seed", "authors": "a", "conditions": "c", "fast_model": {
         "tools x0": {"longlived_e2e_gain_1000tps": saved}}}}  # fmt: skip
+    old = results_of(entry)
     assert scenario_answers(old)["tools x0"]["longlived_e2e_gain_1000tps"] == -saved
-    new = dict(old, format=2)
+    new = results_of(dict(entry, format=2))
     assert scenario_answers(new)["tools x0"]["longlived_e2e_gain_1000tps"] == saved
     assert f"longlived_e2e_gain_1000tps: {-saved * 100:+.1f} %" in "\n".join(scenario_section(old))
 
 
 def test_interval_says_no_difference_when_it_holds_zero() -> None:
-    base = {"baseline": "http", "metric": "e2e", "pairs": 12}
+    assert interval(Gain("http", "e2e", 12, -0.062, -0.08, -0.041, "faster")) == "-6.2 % [-8.0, -4.1]"
     assert (
-        interval(dict(base, gain=-0.062, low=-0.08, high=-0.041, verdict="faster")) == "-6.2 % [-8.0, -4.1]"
-    )
-    assert (
-        interval(dict(base, gain=-0.01, low=-0.03, high=0.01, verdict="no difference"))
+        interval(Gain("http", "e2e", 12, -0.01, -0.03, 0.01, "no difference"))
         == "no difference (-1.0 % [-3.0, +1.0])"
     )
-    assert interval(dict(base, pairs=2, gain=-0.01, low=None, high=None, verdict="too few pairs")) == (
+    assert interval(Gain("http", "e2e", 2, -0.01, None, None, "too few pairs")) == (
         "-1.0 % (too few pairs, 2 pairs)"
     )
 
@@ -128,13 +128,13 @@ def test_a_format_2_run_renders_percentiles_paired_gains_and_provenance() -> Non
     commit = results["provenance"]["commit"]
     assert f"Provenance: commit `{commit[:12]}`" in section and results["provenance"]["cpu_model"] in section
     assert "ws_ping p50" in section and "http_noop p50" in section
-    for run in results["runs"]:
+    for run, record in zip(results["runs"], results_of(results).runs, strict=True):
         e2e = run["e2e_s_pct"]
         row = next(x for x in section.splitlines() if x.startswith(f"| {run['mode']} | {e2e['p50']:.2f} / "))
         assert row.startswith(f"| {run['mode']} | {e2e['p50']:.2f} / {e2e['p90']:.2f} / {e2e['p99']:.2f} |")
         for base in ("http", "http-cached"):
             if base != run["mode"]:
-                assert interval(run["gains"][base]["e2e"]) in row
+                assert interval(record.gains[base]["e2e"]) in row  # type: ignore[index]
         assert row.endswith(f"| {'; '.join(run['noisy']) or 'no'} |")
     assert "predate the equal-rules method" not in text  # a format-2 run is under the current method
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,7 +29,7 @@ from proto.lab.analysis.predict import PASSES, Calibration, Prediction
 from proto.lab.analysis.stats import MIN_ROLLOUTS
 from proto.lab.analysis.sweep import sweep
 from proto.lab.config import AGENTIC_API, PEER_MODES, PROFILES, BenchConfig, profile_named, with_networks
-from proto.lab.records import provenance
+from proto.lab.records import GridRow, provenance
 from proto.lab.report.results import (
     grid_predictions,
     load,
@@ -449,7 +450,7 @@ def _predict_only(args: argparse.Namespace, argv: list[str], console: Console) -
     else:
         result = _calibrate(config, console, for_cells=False)
     rows: list[dict[str, object]] = []
-    cells: list[dict[str, Any]] = []
+    cells: list[GridRow] = []
     if result.calibration is not None:
         console.print("fast model: composing the curves …")
         rows = sweep(result.calibration, config.modes, config.tool_time_scale)
@@ -458,7 +459,7 @@ def _predict_only(args: argparse.Namespace, argv: list[str], console: Console) -
         console.print(f"fast model: predicting the grid's {len(keys)} cells …")
         cells = grid_predictions(result.calibration, keys, {r.name: r for r in replays}, config)
     results = results_json(result, "responses-lab bench " + shlex.join(argv), rows)
-    results["grid"] = cells
+    results["grid"] = msgspec.to_builtins(cells)
     results["wall_s"] = time.perf_counter() - started
     if args.calibration is not None:
         results["calibration_from"] = str(args.calibration)
@@ -471,7 +472,7 @@ def _predict_only(args: argparse.Namespace, argv: list[str], console: Console) -
     written.append(write_grid_csv(results, args.out))
     print_table(results, console)
     print_grid(results, console)
-    wall = sum(row["predicted_wall_s"] for row in cells)
+    wall = sum(row.predicted_wall_s for row in cells)
     console.print(
         f"the grid on the real clock: {len(cells)} cells, {_duration(wall)} of measured rollouts by the fast "
         f"model (warm-up, connections and server starts not counted)",

@@ -42,7 +42,9 @@ class Provenance(msgspec.Struct, frozen=True):
     cores_usable: int  # the lab process's affinity
     python: str
     uvloop: str | None  # None: not installed (the server then runs on asyncio's loop)
-    scheduler: str | None = None  # the lab process's CPU scheduling (:func:`scheduling`), its children's too
+    # the lab process's CPU scheduling (:func:`scheduling`), its children's too; unset in a file written
+    # before the lab read it
+    scheduler: str | UnsetType | None = UNSET
 
 
 def scheduling() -> str | None:
@@ -382,6 +384,118 @@ class CellRecord(msgspec.Struct):
     shard: str | None
     run: RunRecord
     timeline: dict[str, Any]
+
+
+# ---- results.json ---------------------------------------------------------------------------------
+
+
+class PingFloor(msgspec.Struct, kw_only=True):
+    """results.json's ``floor``: the WebSocket ping round trips over every profile (ms), their count, each
+    profile's p50 and, for shards assembled into one file, each shard's p50."""
+
+    ws_ping_rtt_ms_p50: float | None
+    ws_ping_rtt_ms_p90: float | None
+    pings: int
+    by_profile: dict[str, float | None]
+    by_shard: dict[str, float | None] | UnsetType = UNSET
+
+
+class Design(msgspec.Struct, kw_only=True):
+    """results.json's ``design`` (docs/lab.md, "Statistics"): the sign convention, the order, the seed, the
+    tool times and the jitter, the rollouts per mode, and the noise rule's thresholds (``noisy_when``)."""
+
+    sign: str
+    order: str
+    seed: int
+    tool_times: str
+    jitter: dict[str, int | float] | None  # the mock GPU's jitter knobs and their seed
+    fresh_server: bool
+    rollouts_per_mode: int
+    default_rollouts_per_mode_at_least: int
+    quick: bool
+    noisy_when: dict[str, int | float]
+
+
+class Cells(msgspec.Struct, kw_only=True):
+    """results.json's ``cells``: the grid's cells done, of how many, which are missing (their labels), and a
+    single shard's own share of the grid."""
+
+    done: int
+    of: int
+    missing: list[str]
+    of_shard: int | UnsetType = UNSET
+
+
+class Shard(msgspec.Struct, kw_only=True):
+    """One ``shards[]`` entry of results.json assembled from several shards' directories."""
+
+    shard: str | None
+    dir: str
+    command: str
+    machine: dict[str, Any]
+    started_utc: str
+    wall_s: float
+    cells: int
+    calibration: dict[str, Any] | None
+
+
+class GridRow(msgspec.Struct, kw_only=True):
+    """One ``grid[]`` row of ``bench --predict`` (docs/lab.md, "The fast model's grid"): a cell, the fast
+    model's E2E and TTFT p50 and their ratios − 1 against ``http`` in the same (profile, workload, model),
+    its parts per rollout and its real-clock wall."""
+
+    profile: str
+    workload: str
+    model: str
+    mode: str
+    sessions: int
+    rollouts: int
+    rounds: int
+    tool_time_scale: float
+    predicted_e2e_s_p50: float | None
+    predicted_ttft_ms_p50: float | None
+    predicted_parts_s: dict[str, float]
+    predicted_wall_s: float
+    predicted_e2e_vs_http: float | None = None
+    predicted_ttft_vs_http: float | None = None
+
+
+class Results(msgspec.Struct, kw_only=True):
+    """A results.json (docs/lab.md, "results.json"), read back with :func:`results_of`. Format 1 (no
+    ``format`` field) lacks the design's fields (``floors``, ``provenance``, ``design``); ``grid`` and
+    ``calibration_from`` are ``bench --predict``'s; ``cells``, ``shard`` and ``shards`` a run directory's;
+    ``scenario`` a scenario's; ``predictions_recomputed`` ``bench repredict``'s. A field a file lacks is
+    ``UNSET`` and is not written; the field order is the writers' key order. ``calibration``, ``sweep``,
+    ``profiles``, ``config``, ``machine``, ``scenario`` and a shard's ``machine`` stay JSON objects: their
+    own modules shape them (the fast model's calibration, the curves, the profiles' factors)."""
+
+    format: int | UnsetType = UNSET
+    floor: PingFloor | UnsetType = UNSET
+    floors: dict[str, Floor] | UnsetType = UNSET
+    runs: list[RunRecord]
+    calibration: dict[str, Any] | UnsetType | None = UNSET
+    sweep: list[dict[str, Any]] | UnsetType = UNSET
+    profiles: dict[str, dict[str, Any]] | UnsetType = UNSET
+    config: dict[str, Any] | UnsetType = UNSET
+    command: str | UnsetType = UNSET
+    machine: dict[str, Any] | UnsetType = UNSET
+    provenance: Provenance | UnsetType | None = UNSET
+    design: Design | UnsetType | None = UNSET
+    started_utc: str | UnsetType = UNSET
+    wall_s: float | UnsetType = UNSET
+    grid: list[GridRow] | UnsetType = UNSET
+    calibration_from: str | UnsetType = UNSET
+    cells: Cells | UnsetType = UNSET
+    shard: str | UnsetType | None = UNSET
+    scenario: dict[str, Any] | UnsetType = UNSET
+    predictions_recomputed: dict[str, str] | UnsetType = UNSET
+    shards: list[Shard] | UnsetType = UNSET
+
+
+def results_of(data: Any) -> Results:
+    """A results.json read back from JSON (format 1 or 2): ``msgspec.ValidationError`` when it is not
+    one."""
+    return msgspec.convert(data, Results)
 
 
 def run_of(data: Any) -> RunRecord:

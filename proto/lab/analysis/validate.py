@@ -45,7 +45,9 @@ import msgspec
 
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
-from proto.lab.report.results import cells, load
+from proto.lab.analysis.stats import Gain
+from proto.lab.records import RunRecord, run_of
+from proto.lab.report.results import cells, figure, load
 
 BASELINES = ("http", "http-cached")
 METRICS = (("e2e", "e2e_s_p50"), ("ttft", "ttft_ms_p50"))
@@ -116,12 +118,14 @@ def _rel(predicted: float | None, measured: float | None) -> float | None:
 
 
 def gain_check(
-    mode: str, baseline: str, metric: str, measured: dict[str, Any] | None, predicted: float | None
+    mode: str, baseline: str, metric: str, measured: Gain | float | None, predicted: float | None
 ) -> GainCheck:
-    """``measured``: a cell's ``gains[baseline][metric]`` (stats.Gain's fields) or ``{"gain": g}`` alone;
-    ``predicted``: the fast model's gain of the same cell."""
-    m = measured or {}
-    g, low, high = m.get("gain"), m.get("low"), m.get("high")
+    """``measured``: a cell's ``gains[baseline][metric]``, or a gain alone (no interval, no verdict: a run
+    without paired gains); ``predicted``: the fast model's gain of the same cell."""
+    if isinstance(measured, Gain):
+        g, low, high, verdict = measured.gain, measured.low, measured.high, measured.verdict
+    else:
+        g, low, high, verdict = measured, None, None, None
     error_pp = error_rel = same = inside = None
     disagrees = False
     if g is not None and predicted is not None and not math.isnan(predicted):
@@ -132,12 +136,12 @@ def gain_check(
             inside = low <= predicted <= high
             disagrees = (high < 0 and predicted > 0) or (low > 0 and predicted < 0)
     return GainCheck(
-        mode, baseline, metric, g, low, high, m.get("verdict"), predicted, error_pp, error_rel, same,
+        mode, baseline, metric, g, low, high, verdict, predicted, error_pp, error_rel, same,
         disagrees, inside,
     )  # fmt: skip
 
 
-def check_cells(name: str, runs: Sequence[dict[str, Any]]) -> list[CellCheck]:
+def check_cells(name: str, runs: Sequence[RunRecord]) -> list[CellCheck]:
     """Every measured mode cell of one run against its prediction (the run's ``predicted_*`` fields)."""
     out: list[CellCheck] = []
     for (profile, workload, model), modes in cells(runs).items():
@@ -149,22 +153,22 @@ def check_cells(name: str, runs: Sequence[dict[str, Any]]) -> list[CellCheck]:
                 if base is None or mode == base_name:
                     continue
                 for metric, key in METRICS:
-                    measured = ((run.get("gains") or {}).get(base_name) or {}).get(metric)
-                    if measured is None:  # a run without paired gains: the p50s' ratio, no interval
-                        r = _rel(run.get(key), base.get(key))
-                        measured = None if r is None else {"gain": r}
-                    predicted = _rel(run.get(f"predicted_{key}"), base.get(f"predicted_{key}"))
+                    stored = (run.gains or {}).get(base_name, {}).get(metric)
+                    # a run without paired gains: the p50s' ratio, no interval
+                    measured = stored if stored is not None else _rel(figure(run, key), figure(base, key))
+                    predicted = _rel(figure(run, f"predicted_{key}"), figure(base, f"predicted_{key}"))
                     checks.append(gain_check(mode, base_name, metric, measured, predicted))
-            usage = run.get("usage") or {}
-            turns = run.get("turns") or 0
+            turns, output = run.turns, run.usage.output_tokens
+            predicted_e2e, predicted_ttft = (
+                figure(run, "predicted_e2e_s_p50"),
+                figure(run, "predicted_ttft_ms_p50"),
+            )
             out.append(
                 CellCheck(
                     name, profile, workload, model, mode,
-                    float(run["e2e_s_p50"]), run.get("predicted_e2e_s_p50"),
-                    _rel(run.get("predicted_e2e_s_p50"), run["e2e_s_p50"]),
-                    float(run["ttft_ms_p50"]), run.get("predicted_ttft_ms_p50"),
-                    _rel(run.get("predicted_ttft_ms_p50"), run["ttft_ms_p50"]),
-                    usage.get("output_tokens", 0) / turns if turns and usage.get("output_tokens") else None,
+                    float(run.e2e_s_p50), predicted_e2e, _rel(predicted_e2e, run.e2e_s_p50),  # type: ignore[arg-type]
+                    float(run.ttft_ms_p50), predicted_ttft, _rel(predicted_ttft, run.ttft_ms_p50),  # type: ignore[arg-type]
+                    output / turns if turns and output else None,
                     checks,
                 )
             )  # fmt: skip
@@ -255,7 +259,7 @@ def validate(
         named = [(name, predict_from(result, calibration)) for name, result in named]
     elif not own:
         raise InSample("no calibration given: a run's own predictions are validated only with --own")
-    checks = [c for name, result in named for c in check_cells(name, result["runs"])]
+    checks = [c for name, result in named for c in check_cells(name, [run_of(r) for r in result["runs"]])]
     outputs = calibration_outputs(calibration) if calibration is not None else None
     if outputs is None and calibration is None:
         spans = {calibration_outputs(r["calibration"]) for _, r in named if r.get("calibration")}

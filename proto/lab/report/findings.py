@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from proto.lab.analysis.stats import FASTER, SAME, SLOWER, paired_gain
-from proto.lab.report.results import BASELINES, cells
+from msgspec import UNSET
+
+from proto.lab.analysis.stats import FASTER, SAME, SLOWER, Gain, paired_gain
+from proto.lab.records import Design, Provenance, Results, RunRecord
+from proto.lab.report.results import BASELINES, cells, figure
 
 SEED_GAIN = -0.40  # OpenAI's post (2026-04-22): agent loops up to 40 % faster end to end
 MODES4 = ("http-cached", "http-prev", "ws", "longlived")
-Cell = dict[str, dict[str, Any]]  # mode → run record
+Cell = dict[str, RunRecord]  # mode → run record
 
 
 @dataclass(frozen=True)
@@ -40,14 +42,14 @@ class Curve:
     points: tuple[Point, ...]
 
 
-def _cells(runs: dict[str, dict[str, Any]], name: str) -> dict[tuple[str, str, str], Cell]:
+def _cells(runs: dict[str, Results], name: str) -> dict[tuple[str, str, str], Cell]:
     results = runs.get(name)
-    if not results or results.get("format") is None:
+    if results is None or results.format is UNSET:
         return {}
-    return cells(results["runs"])
+    return cells(results.runs)
 
 
-def _one(runs: dict[str, dict[str, Any]], name: str, model: str | None = None) -> Cell | None:
+def _one(runs: dict[str, Results], name: str, model: str | None = None) -> Cell | None:
     """The run's cell at ``model`` (its only cell when None); None when the run or cell is missing."""
     found = [c for (_, _, m), c in _cells(runs, name).items() if model is None or m == model]
     return found[0] if found else None
@@ -57,7 +59,7 @@ def _model_label(model: str) -> str:
     return model.removeprefix("mock-")
 
 
-def curves(runs: dict[str, dict[str, Any]]) -> list[Curve]:
+def curves(runs: dict[str, Results]) -> list[Curve]:
     """The kept set's four curves, each point one (profile, workload, model) group of a kept run."""
     out = []
     speed = tuple(Point(_model_label(m), "speed", c) for (_, _, m), c in _cells(runs, "speed").items())
@@ -95,40 +97,41 @@ def curves(runs: dict[str, dict[str, Any]]) -> list[Curve]:
     return out
 
 
-def gain(cell: Cell, mode: str, base: str, metric: str) -> dict[str, Any] | None:
+def gain(cell: Cell, mode: str, base: str, metric: str) -> Gain | None:
     """The stored paired gain of ``mode`` against a baseline of the run (``BASELINES``), or one computed here
     from both modes' rollout records (the same pairs, the same bootstrap) against any other mode."""
     run, other = cell.get(mode), cell.get(base)
     if run is None or other is None:
         return None
     if base in BASELINES:
-        stored: dict[str, Any] | None = (run.get("gains") or {}).get(base, {}).get(metric)
-        return stored
+        return None if run.gains is UNSET else run.gains.get(base, {}).get(metric)
     field = {"e2e": "e2e_s", "ttft": "ttft_ms_p50"}[metric]
-    theirs = {(r["index"], r["session"]): r for r in other.get("rollout_records") or []}
+    mine = [] if run.rollout_records is UNSET else run.rollout_records
+    theirs = {
+        (r.index, r.session): r for r in ([] if other.rollout_records is UNSET else other.rollout_records)
+    }
     pairs = [
-        (float(r[field]), float(theirs[(r["index"], r["session"])][field]))
-        for r in run.get("rollout_records") or []
-        if (r["index"], r["session"]) in theirs
+        (float(getattr(r, field)), float(getattr(theirs[(r.index, r.session)], field)))
+        for r in mine
+        if (r.index, r.session) in theirs
     ]
     if not pairs:
         return None
-    g = paired_gain([a for a, _ in pairs], [b for _, b in pairs], baseline=base, metric=metric)
-    return {"gain": g.gain, "low": g.low, "high": g.high, "verdict": g.verdict, "pairs": g.pairs}
+    return paired_gain([a for a, _ in pairs], [b for _, b in pairs], baseline=base, metric=metric)
 
 
-def short(g: dict[str, Any] | None) -> str:
+def short(g: Gain | None) -> str:
     """``−9.1 [−11.9, −4.9]`` (percent); ``= −1.2 [−6.0, +3.9]`` when the interval holds 0."""
-    if not g or g.get("gain") is None:
+    if g is None or g.gain is None:
         return "–"
-    if g.get("low") is None or g.get("high") is None:
-        return f"{g['gain'] * 100:+.1f} (too few pairs)"
-    text = f"{g['gain'] * 100:+.1f} [{g['low'] * 100:+.1f}, {g['high'] * 100:+.1f}]"
-    return f"= {text}" if g["verdict"] == SAME else text
+    if g.low is None or g.high is None:
+        return f"{g.gain * 100:+.1f} (too few pairs)"
+    text = f"{g.gain * 100:+.1f} [{g.low * 100:+.1f}, {g.high * 100:+.1f}]"
+    return f"= {text}" if g.verdict == SAME else text
 
 
 def _noisy(cell: Cell) -> str:
-    reasons = next((r.get("noisy") for r in cell.values() if r.get("noisy")), None)
+    reasons = next((r.noisy for r in cell.values() if r.noisy), None)
     return "; ".join(reasons) if reasons else "no"
 
 
@@ -146,7 +149,7 @@ def curve_tables(curve: Curve) -> list[str]:
             "|---|---|---|" + "---|" * (len(MODES4) + 4),
         ]
         for p in curve.points:
-            http = p.cell.get("http", {}).get(key)
+            http = figure(p.cell["http"], key) if "http" in p.cell else None
             out.append(
                 f"| {p.label} | `{p.run}` | {'–' if http is None else f'{http:.{digits}f}'} | "
                 + " | ".join(short(gain(p.cell, m, "http", metric)) for m in MODES4)
@@ -159,12 +162,12 @@ def curve_tables(curve: Curve) -> list[str]:
     return out
 
 
-def _every_cell(runs: dict[str, dict[str, Any]]) -> list[tuple[str, tuple[str, str, str], Cell]]:
+def _every_cell(runs: dict[str, Results]) -> list[tuple[str, tuple[str, str, str], Cell]]:
     return [
         (name, key, cell)
         for name, results in runs.items()
-        if results.get("format") is not None and not (results.get("design") or {}).get("quick")
-        for key, cell in cells(results["runs"]).items()
+        if results.format is not UNSET and not (isinstance(results.design, Design) and results.design.quick)
+        for key, cell in cells(results.runs).items()
     ]
 
 
@@ -173,12 +176,12 @@ def _where(name: str, key: tuple[str, str, str]) -> str:
     return f"`{name}`: {profile} · {workload} · {model}"
 
 
-def _verdicts(gs: Sequence[dict[str, Any] | None]) -> str:
-    counts = {v: sum(1 for g in gs if g and g.get("verdict") == v) for v in (FASTER, SAME, SLOWER)}
+def _verdicts(gs: Sequence[Gain | None]) -> str:
+    counts = {v: sum(1 for g in gs if g is not None and g.verdict == v) for v in (FASTER, SAME, SLOWER)}
     return f"faster in {counts[FASTER]}, no difference in {counts[SAME]}, slower in {counts[SLOWER]}"
 
 
-def findings(runs: dict[str, dict[str, Any]]) -> list[str]:
+def findings(runs: dict[str, Results]) -> list[str]:
     """The findings' bullets, each figure from the kept runs (NOTES.md quotes exactly these)."""
     out: list[str] = []
     every = _every_cell(runs)
@@ -186,11 +189,11 @@ def findings(runs: dict[str, dict[str, Any]]) -> list[str]:
         (name, key, m, g)
         for name, key, cell in every
         for m in ("ws", "longlived")
-        if (g := gain(cell, m, "http", "e2e")) is not None and g.get("gain") is not None
+        if (g := gain(cell, m, "http", "e2e")) is not None and g.gain is not None
     ]
     if stateful:
-        best = min(stateful, key=lambda s: float(s[3]["gain"]))
-        reached = sum(1 for s in stateful if float(s[3]["gain"]) <= SEED_GAIN)
+        best = min(stateful, key=lambda s: float(s[3].gain or 0.0))
+        reached = sum(1 for s in stateful if float(s[3].gain or 0.0) <= SEED_GAIN)
         out.append(
             f"- **OpenAI's −40 % end to end** is reached in {reached} of the {len(stateful)} measured `ws` "
             f"and `longlived` cells against `http`; the largest gain is {best[2]}'s {short(best[3])} "
@@ -237,7 +240,7 @@ def findings(runs: dict[str, dict[str, Any]]) -> list[str]:
             "- *SGLang's gateway comparison* (`scenario-sglang`; they report `ws` vs an HTTP "
             "`previous_response_id` chain TTFT p50 −28 % at 8 turns, −41 % at 40): measured "
             + "; ".join(
-                f"{n} turns {c['ws']['ttft_ms_p50']:.2f} vs {c['http-prev']['ttft_ms_p50']:.2f} ms, "
+                f"{n} turns {c['ws'].ttft_ms_p50:.2f} vs {c['http-prev'].ttft_ms_p50:.2f} ms, "
                 f"{short(gain(c, 'ws', 'http-prev', 'ttft'))}"
                 for n, c in chains
                 if "ws" in c and "http-prev" in c
@@ -258,11 +261,13 @@ def findings(runs: dict[str, dict[str, Any]]) -> list[str]:
         )
     groups = {(name, key): cell for name, key, cell in every}
     noisy = [k for k, c in groups.items() if _noisy(c) != "no"]
-    commits = sorted(
-        {(r.get("provenance") or {}).get("commit", "?")[:12] for r in runs.values() if r.get("format")}
-    )
+    where = [r.provenance for r in runs.values() if r.format is not UNSET and r.format]
+    commits = sorted({str(pv.commit if isinstance(pv, Provenance) else "?")[:12] for pv in where})
     schedulers = sorted(
-        {str((r.get("provenance") or {}).get("scheduler")) for r in runs.values() if r.get("format")}
+        {
+            str(pv.scheduler if isinstance(pv, Provenance) and pv.scheduler is not UNSET else None)
+            for pv in where
+        }
     )
     if groups:
         out.append(

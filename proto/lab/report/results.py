@@ -41,12 +41,15 @@ from proto.lab.records import (
     FLOOR_SPREAD,
     LOAD_PER_CORE,
     WAIT_SHARE,
+    GridRow,
+    Results,
     RolloutRecord,
     RunRecord,
     Usage,
     floor,
     noise,
     provenance,
+    results_of,
 )
 from proto.lab.run.runner import BenchResult, CellKey, CellResult
 from proto.lab.workload.traces import Replay
@@ -336,51 +339,55 @@ def predict_cells(
 
 def grid_predictions(
     calibration: Any, keys: Sequence[CellKey], replays: dict[str, Replay], config: BenchConfig
-) -> list[dict[str, Any]]:
+) -> list[GridRow]:
     """``bench --predict``'s ``grid``: every cell of the run's grid predicted by the fast model, none run
     (docs/lab.md, "The fast model's grid"). Each row: the cell, its E2E and TTFT p50, both against ``http``'s
     in the same (profile, workload, model), its parts per rollout, and its real-clock wall (the measured
     part, :func:`predicted_wall`)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[GridRow] = []
     predicted = predict_cells(calibration, keys, replays, config)
     for (profile, workload, model, mode), (p, wall) in predicted.items():
         replay = replays[workload]
-        run: dict[str, Any] = {
-            "profile": profile,
-            "workload": workload,
-            "model": model,
-            "mode": mode,
-            "sessions": len(replay.sessions) if replay.trace else config.sessions,
-            "rollouts": config.rollouts,
-            "rounds": replay.rounds,
-            "tool_time_scale": config.tool_time_scale,
-        }
-        apply_prediction(run, p)
-        del run["prediction_error"]  # nothing measured
-        run["predicted_wall_s"] = wall
-        rows.append(run)
+        fields = prediction_fields(p, None)
+        del fields["prediction_error"]  # nothing measured
+        rows.append(
+            GridRow(
+                profile=profile,
+                workload=workload,
+                model=model,
+                mode=mode,
+                sessions=len(replay.sessions) if replay.trace else config.sessions,
+                rollouts=config.rollouts,
+                rounds=replay.rounds,
+                tool_time_scale=config.tool_time_scale,
+                **fields,
+                predicted_wall_s=wall,
+            )
+        )
     for modes in cells(rows).values():
         base = modes.get(BASELINE)
-        for run in modes.values():
-            for key, name in (
-                ("predicted_e2e_s_p50", "predicted_e2e_vs_http"),
-                ("predicted_ttft_ms_p50", "predicted_ttft_vs_http"),
-            ):
-                r = ratio(run, base, key)
-                run[name] = None if r is None else r - 1
+        for row in modes.values():
+            e2e, ttft = ratio(row, base, "predicted_e2e_s_p50"), ratio(row, base, "predicted_ttft_ms_p50")
+            row.predicted_e2e_vs_http = None if e2e is None else e2e - 1
+            row.predicted_ttft_vs_http = None if ttft is None else ttft - 1
     return rows
 
 
-def apply_prediction(run: dict[str, Any] | RunRecord, p: Any) -> None:
-    """Write a :class:`~proto.lab.analysis.predict.Prediction`'s fields into ``run`` (in place): a
-    :class:`~proto.lab.records.RunRecord`, or a ``grid`` row or a kept file's entry as it was read."""
-    measured = run.get("e2e_s_p50") if isinstance(run, dict) else run.e2e_s_p50
-    fields = {
+def prediction_fields(p: Any, measured: float | None) -> dict[str, Any]:
+    """A :class:`~proto.lab.analysis.predict.Prediction`'s fields of a record: its E2E and TTFT p50, its
+    parts per rollout and its error against the ``measured`` E2E p50 (None: nothing measured)."""
+    return {
         "predicted_e2e_s_p50": p.e2e_s_p50,
         "predicted_ttft_ms_p50": p.ttft_ms_p50,
         "predicted_parts_s": {k: v / max(len(p.e2e_s), 1) for k, v in p.parts_s.items()},  # per rollout
         "prediction_error": (p.e2e_s_p50 / measured - 1) if measured else None,
     }
+
+
+def apply_prediction(run: dict[str, Any] | RunRecord, p: Any) -> None:
+    """Write a :class:`~proto.lab.analysis.predict.Prediction`'s fields into ``run`` (in place): a
+    :class:`~proto.lab.records.RunRecord`, or a kept file's entry as it was read."""
+    fields = prediction_fields(p, run.get("e2e_s_p50") if isinstance(run, dict) else run.e2e_s_p50)
     if isinstance(run, dict):
         run.update(fields)
     else:
@@ -630,24 +637,32 @@ def _fmt(value: Any) -> Any:
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A results.json as JSON (for the code that rewrites one: ``bench repredict``, the calibration's reuse);
+    readers take :func:`load_results`'s typed record."""
     return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def cell_key(run: dict[str, Any] | RunRecord) -> tuple[str, str, str]:
+def load_results(path: Path) -> Results:
+    """A results.json (format 1 or 2) as a :class:`~proto.lab.records.Results`."""
+    return results_of(json.loads(path.read_text(encoding="utf-8")))
+
+
+def cell_key(run: dict[str, Any] | RunRecord | GridRow) -> tuple[str, str, str]:
     """(profile, workload, model): the cell a run belongs to (``profile`` is "" in files that lack it)."""
-    if isinstance(run, RunRecord):
-        return (run.profile, run.workload, run.model)
-    return (run.get("profile", ""), run["workload"], run["model"])
+    if isinstance(run, dict):
+        return (run.get("profile", ""), run["workload"], run["model"])
+    return (run.profile, run.workload, run.model)
 
 
-Row = TypeVar("Row", dict[str, Any], RunRecord)
+Row = TypeVar("Row", dict[str, Any], RunRecord, GridRow)
 
 
 def cells(runs: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Row]]:
-    """(profile, workload, model) → mode → run, in first-seen order."""
+    """(profile, workload, model) → mode → run (a ``runs[]`` record, a ``grid`` row), in first-seen
+    order."""
     out: dict[tuple[str, str, str], dict[str, Row]] = {}
     for run in runs:
-        out.setdefault(cell_key(run), {})[run.mode if isinstance(run, RunRecord) else run["mode"]] = run
+        out.setdefault(cell_key(run), {})[run["mode"] if isinstance(run, dict) else run.mode] = run
     return out
 
 
@@ -659,7 +674,7 @@ def ratio(run: Row, base: Row | None, key: str) -> float | None:
     return float(mine) / float(theirs)
 
 
-def figure(run: dict[str, Any] | RunRecord, key: str) -> Any:
+def figure(run: dict[str, Any] | RunRecord | GridRow, key: str) -> Any:
     """``run``'s field ``key``: a record's attribute or an entry's key; None when it has none."""
     value = run.get(key) if isinstance(run, dict) else getattr(run, key, None)
     return None if value is msgspec.UNSET else value

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from proto.core.response import MODES
 from proto.lab.analysis.stats import MIN_ROLLOUTS, Gain, Percentiles
-from proto.lab.records import RunRecord, run_of
+from proto.lab.records import GridRow, RunRecord, run_of
 from proto.lab.report.results import BASELINE, cells, figure, ratio
 
 MODE_ORDER: tuple[str, ...] = (
@@ -166,9 +166,9 @@ def _gain(g: Gain | None) -> str:
 def print_grid(results: dict[str, Any], console: Console) -> None:
     """``--predict``'s grid, per profile: a row per (workload, model), http's predicted E2E p50 and every
     other mode's against it."""
-    rows = results.get("grid") or []
+    rows = [msgspec.convert(r, GridRow) for r in results.get("grid") or []]
     groups = cells(rows)
-    modes = sorted({r["mode"] for r in rows}, key=_mode_rank)
+    modes = sorted({r.mode for r in rows}, key=_mode_rank)
     for profile in dict.fromkeys(k[0] for k in groups):
         table = Table(
             title=_cut(f"fast model · {profile} · E2E p50 (predicted, not run)"),
@@ -189,7 +189,7 @@ def print_grid(results: dict[str, Any], console: Console) -> None:
             table.add_row(
                 workload.removeprefix("tracelab-"),
                 model.removeprefix("mock-"),
-                "–" if base is None else f"{base['predicted_e2e_s_p50']:.1f}",
+                "–" if base is None else f"{base.predicted_e2e_s_p50:.1f}",
                 *(
                     _pct(ratio(by_mode[m], base, "predicted_e2e_s_p50") if m in by_mode else None, m)
                     for m in modes

@@ -28,14 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
-from proto.lab.analysis.stats import SAME, SIGN
+from proto.lab.analysis.stats import SAME, SIGN, Gain, Percentiles
+from proto.lab.records import Design, GridRow, Load, Provenance, Results, RunRecord
 from proto.lab.report.findings import SEED_GAIN, _model_label, curve_tables, curves
 from proto.lab.report.findings import findings as kept_findings
 from proto.lab.report.markdown import change, render, value
-from proto.lab.report.results import cells, load
+from proto.lab.report.results import cells, figure, load_results
 
 RESULTS = Path("docs/results")
 DOCUMENT = Path("docs/lab-results.md")
@@ -48,10 +50,10 @@ def fitted(fit: dict[str, Any], key: str, h: int, a: int = 1000, chain: int = 5,
     return max(float(c[0] + c[1] * h + c[2] * a + c[3] * chain + c[4] * out), 0.0)
 
 
-def calibration_section(first: dict[str, Any]) -> list[str]:
-    cal = first["calibration"]
+def calibration_section(first: Results) -> list[str]:
+    cal = first.calibration or {}
     rows = [
-        f"Command: **`{first['command']}`** (started {first['started_utc']}; calibration {cal['wall_s']:.0f} "
+        f"Command: **`{first.command}`** (started {first.started_utc}; calibration {cal['wall_s']:.0f} "
         f"s, "
         f"{sum(cal['rounds_by_mode'].values())} rounds, history to {cal['h_max'] // 1000} k tokens).",
         "",
@@ -124,11 +126,11 @@ def curve_table(
     return out
 
 
-def curves_section(results: dict[str, Any]) -> list[str]:
-    sweep = results.get("sweep") or []
+def curves_section(results: Results) -> list[str]:
+    sweep = results.sweep or []
     scale = sweep[0]["tool_time_scale"] if sweep else 1.0
     return [
-        f"From **`{results['command']}`**; **predicted by the fast model**, not measured; one session, "
+        f"From **`{results.command}`**; **predicted by the fast model**, not measured; one session, "
         f"coding-agent, tool times × {scale:g}. Gain vs http, E2E / TTFT p50.",
         "",
         "**Against decode speed** (each speed with its class's prefill: GPU-served 80 ms + 8.5 µs/token "
@@ -148,7 +150,7 @@ def curves_section(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str], float]:
+def predicted_section(runs_by_name: dict[str, Results]) -> tuple[list[str], float]:
     rows = [
         "| run | profile · workload · model | mode | E2E p50 s | predicted | error | TTFT p50 ms | predicted "
         "|",
@@ -156,61 +158,61 @@ def predicted_section(runs_by_name: dict[str, dict[str, Any]]) -> tuple[list[str
     ]
     worst = 0.0
     for name, results in runs_by_name.items():
-        for run in results["runs"]:
-            err = run.get("prediction_error")
+        for run in results.runs:
+            err = figure(run, "prediction_error")
             if err is None:
                 continue
             worst = max(worst, abs(err))
             rows.append(
-                f"| {name} | {run['profile']} · {run['workload']} · {run['model']} | {run['mode']} | "
-                f"{run['e2e_s_p50']:.2f} "
-                f"| {run['predicted_e2e_s_p50']:.2f} | {err * 100:+.1f} % | {run['ttft_ms_p50']:.1f} | "
-                f"{run['predicted_ttft_ms_p50']:.1f} |"
+                f"| {name} | {run.profile} · {run.workload} · {run.model} | {run.mode} | "
+                f"{run.e2e_s_p50:.2f} "
+                f"| {figure(run, 'predicted_e2e_s_p50'):.2f} | {err * 100:+.1f} % | {run.ttft_ms_p50:.1f} | "
+                f"{figure(run, 'predicted_ttft_ms_p50'):.1f} |"
             )
     return rows, worst
 
 
 def measured_cells(
-    runs: dict[str, dict[str, Any]], tool_time_scale: float
-) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
+    runs: dict[str, Results], tool_time_scale: float
+) -> dict[tuple[str, str, str], dict[str, RunRecord]]:
     """(profile, workload, model) → mode → the real-clock cell of a kept run at ``tool_time_scale`` over whole
     workloads (no ``--turns`` cut), for marking a predicted grid's measured cells."""
-    out: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    out: dict[tuple[str, str, str], dict[str, RunRecord]] = {}
     for results in runs.values():
-        config = results.get("config") or {}
+        config = results.config or {}
         if config.get("turns") is not None or config.get("tool_time_scale") != tool_time_scale:
             continue
         for key, modes in cells(
-            [r for r in results["runs"] if r.get("prediction_error") is not None]
+            [r for r in results.runs if figure(r, "prediction_error") is not None]
         ).items():
             out.setdefault(key, {}).update(modes)
     return out
 
 
 def grid_section(
-    results: dict[str, Any], measured: dict[tuple[str, str, str], dict[str, dict[str, Any]]] | None = None
+    results: Results, measured: dict[tuple[str, str, str], dict[str, RunRecord]] | None = None
 ) -> list[str]:
     """``bench --predict``'s grid: per (workload, model), http's E2E p50 and the WebSocket designs' E2E (and
     ``longlived``'s TTFT) against it, in both profiles; the best gain and where the seed's −40 % is met. With
     ``measured`` (:func:`measured_cells`), a last column names the cells the real clock measured and the
     largest error of their own runs' predictions."""
-    rows = results.get("grid") or []
+    rows = results.grid or []
     if not rows:
         return ["(no grid in this run)"]
     measured = measured or {}
     by = cells(rows)
     profiles = list(dict.fromkeys(k[0] for k in by))
     pairs = list(dict.fromkeys((k[1], k[2]) for k in by))
-    scale = rows[0]["tool_time_scale"]
-    wall = sum(r["predicted_wall_s"] for r in rows)
-    gains = [r for r in rows if r["mode"] in ("ws", "longlived") and r["predicted_e2e_vs_http"] is not None]
-    best = min(gains, key=lambda r: r["predicted_e2e_vs_http"], default=None)
-    met = [r for r in gains if r["predicted_e2e_vs_http"] <= SEED_GAIN]
+    scale = rows[0].tool_time_scale
+    wall = sum(r.predicted_wall_s for r in rows)
+    gains = [r for r in rows if r.mode in ("ws", "longlived") and r.predicted_e2e_vs_http is not None]
+    best = min(gains, key=_grid_gain, default=None)
+    met = [r for r in gains if _grid_gain(r) <= SEED_GAIN]
     head = ["workload", "model"]
     for profile in profiles:
         head += [f"{profile} http E2E s", "ws", "longlived", "longlived TTFT"]
     head = [h if h in ("workload", "model") else f"{h} (predicted)" for h in head]
-    grid_keys = {(r["profile"], r["workload"], r["model"], r["mode"]) for r in rows}
+    grid_keys = {(r.profile, r.workload, r.model, r.mode) for r in rows}
     hits = {
         (*key, mode): run
         for key, modes in measured.items()
@@ -220,10 +222,10 @@ def grid_section(
     if hits:
         head.append("measured on the real clock (largest error)")
     out = [
-        f"From **`{results['command']}`**"
-        + (f" (calibration from `{results['calibration_from']}`)" if results.get("calibration_from") else "")
-        + f": {len(rows)} cells, tool times × {scale:g}, {rows[0]['sessions']} sessions × "
-        f"{rows[0]['rollouts']} rollouts for the synthetic workloads (a trace: its own sessions). "
+        f"From **`{results.command}`**"
+        + (f" (calibration from `{results.calibration_from}`)" if results.calibration_from else "")
+        + f": {len(rows)} cells, tool times × {scale:g}, {rows[0].sessions} sessions × "
+        f"{rows[0].rollouts} rollouts for the synthetic workloads (a trace: its own sessions). "
         + (
             f"**Predicted by the fast model**; {len(hits)} of its cells measured on the real clock (the last "
             "column: each profile's measured modes and the largest |error| of their own runs' predictions, "
@@ -241,9 +243,9 @@ def grid_section(
         for profile in profiles:
             modes = by.get((profile, workload, model), {})
             base = modes.get("http")
-            cellv.append("–" if base is None else f"{base['predicted_e2e_s_p50']:.1f}")
+            cellv.append("–" if base is None else f"{base.predicted_e2e_s_p50:.1f}")
             for mode, key in (("ws", "e2e"), ("longlived", "e2e"), ("longlived", "ttft")):
-                r = modes.get(mode, {}).get(f"predicted_{key}_vs_http")
+                r = figure(modes[mode], f"predicted_{key}_vs_http") if mode in modes else None
                 cellv.append("–" if r is None else f"{r * 100:+.1f} %")
         if hits:
             done = []
@@ -252,7 +254,7 @@ def grid_section(
                     m: run for (p, w, mo, m), run in hits.items() if (p, w, mo) == (profile, workload, model)
                 }
                 if runs:
-                    worst = max(abs(run["prediction_error"]) for run in runs.values())
+                    worst = max(abs(figure(run, "prediction_error")) for run in runs.values())
                     names = ", ".join(m for m in MODES if m in runs)
                     done.append(f"{profile}: {names} ({worst * 100:.1f} %)")
             cellv.append("; ".join(done) or "–")
@@ -261,8 +263,8 @@ def grid_section(
         "",
         (
             "Largest predicted E2E gain of a WebSocket design: "
-            f"**{best['predicted_e2e_vs_http'] * 100:+.1f} %** "
-            f"({best['mode']}, {best['profile']} · {best['workload']} · {best['model']}). "
+            f"**{_grid_gain(best) * 100:+.1f} %** "
+            f"({best.mode}, {best.profile} · {best.workload} · {best.model}). "
             if best
             else ""
         )
@@ -273,41 +275,46 @@ def grid_section(
     return out
 
 
-def scenario_section(results: dict[str, Any]) -> list[str]:
-    sc = results.get("scenario") or {}
+def _grid_gain(row: GridRow) -> float:
+    """A grid row's predicted E2E gain against ``http`` (rows without one are left out before)."""
+    return float(row.predicted_e2e_vs_http or 0.0)
+
+
+def scenario_section(results: Results) -> list[str]:
+    sc = results.scenario or {}
     out = [
         f"- **Authors**: {sc.get('authors', '–')}",
         f"- **Conditions here**: {sc.get('conditions', '–')}",
-        f"- **Command**: `{results['command']}`",
+        f"- **Command**: `{results.command}`",
     ]
     fast = scenario_answers(results)
     if fast:
         out.append(
             "- **Fast model (predicted)**: " + "; ".join(f"{k} = {_fmt_any(v)}" for k, v in fast.items())
         )
-    if results["runs"]:
+    if results.runs:
         out += ["", "Measured (real clock):", ""]
-        for (profile, workload, model), modes in cells(results["runs"]).items():
+        for (profile, workload, model), modes in cells(results.runs).items():
             base = modes.get(
                 "http-prev" if "sglang" in sc.get("name", "") or sc.get("name") == "xai" else "http"
             )
             out.append(
                 f"- {profile} · {workload} · {model}: "
                 + "; ".join(
-                    f"{m} E2E {r['e2e_s_p50']:.2f} s ({change(r['e2e_s_p50'], value(base, 'e2e_s_p50'))}), "
-                    f"TTFT {r['ttft_ms_p50']:.1f} ms "
-                    f"({change(r['ttft_ms_p50'], value(base, 'ttft_ms_p50'))})"
+                    f"{m} E2E {r.e2e_s_p50:.2f} s ({change(r.e2e_s_p50, value(base, 'e2e_s_p50'))}), "
+                    f"TTFT {r.ttft_ms_p50:.1f} ms "
+                    f"({change(r.ttft_ms_p50, value(base, 'ttft_ms_p50'))})"
                     for m, r in modes.items()
                 )
             )
     return out
 
 
-def scenario_answers(results: dict[str, Any]) -> dict[str, Any]:
+def scenario_answers(results: Results) -> dict[str, Any]:
     """A scenario's fast-model answers in the lab's one sign (negative = faster). A run kept before the
     format field (no ``format``) wrote its gains as the share saved, ``1 − mode ÷ base``: negated here."""
-    fast: dict[str, Any] = (results.get("scenario") or {}).get("fast_model") or {}
-    if results.get("format") is not None:
+    fast: dict[str, Any] = (results.scenario or {}).get("fast_model") or {}
+    if results.format is not UNSET:
         return fast
 
     def flip(key: str, v: Any) -> Any:
@@ -326,61 +333,61 @@ def _fmt_any(v: Any) -> str:
     return "never (within 2 s)" if v is None else str(v)
 
 
-def _pct3(p: dict[str, Any] | None, digits: int) -> str:
-    if not p or p.get("p50") is None:
+def _pct3(p: Percentiles | None, digits: int) -> str:
+    if p is None or p.p50 is None:
         return "–"
-    return " / ".join(f"{p[k]:.{digits}f}" for k in ("p50", "p90", "p99"))
+    return " / ".join(f"{x:.{digits}f}" for x in (p.p50, p.p90, p.p99))
 
 
-def interval(g: dict[str, Any] | None) -> str:
+def interval(g: Gain | None) -> str:
     """A paired gain with its bootstrap interval: ``−6.2 % [−8.0, −4.1]``; "no difference" when the
     interval holds 0; the verdict alone when there are too few pairs for one."""
-    if not g or g.get("gain") is None:
+    if g is None or g.gain is None:
         return "–"
-    if g.get("low") is None or g.get("high") is None:
-        return f"{g['gain'] * 100:+.1f} % ({g['verdict']}, {g['pairs']} pairs)"
-    text = f"{g['gain'] * 100:+.1f} % [{g['low'] * 100:+.1f}, {g['high'] * 100:+.1f}]"
-    return f"no difference ({text})" if g["verdict"] == SAME else text
+    if g.low is None or g.high is None:
+        return f"{g.gain * 100:+.1f} % ({g.verdict}, {g.pairs} pairs)"
+    text = f"{g.gain * 100:+.1f} % [{g.low * 100:+.1f}, {g.high * 100:+.1f}]"
+    return f"no difference ({text})" if g.verdict == SAME else text
 
 
-def provenance_line(results: dict[str, Any]) -> str:
+def provenance_line(results: Results) -> str:
     """Where and how a format-2 run ran: commit, CPU, load, floors."""
-    pv = results.get("provenance") or {}
-    commit = pv.get("commit")
-    loads = [r["load"] for r in results["runs"] if r.get("load")]
-    worst = max((max(x["before"][0], x["after"][0]) for x in loads), default=None)
-    floors = results.get("floors") or {}
+    pv = results.provenance if isinstance(results.provenance, Provenance) else None
+    commit = pv.commit if pv else None
+    loads = [r.load for r in results.runs if isinstance(r.load, Load)]
+    worst = max((max(x.before[0], x.after[0]) for x in loads), default=None)
+    floors = results.floors or {}
     floor_text = "; ".join(
-        f"{name} p50 {f['p50']:.3f} ms (p10–p90 {f['p10']:.3f}–{f['p90']:.3f})"
+        f"{name} p50 {f.p50:.3f} ms (p10–p90 {f.p10:.3f}–{f.p90:.3f})"
         for name, f in floors.items()
-        if f and f.get("p50") is not None
+        if f.p50 is not None
     )
     return (
         f"Provenance: commit `{commit[:12] if commit else 'unknown'}`"
-        + (" (dirty tree)" if pv.get("dirty") else "")
-        + f", {pv.get('cpu_model', '?')}, {pv.get('cores_usable', '?')} of {pv.get('cores', '?')} cores, "
-        f"kernel {pv.get('kernel', '?')}, Python {pv.get('python', '?')}, "
-        f"uvloop {pv.get('uvloop') or 'none'}; "
+        + (" (dirty tree)" if pv and pv.dirty else "")
+        + f", {pv.cpu_model if pv else '?'}, {pv.cores_usable if pv else '?'} of {pv.cores if pv else '?'} "
+        f"cores, kernel {pv.kernel if pv else '?'}, Python {pv.python if pv else '?'}, "
+        f"uvloop {(pv.uvloop if pv else None) or 'none'}; "
         + (f"1-min load up to {worst:.2f} around the cells; " if worst is not None else "")
         + f"floors: {floor_text or 'none measured'}."
     )
 
 
-def paired_section(results: dict[str, Any]) -> list[str]:
+def paired_section(results: Results) -> list[str]:
     """A format-2 run: per cell and mode, E2E and TTFT p50 / p90 / p99, the paired gains against both
     baselines with their bootstrap 95 % intervals, and the noisy flags; the provenance line first."""
-    design = results.get("design") or {}
+    design = results.design if isinstance(results.design, Design) else None
     out = [
-        f"From **`{results['command']}`** (started {results['started_utc']}); "
-        f"{design.get('rollouts_per_mode', '?')} measured rollouts per mode"
-        + (" (`--quick`: fewer than a default cell's)" if design.get("quick") else "")
+        f"From **`{results.command}`** (started {results.started_utc}); "
+        f"{design.rollouts_per_mode if design else '?'} measured rollouts per mode"
+        + (" (`--quick`: fewer than a default cell's)" if design and design.quick else "")
         + ", modes interleaved per rollout, seed "
-        f"{design.get('seed', '?')}, jitter {'on' if design.get('jitter') else 'off'}.",
+        f"{design.seed if design else '?'}, jitter {'on' if design and design.jitter else 'off'}.",
         "",
         provenance_line(results),
         "",
     ]
-    for (profile, workload, model), modes in cells(results["runs"]).items():
+    for (profile, workload, model), modes in cells(results.runs).items():
         out += [
             f"**{profile} · {workload} · {model}**",
             "",
@@ -392,21 +399,21 @@ def paired_section(results: dict[str, Any]) -> list[str]:
             r = modes.get(mode)
             if r is None:
                 continue
-            gains = r.get("gains") or {}
+            gains = r.gains or {}
             out.append(
-                f"| {mode} | {_pct3(r.get('e2e_s_pct'), 2)} | {_pct3(r.get('ttft_ms_pct'), 1)} | "
+                f"| {mode} | {_pct3(figure(r, 'e2e_s_pct'), 2)} | {_pct3(figure(r, 'ttft_ms_pct'), 1)} | "
                 + " | ".join(
                     interval((gains.get(base) or {}).get(metric))
                     for metric in ("e2e", "ttft")
                     for base in ("http", "http-cached")
                 )
-                + f" | {'; '.join(r.get('noisy') or []) or 'no'} |"
+                + f" | {'; '.join(r.noisy or []) or 'no'} |"
             )
         out.append("")
     return out
 
 
-def gains_section(runs: dict[str, dict[str, Any]], directory: Path) -> list[str]:
+def gains_section(runs: dict[str, Results], directory: Path) -> list[str]:
     """The fast model judged on its gains (proto/lab/analysis/validate.py): per kept run, each mode's gain
     against ``http`` and ``http-cached`` measured (p50 ratio in a run without paired gains) against
     predicted; then the kept validation sample's own table (``DIR/validate-sample/validation.json``:
@@ -420,7 +427,7 @@ def gains_section(runs: dict[str, dict[str, Any]], directory: Path) -> list[str]
     ]
     every = []
     for name, results in runs.items():
-        checks = check_cells(name, [r for r in results["runs"] if r.get("predicted_e2e_s_p50") is not None])
+        checks = check_cells(name, [r for r in results.runs if figure(r, "predicted_e2e_s_p50") is not None])
         s = summarize(checks)
         if not s.gains:
             continue
@@ -483,7 +490,7 @@ def _pcts(xs: list[float | None]) -> str:
     return " / ".join("–" if x is None else f"{x * 100:+.1f} %" for x in xs)
 
 
-def findings(runs: dict[str, dict[str, Any]], directory: Path = RESULTS) -> list[str]:
+def findings(runs: dict[str, Results], directory: Path = RESULTS) -> list[str]:
     """The figures NOTES.md's findings quote, each computed from the kept runs (the block between
     ``FINDINGS_BEGIN`` and ``FINDINGS_END`` there is this text): the measured curves and scenarios
     (proto/lab/report/findings.py), then the fast model's grid (predicted, and labelled so) and the fast
@@ -495,40 +502,37 @@ def findings(runs: dict[str, dict[str, Any]], directory: Path = RESULTS) -> list
         "",
         *kept_findings(runs),
     ]
-    grid = (runs.get("grid-predicted") or {}).get("grid") or []
+    kept_grid = runs.get("grid-predicted")
+    grid = (kept_grid.grid or []) if kept_grid is not None else []
     if grid:
-        prod_cells = cells([r for r in grid if r["profile"] == "production-like"])
-        grid_models = list(dict.fromkeys(r["model"] for r in grid))
-        ttft = [
-            prod_cells.get(("production-like", "coding-agent", m), {})
-            .get("longlived", {})
-            .get("predicted_ttft_vs_http")
-            for m in grid_models
-        ]
-        gains = [
-            r for r in grid if r["mode"] in ("ws", "longlived") and r["predicted_e2e_vs_http"] is not None
-        ]
-        best = min(gains, key=lambda r: r["predicted_e2e_vs_http"])
+        prod_cells = cells([r for r in grid if r.profile == "production-like"])
+        grid_models = list(dict.fromkeys(r.model for r in grid))
+        ttft = []
+        for m in grid_models:
+            ll = prod_cells.get(("production-like", "coding-agent", m), {}).get("longlived")
+            ttft.append(None if ll is None else ll.predicted_ttft_vs_http)
+        gains = [r for r in grid if r.mode in ("ws", "longlived") and r.predicted_e2e_vs_http is not None]
+        best = min(gains, key=_grid_gain)
         out.append(
             f"- *The grid, predicted* (`grid-predicted`, the fast model, not measured): "
-            f"{sum(r['predicted_e2e_vs_http'] <= SEED_GAIN for r in gains)} of {len(gains)} `ws` and "
+            f"{sum(_grid_gain(r) <= SEED_GAIN for r in gains)} of {len(gains)} `ws` and "
             f"`longlived` cells predicted at or beyond the seed's {SEED_GAIN * 100:.0f} % end to end; the "
-            f"best predicted {best['predicted_e2e_vs_http'] * 100:+.1f} % "
-            f"({best['mode']}, {best['profile']} · "
-            f"{best['workload']} · {best['model']}). Predicted `longlived` TTFT vs `http` on coding-agent, "
+            f"best predicted {_grid_gain(best) * 100:+.1f} % "
+            f"({best.mode}, {best.profile} · "
+            f"{best.workload} · {best.model}). Predicted `longlived` TTFT vs `http` on coding-agent, "
             f"production-like, {' / '.join(_model_label(m) for m in grid_models)}: {_pcts(ttft)} (predicted; "
             "measured above)."
         )
-    measured = [r for res in runs.values() for r in res["runs"] if r.get("prediction_error") is not None]
+    measured = [r for res in runs.values() for r in res.runs if figure(r, "prediction_error") is not None]
     if measured:
         from proto.lab.analysis.validate import check_cells, summarize
 
-        worst = max(abs(r["prediction_error"]) for r in measured)
+        worst = max(abs(figure(r, "prediction_error")) for r in measured)
         judged = summarize(
             [
                 c
                 for name, res in runs.items()
-                for c in check_cells(name, [r for r in res["runs"] if r.get("prediction_error") is not None])
+                for c in check_cells(name, [r for r in res.runs if figure(r, "prediction_error") is not None])
             ]
         )
         out.append(
@@ -548,8 +552,13 @@ FINDINGS_BEGIN, FINDINGS_END = "<!-- generated: bench report -->", "<!-- end gen
 NOTES = Path("NOTES.md")
 
 
+def kept(directory: Path) -> dict[str, Results]:
+    """The runs kept in ``directory`` (``NAME/results.json``), by name."""
+    return {p.parent.name: load_results(p) for p in sorted(directory.glob("*/results.json"))}
+
+
 def notes_block(directory: Path) -> str:
-    runs = {p.parent.name: load(p) for p in sorted(directory.glob("*/results.json"))}
+    runs = kept(directory)
     return "\n".join(findings(runs, directory)).rstrip() + "\n"
 
 
@@ -564,7 +573,7 @@ def write_notes(path: Path, text: str) -> None:
 
 
 def lab(directory: Path) -> str:
-    runs = {p.parent.name: load(p) for p in sorted(directory.glob("*/results.json"))}
+    runs = kept(directory)
     out = [
         "# Lab results (generated)",
         "",
@@ -594,7 +603,7 @@ def lab(directory: Path) -> str:
     ):
         if name in runs:
             out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
-    if "speed" in runs and runs["speed"].get("calibration"):
+    if "speed" in runs and runs["speed"].calibration:
         out += [
             "## The fast model: per-round overhead on this machine (the `speed` run's calibration)",
             "",
@@ -608,10 +617,10 @@ def lab(directory: Path) -> str:
         ("grid-predicted", "The fast model's grid: every model × workload × profile (predicted)"),
     ):
         if name in runs:
-            grid = runs[name].get("grid") or [{}]
-            real = measured_cells(runs, grid[0].get("tool_time_scale", 1.0))
+            grid = runs[name].grid or []
+            real = measured_cells(runs, grid[0].tool_time_scale if grid else 1.0)
             out += [f"## {title}", "", *grid_section(runs[name], real), ""]
-    measured = {k: v for k, v in runs.items() if v["runs"]}
+    measured = {k: v for k, v in runs.items() if v.runs}
     rows, worst = predicted_section(measured)
     out += [
         "## Predicted vs measured, every real-clock cell",
@@ -631,7 +640,7 @@ def lab(directory: Path) -> str:
         *gains_section(measured, directory),
     ]
     for name, results in runs.items():
-        if results.get("format") is not None and results["runs"]:
+        if results.format is not UNSET and results.runs:
             out += [f"## Run `{name}`: paired gains", "", *paired_section(results)]
     return "\n".join(out).rstrip() + "\n"
 
@@ -704,9 +713,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.results is None:
         parser.error("a results.json, or --lab DIR")
-    results = load(args.results)
-    text = render(results, load(args.again) if args.again else None, args.title)
-    if results.get("format") is not None and results["runs"]:  # format 2: its intervals and provenance
+    results = load_results(args.results)
+    text = render(results, load_results(args.again) if args.again else None, args.title)
+    if results.format is not UNSET and results.runs:  # format 2: its intervals and provenance
         text += "\n".join(["", "#### Paired gains", "", *paired_section(results)]).rstrip() + "\n"
     if args.write is None:
         print(text, end="")
