@@ -203,8 +203,9 @@ def findings(runs: dict[str, Results]) -> list[str]:
         ("against `http`", "http"),
         ("against `http-cached` (HTTP as it was before WebSockets)", "http-cached"),
     ):
-        gs = [gain(cell, "longlived", base, "e2e") for _, _, cell in every if "longlived" in cell]
-        ts = [gain(cell, "longlived", base, "ttft") for _, _, cell in every if "longlived" in cell]
+        both = [cell for _, _, cell in every if "longlived" in cell and base in cell]
+        gs = [gain(cell, "longlived", base, "e2e") for cell in both]
+        ts = [gain(cell, "longlived", base, "ttft") for cell in both]
         if any(gs):
             out.append(
                 f"- **`longlived` {title}**, over the {len(gs)} measured cells: E2E {_verdicts(gs)}; "
@@ -261,7 +262,7 @@ def findings(runs: dict[str, Results]) -> list[str]:
         )
     groups = {(name, key): cell for name, key, cell in every}
     noisy = [k for k, c in groups.items() if _noisy(c) != "no"]
-    where = [r.provenance for r in runs.values() if r.format is not UNSET and r.format]
+    where = [r.provenance for r in runs.values() if r.format is not UNSET and r.format and r.runs]
     commits = sorted({str(pv.commit if isinstance(pv, Provenance) else "?")[:12] for pv in where})
     schedulers = sorted(
         {
