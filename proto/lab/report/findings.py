@@ -120,14 +120,21 @@ def gain(cell: Cell, mode: str, base: str, metric: str) -> Gain | None:
     return paired_gain([a for a, _ in pairs], [b for _, b in pairs], baseline=base, metric=metric)
 
 
-def short(g: Gain | None) -> str:
-    """``−9.1 [−11.9, −4.9]`` (percent); ``= −1.2 [−6.0, +3.9]`` when the interval holds 0."""
+def short(g: Gain | None, verbose: bool = False) -> str:
+    """``−9.1 [−11.9, −4.9]`` (percent); ``= −1.2 [−6.0, +3.9]`` when the interval holds 0. ``verbose``
+    (the runs' own tables): ``−9.1 % [−11.9, −4.9]``, ``no difference (…)``, and the verdict and pairs when
+    there are too few for an interval."""
     if g is None or g.gain is None:
         return "–"
+    unit = " %" if verbose else ""
     if g.low is None or g.high is None:
-        return f"{g.gain * 100:+.1f} (too few pairs)"
-    text = f"{g.gain * 100:+.1f} [{g.low * 100:+.1f}, {g.high * 100:+.1f}]"
-    return f"= {text}" if g.verdict == SAME else text
+        return f"{g.gain * 100:+.1f}{unit} " + (
+            f"({g.verdict}, {g.pairs} pairs)" if verbose else "(too few pairs)"
+        )
+    text = f"{g.gain * 100:+.1f}{unit} [{g.low * 100:+.1f}, {g.high * 100:+.1f}]"
+    if g.verdict != SAME:
+        return text
+    return f"no difference ({text})" if verbose else f"= {text}"
 
 
 def _noisy(cell: Cell) -> str:

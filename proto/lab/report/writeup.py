@@ -32,9 +32,9 @@ from msgspec import UNSET
 
 from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
-from proto.lab.analysis.stats import SAME, SIGN, Gain, Percentiles
+from proto.lab.analysis.stats import SIGN, Gain, Percentiles
 from proto.lab.records import Design, GridRow, Load, Provenance, Results, RunRecord
-from proto.lab.report.findings import SEED_GAIN, _model_label, curve_tables, curves
+from proto.lab.report.findings import SEED_GAIN, _model_label, curve_tables, curves, short
 from proto.lab.report.findings import findings as kept_findings
 from proto.lab.report.markdown import change, render, value
 from proto.lab.report.results import cells, figure, load_results
@@ -342,12 +342,7 @@ def _pct3(p: Percentiles | None, digits: int) -> str:
 def interval(g: Gain | None) -> str:
     """A paired gain with its bootstrap interval: ``−6.2 % [−8.0, −4.1]``; "no difference" when the
     interval holds 0; the verdict alone when there are too few pairs for one."""
-    if g is None or g.gain is None:
-        return "–"
-    if g.low is None or g.high is None:
-        return f"{g.gain * 100:+.1f} % ({g.verdict}, {g.pairs} pairs)"
-    text = f"{g.gain * 100:+.1f} % [{g.low * 100:+.1f}, {g.high * 100:+.1f}]"
-    return f"no difference ({text})" if g.verdict == SAME else text
+    return short(g, verbose=True)
 
 
 def provenance_line(results: Results) -> str:
