@@ -197,6 +197,40 @@ async def test_http_client_streams_and_posts(server: ThreadedServer) -> None:
         assert refused.value.status == 404  # model_not_found
 
 
+async def test_http_client_keeps_one_connection_across_turns(server: ThreadedServer) -> None:
+    """Each streamed turn is read to the body's end, so the next request reuses the connection (the lab's
+    HTTP modes are measured on one keep-alive connection, as an SDK client runs): one TCP connect for
+    three turns, counted by httpcore's own trace."""
+    connects: list[str] = []
+
+    async def trace(name: str, info: Any) -> None:
+        if name == "connection.connect_tcp.started":
+            connects.append(name)
+
+    base = messages.body(MODEL, [messages.user_message(TWO_CALLS)], tools=TOOLS)
+    async with HttpClient(server.http_url) as client:
+        build = client._request
+
+        def traced(body: Any) -> httpx.Request:
+            request = build(body)
+            request.extensions["trace"] = trace
+            return request
+
+        client._request = traced  # type: ignore[method-assign]
+        previous = None
+        for _ in range(3):
+            body = (
+                base
+                if previous is None
+                else messages.continuation(
+                    base, messages.outputs(messages.function_calls(previous)), previous["id"]
+                )
+            )
+            previous = await client.create(body)
+            assert previous["status"] == "completed"
+    assert connects == ["connection.connect_tcp.started"]
+
+
 async def test_ga_client_chains_and_survives_a_refusal(server: ThreadedServer) -> None:
     seen = Recorder()
     base = messages.body(MODEL, [messages.user_message(TWO_CALLS)], tools=TOOLS, store=False)

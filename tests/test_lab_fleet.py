@@ -152,10 +152,11 @@ def test_a_long_lived_response_and_a_sticky_connection_stay_on_their_replica(
     routed_cells: list[FleetCell],
 ) -> None:
     """Each long-lived rollout is one response: all its 3 turns on the replica its first turn went to,
-    under every policy. Each ws rollout is one connection, three responses: under sticky all three go
-    where the first went. Either way each replica served a whole number of rollouts."""
+    under every policy. Each ws rollout is one connection, three responses, and so is each http rollout
+    (one keep-alive connection): under sticky all three go where the first went. Either way each replica
+    served a whole number of rollouts."""
     cells = [_cell(routed_cells, "longlived", routing) for routing in POLICIES]
-    for c in [*cells, _cell(routed_cells, "ws", "sticky")]:
+    for c in [*cells, _cell(routed_cells, "ws", "sticky"), _cell(routed_cells, "http", "sticky")]:
         assert all(n % 3 == 0 for n in c.replica_requests), (c.mode, c.routing, c.replica_requests)
 
 

@@ -140,11 +140,18 @@ class HttpClient:
 
     async def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """One streamed response to its terminal event; returns that event's Response. An ``error`` event
-        raises ProtocolFailure; a stream that ends without a terminal event, StreamEnded."""
+        raises ProtocolFailure; a stream that ends without a terminal event, StreamEnded. The body is read
+        to its end after the terminal event, as the SDKs read it, so the connection goes back to the pool
+        and the next request reuses it (a body left unread would make httpx close it)."""
+        ended: dict[str, Any] | None = None
         async with self.stream(body) as events:
             async for event in events:
+                if ended is not None:
+                    continue  # past the terminal event: nothing the caller reads, only the body's end
                 if event.type == "error":
                     raise ProtocolFailure(event.data.get("error") or {})
                 if event.type in TERMINAL_TYPES:
-                    return dict(event.data["response"])
-        raise StreamEnded("the stream ended without a terminal event")
+                    ended = dict(event.data["response"])
+        if ended is None:
+            raise StreamEnded("the stream ended without a terminal event")
+        return ended
