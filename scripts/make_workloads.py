@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from proto.lab.workload.synthetic import coding_agent, long_context
+from proto.lab.workload.synthetic import coding_agent, long_context, small_context
 
 OUT = Path(__file__).resolve().parent.parent / "sampler" / "workloads"
 
@@ -26,7 +26,7 @@ def render(w: dict[str, Any]) -> str:
 
 def main() -> None:
     OUT.mkdir(exist_ok=True)
-    for w in (coding_agent(), long_context()):
+    for w in (coding_agent(), long_context(), small_context()):
         path = OUT / f"{w['name']}.json"
         path.write_text(render(w), encoding="utf-8")
         history = w["first_user_tokens"] + sum(

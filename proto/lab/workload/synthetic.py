@@ -148,3 +148,27 @@ def long_context() -> dict[str, Any]:
         "tool_times": "tracelab",
         "turns": turns,
     }
+
+
+def small_context() -> dict[str, Any]:
+    """A short-context tool loop: the same 15 tool turns as long-context's pattern, each output a few dozen
+    tokens, on a 600-token start, so the history stays near 1 k tokens (the peers' small-context point)."""
+    rng, times = random.Random(11), random.Random(1111)
+    tools = ["grep", "read_file", "run_shell", "read_file", "run_tests"] * 3
+    turns = [tool_turn(rng, times, t, scale=0.02) for t in tools]
+    turns.append(
+        {
+            "say": "The flag is read in two places; both now honour the override. Tests pass.",
+            "output_tokens": 40,
+        }
+    )
+    return {
+        "format": 1,
+        "name": "small-context",
+        "description": "A short tool loop: 15 turns of small tool outputs on a 600-token start; history "
+        "stays under ~2 k tokens; tool times drawn from TraceLab's heavy-tailed fit.",
+        "first_user_text": "Find where the feature flag is read and make both places honour the override.",
+        "first_user_tokens": 600,
+        "tool_times": "tracelab",
+        "turns": turns,
+    }
