@@ -144,3 +144,15 @@ def test_url_measures_any_responses_server_from_the_client_side(tmp_path: Path) 
         assert run["ttft_ms_p50"] > 0 and run["e2e_s_p50"] > 0
         assert run["turn_overhead_ms_p50"] is None and run["prefill_ms_per_turn"] is None
         assert run["usage"]["output_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_the_fast_models_curves_leave_a_peer_out() -> None:
+    """A run with ``--peer`` and its prediction on composes the fast model's curves for this server's modes
+    only: a peer's mode has no fit (it was a KeyError that ended the run after its calibration)."""
+    from proto.lab.analysis.predict import Calibration
+    from proto.lab.analysis.sweep import sweep
+
+    kept = json.loads(Path("docs/results/speed/results.json").read_text(encoding="utf-8"))
+    rows = sweep(Calibration.from_json(kept["calibration"]), ("http", "agentic-api"), 0.1)
+    assert rows and {row["mode"] for row in rows} == {"http"}

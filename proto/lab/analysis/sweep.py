@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proto.lab.analysis.predict import Calibration, Hops, predict_cell
-from proto.lab.config import PROFILES
+from proto.lab.config import PEER_MODES, PROFILES
 from proto.lab.workload.synthetic import coding_agent
 from proto.lab.workload.traces import Replay, from_workload
 from sampler.models import MODELS, ModelSpec
@@ -76,6 +76,8 @@ def _point(
 
 
 def sweep(cal: Calibration, modes: Sequence[str], tool_time_scale: float) -> list[dict[str, Any]]:
+    """The fast model's curves for ``modes``: this server's own (a peer's mode has no fit to compose)."""
+    modes = [mode for mode in modes if mode not in PEER_MODES]
     rows: list[dict[str, Any]] = []
     for profile in ("local", "production-like"):
         hops = Hops.of(PROFILES[profile])
