@@ -141,7 +141,7 @@ def test_the_peer_section_holds_the_files_figures() -> None:
 
     for mode in ("http", "ws", "longlived"):
         row = _row(text, mode)
-        for column, key in ((4, "e2e_s"), (5, "ttft_ms_p50")):
+        for column, key in ((4, "e2e_s"), (5, "ttft_ms_p50"), (6, "turn_overhead_ms_p50")):
             assert _pct(_paired(records(mode, key), records("agentic-api", key))) in row[column]
         r = runs[mode]
         assert row[3] == f"{r['turn_overhead_ms_p50']:.1f} / {r['turn_overhead_ms_p90']:.1f}"
@@ -169,6 +169,21 @@ def test_the_findings_carry_both_and_the_document_places_them(monkeypatch: pytes
     assert not agent_findings.is_codex(RUNS / "peer-1k" / "results.json")
     text = lab(RUNS)
     assert text.index("## Findings") < text.index("## The real agent") < text.index("## Peers")
+
+
+def test_a_run_without_per_rollout_overhead_has_no_overhead_gain(tmp_path: Path) -> None:
+    """A peer run written before rollout records kept their median turn overhead: the column says so (–),
+    the other gains stand."""
+    results = _json(RUNS / "peer-1k" / "results.json")
+    for run in results["runs"]:
+        for r in run["rollout_records"]:
+            del r["turn_overhead_ms_p50"]
+    (tmp_path / "peer-1k").mkdir()
+    (tmp_path / "peer-1k" / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    text = "\n".join(agent_findings.sections(tmp_path, kept(tmp_path)))
+    for mode in ("http", "ws", "longlived"):
+        row = _row(text, mode)
+        assert row[6] == "–" and row[4] != "–" and row[5] != "–"
 
 
 @pytest.mark.parametrize(("keep", "absent"), [("peer-1k", "codex"), ("codex", "peer-1k")])

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from proto.lab.analysis.stats import Gain, Percentiles, percentiles
+from proto.lab.analysis.stats import Gain, Percentiles, paired_gain, percentiles
 from proto.lab.config import AGENTIC_API
 from proto.lab.records import Provenance, Results, RunRecord
 from proto.lab.report.findings import _model_label, gain, short
@@ -360,11 +360,25 @@ def _pct2(a: float | None, b: float | None) -> str:
     return " / ".join("–" if x is None else f"{x:.1f}" for x in (a, b))
 
 
+def overhead_gain(cell: dict[str, RunRecord], mode: str, base: str) -> Gain | None:
+    """The paired gain of ``mode`` against ``base`` on each rollout's median turn overhead (the same pairs
+    and bootstrap as the E2E and TTFT gains); None where a file predates the per-rollout figure."""
+    mine, theirs = (cell[m].rollout_records if m in cell else UNSET for m in (mode, base))
+    if mine is UNSET or theirs is UNSET or mode == base:
+        return None
+    by_key = {(r.index, r.session): r.turn_overhead_ms_p50 for r in theirs}
+    pairs = [(r.turn_overhead_ms_p50, by_key.get((r.index, r.session))) for r in mine]
+    values = [(a, b) for a, b in pairs if isinstance(a, float) and isinstance(b, float)]
+    if not values or len(values) < len(pairs):
+        return None
+    return paired_gain([a for a, _ in values], [b for _, b in values], baseline=base, metric="overhead")
+
+
 def peer_table(cell: dict[str, RunRecord], peer: str) -> list[str]:
     out = [
         f"| mode | E2E s p50 | TTFT ms p50 / p90 | turn overhead ms p50 / p90 | E2E vs {peer} | TTFT vs "
-        f"{peer} | E2E vs http | TTFT vs http |",
-        "|---|---|---|---|---|---|---|---|",
+        f"{peer} | turn overhead vs {peer} | E2E vs http | TTFT vs http |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in (*OURS, peer):
         r = cell.get(mode)
@@ -373,6 +387,7 @@ def peer_table(cell: dict[str, RunRecord], peer: str) -> list[str]:
         vs_peer = [
             short(gain(cell, mode, peer, m), verbose=True) if mode != peer else "–" for m in ("e2e", "ttft")
         ]
+        vs_peer.append(short(overhead_gain(cell, mode, peer), verbose=True))
         vs_http = [
             short(gain(cell, mode, "http", m), verbose=True) if mode != "http" else "–"
             for m in ("e2e", "ttft")
@@ -502,7 +517,8 @@ def sections(directory: Path, runs: dict[str, Results]) -> list[str]:
             "Each design's gain against agentic-api paired here by rollout (the same plans and tool times), "
             'and against `http` as the run stored it, % [95 % CI] (docs/lab.md, "Peers"). Turn overhead = '
             "TTFT − the modelled prefill and queue wait the server reported for that turn (the gateway's: "
-            "its upstream's report); the file keeps it per turn, not per rollout, so it has no interval.",
+            "its upstream's report); its gain is paired on each rollout's median, which a run written "
+            "before the lab kept that figure lacks (–).",
             "",
             *peers,
         ]
