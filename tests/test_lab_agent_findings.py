@@ -153,7 +153,7 @@ def test_the_peer_section_holds_the_files_figures() -> None:
     added = runs["agentic-api"]["turn_overhead_ms_p50"] - runs["http"]["turn_overhead_ms_p50"]
     assert f"over {len(peer['turns'])} turns: gateway p50 {gateway:.1f} ms" in text
     assert f"upstream p50 {upstream:.1f} ms" in text
-    assert f"Its turn overhead p50 is {added:+.1f} ms against `http`'s" in text
+    assert f"Its turn overhead p50 less `http`'s: {added:+.1f} ms (" in text
     history = max(row[0] for rounds in runs["http"]["usage_by_round"].values() for row in rounds)
     assert f"history to {history:,} tokens".replace(",", " ") in text
 

@@ -417,9 +417,9 @@ def split_line(cell: dict[str, RunRecord], peer: str) -> str:
     ]
     http = cell.get("http")
     added = (
-        f" Its turn overhead p50 is {r.turn_overhead_ms_p50 - http.turn_overhead_ms_p50:+.1f} ms against "
-        "`http`'s, which holds the loopback hops and the upstream's HTTP handling too: the gateway's own "
-        "added cost."
+        " Its turn overhead p50 less `http`'s: "
+        f'{r.turn_overhead_ms_p50 - http.turn_overhead_ms_p50:+.1f} ms (docs/lab.md, "Peers", on what '
+        "each holds)."
         if http is not None and r.turn_overhead_ms_p50 is not None and http.turn_overhead_ms_p50 is not None
         else ""
     )
