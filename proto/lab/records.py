@@ -299,6 +299,8 @@ class RolloutRecord(msgspec.Struct, frozen=True):
     turns: int
     tool_wait_s: float
     status: str
+    # the rollout's median turn overhead (docs/lab.md, "Metrics"); UNSET in files written before it
+    turn_overhead_ms_p50: float | UnsetType | None = UNSET
 
 
 # ---- results.json's runs[] ------------------------------------------------------------------------

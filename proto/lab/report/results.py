@@ -136,6 +136,7 @@ def design_fields(cell: CellResult, metrics: Sequence[RolloutMetrics]) -> dict[s
             turns=len(m.turns),
             tool_wait_s=t.tool_wait_s,
             status=t.status,
+            turn_overhead_ms_p50=percentile((x.overhead_ms for x in m.turns), 50),
         )
         for t, m in zip(cell.traces, metrics, strict=True)
     ]

@@ -15,10 +15,12 @@ per run, each with its results.json) into ``--out`` (``docs/lab-results.md``; ``
 sign (proto/lab/analysis/stats.py, ``SIGN``) and the findings (:func:`findings`: the figures NOTES.md quotes;
 ``--notes`` writes them into its marked block); the measured curves (proto/lab/report/findings.py, which
 reads the kept set by name: ``speed``, ``hops``, ``turns-8`` / ``turns-30``, ``tools-0`` / ``tools-1``) and
-the scenarios (``scenario-sglang``, ``scenario-vllm``); the fast model's calibration and curves (``speed``'s),
-its grid (``grid-predicted``), predicted vs measured for every real-clock cell and the validation sample
-(``validate-sample``); then, for every run of format 2, its paired gains with their bootstrap intervals,
-noisy flags and provenance (:func:`paired_section`). A run that is missing leaves its section out.
+the scenarios (``scenario-sglang``, ``scenario-vllm``); the real agent (``codex``) and vLLM's gateway
+(``peer-1k``, ``peer-100k``), from proto/lab/report/agent_findings.py; the fast model's calibration and
+curves (``speed``'s), its grid (``grid-predicted``), predicted vs measured for every real-clock cell and the
+validation sample (``validate-sample``); then, for every run of format 2, its paired gains with their
+bootstrap intervals, noisy flags and provenance (:func:`paired_section`). A run that is missing leaves its
+section out.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.stats import SIGN, Gain, Percentiles
 from proto.lab.records import Design, GridRow, Load, Provenance, Results, RunRecord
+from proto.lab.report import agent_findings
 from proto.lab.report.findings import SEED_GAIN, _model_label, curve_tables, curves, short
 from proto.lab.report.findings import findings as kept_findings
 from proto.lab.report.markdown import change, render, value
@@ -540,6 +543,7 @@ def findings(runs: dict[str, Results], directory: Path = RESULTS) -> list[str]:
             '"The fast model on the gains, every real-clock cell").'
         )
     out += sample_finding(directory)
+    out += agent_findings.notes(directory, runs)  # the real agent and the peers
     return out
 
 
@@ -548,8 +552,10 @@ NOTES = Path("NOTES.md")
 
 
 def kept(directory: Path) -> dict[str, Results]:
-    """The runs kept in ``directory`` (``NAME/results.json``), by name."""
-    return {p.parent.name: load_results(p) for p in sorted(directory.glob("*/results.json"))}
+    """The runs kept in ``directory`` (``NAME/results.json``), by name; ``bench --client codex``'s is read
+    by :mod:`proto.lab.report.agent_findings` instead."""
+    paths = sorted(directory.glob("*/results.json"))
+    return {p.parent.name: load_results(p) for p in paths if not agent_findings.is_codex(p)}
 
 
 def notes_block(directory: Path) -> str:
@@ -598,6 +604,7 @@ def lab(directory: Path) -> str:
     ):
         if name in runs:
             out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
+    out += agent_findings.sections(directory, runs)  # the real agent and the peers
     if "speed" in runs and runs["speed"].calibration:
         out += [
             "## The fast model: per-round overhead on this machine (the `speed` run's calibration)",

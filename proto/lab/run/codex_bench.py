@@ -44,8 +44,16 @@ def _gain(mode: Sequence[float], base: Sequence[float], baseline: str, metric: s
     return dict(msgspec.to_builtins(g))
 
 
+def client_and_wire_ms(r: CodexRollout) -> float:
+    """A rollout's non-tool time a turn that the server's report does not account for (its modelled prefill
+    and decode, its API phases): Codex's own work and the wire, in ms."""
+    return (1e3 * r.non_tool_s - r.prefill_ms - r.decode_ms - r.phases_ms) / max(r.turns, 1)
+
+
 def codex_summary(rollouts: Sequence[CodexRollout]) -> dict[str, Any]:
-    """Per mode: percentiles, per-turn means, and the paired gains against ``codex-http`` (pairs by index)."""
+    """Per mode: percentiles, per-turn means, and the paired gains against ``codex-http`` (pairs by index) on
+    E2E, the non-tool time and the client-and-wire time a turn (:func:`client_and_wire_ms`). Everything here
+    is a function of the rollout records, so a kept results.json's ``rollouts`` recompute it."""
     by_mode: dict[str, dict[int, CodexRollout]] = {}
     for r in rollouts:
         by_mode.setdefault(r.mode, {})[r.index] = r
@@ -72,6 +80,12 @@ def codex_summary(rollouts: Sequence[CodexRollout]) -> dict[str, Any]:
                 "e2e": _gain([a.e2e_s for a, _ in pairs], [b.e2e_s for _, b in pairs], BASELINE, "e2e"),
                 "non_tool": _gain(
                     [a.non_tool_s for a, _ in pairs], [b.non_tool_s for _, b in pairs], BASELINE, "non_tool"
+                ),
+                "client_and_wire": _gain(
+                    [client_and_wire_ms(a) for a, _ in pairs],
+                    [client_and_wire_ms(b) for _, b in pairs],
+                    BASELINE,
+                    "client_and_wire",
                 ),
             }
         out[name] = row
