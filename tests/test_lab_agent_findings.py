@@ -205,3 +205,21 @@ def test_the_kept_runs_generate_cleanly(monkeypatch: pytest.MonkeyPatch) -> None
     text = "\n".join(agent_findings.sections(directory, runs))
     assert ("## The real agent" in text) == (directory / "codex" / "results.json").is_file()
     assert ("## Peers" in text) == any(name in runs for name in agent_findings.PEER_RUNS)
+
+
+def test_a_speed_whose_processes_waited_for_a_core_is_flagged_noisy(tmp_path: Path) -> None:
+    """The codex file's per-speed ``lab_cpu`` (sampled over the Codex rollouts) reads as the lab's noise
+    rule does: above 5 % of the CPU time waited, the speed is flagged; a file without it says nothing."""
+    results = _json(RUNS / "codex" / "results.json")
+    run = agent_findings.load_codex(RUNS)
+    assert run is not None and agent_findings.noise_lines(run) == []  # written before the lab sampled it
+    first, second = list(results["models"])
+    results["models"][first]["lab_cpu"] = {"run_ms": 2000.0, "wait_ms": 40.0}
+    results["models"][second]["lab_cpu"] = {"run_ms": 2000.0, "wait_ms": 300.0}
+    (tmp_path / "codex").mkdir()
+    (tmp_path / "codex" / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    run = agent_findings.load_codex(tmp_path)
+    assert run is not None
+    [line, _] = agent_findings.noise_lines(run)
+    a, b = first.removeprefix("mock-"), second.removeprefix("mock-")
+    assert f"{a} 2.0%," in line and f"{b} 15.0% (noisy)" in line

@@ -55,6 +55,7 @@ def test_codex_runs_the_task_in_three_modes_beside_the_lab_client(tmp_path: Path
     assert results["quick"] and results["task"]["name"] == TASK
     assert "fewer than a default run's 10 (--quick)" in (out / "report.md").read_text(encoding="utf-8")
     cell = results["models"][MODEL]
+    assert cell["lab_cpu"]["run_ms"] > 0 and cell["lab_cpu"]["wait_ms"] >= 0  # Codex's tree, sampled
     steps = TASKS[TASK]
     rollouts = cell["rollouts"]
     assert sorted((r["mode"], r["index"]) for r in rollouts) == sorted(

@@ -28,6 +28,7 @@ from proto.lab.records import (
     Load,
     RolloutRecord,
     RunRecord,
+    TreeCpuSampler,
     cpu_between,
     noise,
     provenance,
@@ -201,6 +202,23 @@ def test_the_lab_reads_its_own_process_trees_cpu_and_wait() -> None:
     sum(i * i for i in range(1_000_000))
     spent = cpu_between(before, tree_cpu())
     assert spent is not None and spent.run_ms > 0 and spent.wait_ms >= 0
+
+
+BUSY = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end:\n    pass\n"
+
+
+@pytest.mark.process
+async def test_the_sampler_counts_a_child_that_ended_between_two_readings() -> None:
+    """A child that spends 0.4 s on a core and exits: two bare readings around it miss it (it is gone at the
+    second), the sampler counts it up to its last sample (at most one period short)."""
+    before = tree_cpu()
+    async with TreeCpuSampler(period_s=0.05) as sampled:
+        child = await asyncio.create_subprocess_exec(sys.executable, "-c", BUSY)
+        await child.wait()
+    bare, spent = cpu_between(before, tree_cpu()), sampled.cpu()
+    assert bare is not None and spent is not None
+    assert spent.run_ms - bare.run_ms > 250  # the child's 400 ms, less at most its last 50 ms period
+    assert spent.wait_ms >= 0
 
 
 def test_jitter_is_on_by_default_seeded_and_can_be_turned_off() -> None:

@@ -14,6 +14,7 @@ threads than cores: someone waited, though not necessarily the lab).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -263,6 +264,46 @@ def cpu_between(
         run += r - r0
         wait += w - w0
     return CpuTime(round(run / 1e6, 3), round(wait / 1e6, 3))
+
+
+class TreeCpuSampler:
+    """:func:`tree_cpu` read every ``period_s`` on the running loop, the readings merged, so a process that
+    ends between two readings (``codex exec``, the tools it runs) counts up to its last one: ``async with
+    TreeCpuSampler() as sampled: …`` then ``sampled.cpu()``. The lab's long-lived processes are counted
+    whole; a short-lived one loses at most its last period, and one that lives less than a period is
+    missed. None where the kernel has no ``schedstat``."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.period_s = period_s
+        self.before: dict[tuple[int, int], tuple[int, int]] | None = None
+        self.seen: dict[tuple[int, int], tuple[int, int]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def _read(self) -> None:
+        now = tree_cpu()
+        if now is not None:
+            self.seen.update(now)  # a thread's counters only grow: the latest reading is its total so far
+
+    async def _sample(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            self._read()
+
+    async def __aenter__(self) -> TreeCpuSampler:
+        self.before = tree_cpu()
+        self.seen = dict(self.before or {})
+        if self.before is not None:
+            self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])  # not awaited bare: a cancellation of ours must not be lost
+        self._read()
+
+    def cpu(self) -> CpuTime | None:
+        return cpu_between(self.before, self.seen if self.before is not None else None)
 
 
 def noise(load: Load | None, floors: Sequence[Floor]) -> list[str]:

@@ -27,7 +27,7 @@ from msgspec import UNSET
 
 from proto.lab.analysis.stats import Gain, Percentiles, paired_gain, percentiles
 from proto.lab.config import AGENTIC_API
-from proto.lab.records import Provenance, Results, RunRecord
+from proto.lab.records import WAIT_SHARE, CpuTime, Provenance, Results, RunRecord
 from proto.lab.report.findings import _model_label, gain, short
 from proto.lab.report.results import cells
 from proto.lab.run.codex_bench import codex_summary
@@ -58,6 +58,7 @@ class CodexCell(msgspec.Struct, kw_only=True):
 
     rollouts: list[CodexRollout]
     synthetic: dict[str, Side] = {}
+    lab_cpu: CpuTime | None = None  # over the measured Codex rollouts; absent in a file from before it
 
 
 class CodexRun(msgspec.Struct, kw_only=True):
@@ -114,6 +115,24 @@ def _g(side: Side | None, metric: str) -> Gain | None:
 def _calls(task: dict[str, str]) -> int:
     """The task's calls, from its prompt's directive lines (docs/protocol.md, "The directive script")."""
     return sum(1 for line in task.get("prompt", "").splitlines() if line.startswith("!call "))
+
+
+def noise_lines(run: CodexRun) -> list[str]:
+    """How much the lab's processes (Codex and its tools, the server, the lab) waited for a core over each
+    speed's Codex rollouts, and which speeds that flags noisy (docs/lab.md, "The real agent")."""
+    parts = [
+        f"{_model_label(m)} {c.lab_cpu.wait_ms / c.lab_cpu.run_ms:.1%}"
+        + (" (noisy)" if c.lab_cpu.wait_ms > WAIT_SHARE * c.lab_cpu.run_ms else "")
+        for m, c in run.models.items()
+        if c.lab_cpu is not None and c.lab_cpu.run_ms > 0
+    ]
+    if not parts:
+        return []
+    return [
+        "**Noise**: the share of their CPU time the lab's processes waited for a core over the Codex "
+        f"rollouts (above {WAIT_SHARE:.0%}: noisy): " + ", ".join(parts) + ".",
+        "",
+    ]
 
 
 def once_line(model: str, rollouts: Sequence[CodexRollout], calls: int) -> str:
@@ -291,6 +310,7 @@ def codex_section(run: CodexRun) -> list[str]:
         "",
         *(once_line(m, c.rollouts, calls) for m, c in run.models.items()),
         "",
+        *noise_lines(run),
         "**The gains, side by side**: each design against its client's HTTP, % [95 % CI], and whether the "
         "two clients' intervals overlap.",
         "",

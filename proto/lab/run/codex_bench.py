@@ -17,7 +17,7 @@ from rich.console import Console
 
 from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.stats import MIN_ROLLOUTS, SIGN, Gain, paired_gain, percentiles
-from proto.lab.records import provenance
+from proto.lab.records import WAIT_SHARE, CpuTime, provenance
 from proto.lab.report.results import clean, utc
 from proto.lab.run.codex_client import (
     BASELINE,
@@ -184,6 +184,22 @@ def _row(design: str, client: str, side: dict[str, Any]) -> str:
     )
 
 
+def codex_noise(cell: dict[str, Any]) -> list[str]:
+    """A model's line on how much the lab's processes (Codex and its tools, the server, the lab) waited for a
+    core over its measured Codex rollouts, flagged noisy above WAIT_SHARE (docs/lab.md, "Statistics");
+    nothing for a file written before the lab sampled it."""
+    cpu = cell.get("lab_cpu")
+    if not cpu or not cpu["run_ms"]:
+        return []
+    share = cpu["wait_ms"] / cpu["run_ms"]
+    flag = f" **noisy: above {WAIT_SHARE:.0%}**" if share > WAIT_SHARE else ""
+    return [
+        f"Codex's rollouts: the lab's processes waited for a core {share:.1%} of their "
+        f"{cpu['run_ms'] / 1e3:.1f} s of CPU{flag}.",
+        "",
+    ]
+
+
 def report_markdown(results: dict[str, Any]) -> str:
     """report.md: both clients' gains side by side per model, and where they differ, from results.json."""
     lines = [
@@ -203,7 +219,7 @@ def report_markdown(results: dict[str, Any]) -> str:
             "",
         ]
     for model, cell in results["models"].items():
-        lines += [f"## {model}", ""]
+        lines += [f"## {model}", "", *codex_noise(cell)]
         lines.append(
             "| design | client | E2E p50 s | non-tool ms/turn | server ms/turn | client+wire ms/turn | "
             "gain E2E | gain non-tool |"
@@ -235,10 +251,13 @@ def results_json(
     codex: dict[str, list[CodexRollout]],
     synthetic: dict[str, dict[str, Any]],
     wall_s: float,
+    cpu: dict[str, CpuTime | None] | None = None,
 ) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for model, rollouts in codex.items():
         cell: dict[str, Any] = {"codex": codex_summary(rollouts), "rollouts": msgspec.to_builtins(rollouts)}
+        lab_cpu = (cpu or {}).get(model)
+        cell["lab_cpu"] = None if lab_cpu is None else msgspec.to_builtins(lab_cpu)
         if model in synthetic:
             cell["synthetic"] = synthetic_summary(synthetic[model])
             cell["synthetic_out"] = f"synthetic/{model}"
@@ -335,7 +354,7 @@ def main(argv: Sequence[str], bench: Callable[[list[str]], int]) -> int:
     started = time.perf_counter()
     try:
         binaries = codex_binaries()  # not installed or not runnable: fail before anything starts
-        codex = asyncio.run(run_codex(options, binaries, console))
+        codex, cpu = asyncio.run(run_codex(options, binaries, console))
         synthetic = {}
         if options.synthetic:
             for model, rollouts in codex.items():
@@ -346,7 +365,7 @@ def main(argv: Sequence[str], bench: Callable[[list[str]], int]) -> int:
     except (CodexUnavailable, CodexRunError) as exc:
         Console(stderr=True).print(f"responses-lab bench: {exc}", highlight=False, soft_wrap=True)
         return 1
-    results = results_json(options, argv, codex, synthetic, time.perf_counter() - started)
+    results = results_json(options, argv, codex, synthetic, time.perf_counter() - started, cpu)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "results.json").write_text(json.dumps(clean(results), indent=1) + "\n", encoding="utf-8")
     report = report_markdown(results)

@@ -51,6 +51,7 @@ from rich.console import Console
 
 from proto.demo.fixture import FIXED_STATS, make_repo
 from proto.lab.config import BenchConfig, profile_named
+from proto.lab.records import CpuTime, TreeCpuSampler
 from proto.lab.run.design import mode_order
 from proto.lab.run.runner import server_flags
 from proto.lab.workload.codex_rollout import RESULTS, derive_rounds
@@ -475,34 +476,39 @@ def _server(model: str, seed: int) -> ChildServer:
 
 async def run_codex(
     options: Options, binaries: dict[str, Path], console: Console
-) -> dict[str, list[CodexRollout]]:
-    """Every model's Codex rollouts: one server per model, the warm-up, then the indices in Williams order."""
+) -> tuple[dict[str, list[CodexRollout]], dict[str, CpuTime | None]]:
+    """Every model's Codex rollouts: one server per model, the warm-up, then the indices in Williams order.
+    With them, per model, the CPU and run-queue wait of every process of the lab's over the measured
+    rollouts (Codex and its tools, the server, the lab), sampled (proto/lab/records.py, TreeCpuSampler)."""
     steps = TASKS[options.task]
     names = [m.name for m in MODES]
     by_name = {m.name: m for m in MODES}
     out: dict[str, list[CodexRollout]] = {}
+    cpu: dict[str, CpuTime | None] = {}
     for model in options.models:
         rollouts: list[CodexRollout] = []
         with _server(model, options.seed) as server:
             for mode in MODES:
                 for _ in range(options.warmup):
                     await run_rollout(mode, binaries[mode.name], server, model, steps, None)
-            for index in range(options.rollouts):
-                for position, name in enumerate(mode_order(names, index)):
-                    keep = options.out / "codex" / model / f"{name}-{index}.jsonl"
-                    r = await run_rollout(
-                        by_name[name], binaries[name], server, model, steps, keep, index, position
-                    )
-                    rollouts.append(
-                        msgspec.structs.replace(r, rollout_file=str(keep.relative_to(options.out)))
-                    )
-                    console.print(
-                        f"{model} {name} #{index}: E2E {r.e2e_s:.2f} s, tools {r.tool_s:.2f} s, "
-                        f"{r.turns} turns, {len(r.call_ids)} calls each once",
-                        highlight=False,
-                    )
+            async with TreeCpuSampler() as sampled:
+                for index in range(options.rollouts):
+                    for position, name in enumerate(mode_order(names, index)):
+                        keep = options.out / "codex" / model / f"{name}-{index}.jsonl"
+                        r = await run_rollout(
+                            by_name[name], binaries[name], server, model, steps, keep, index, position
+                        )
+                        rollouts.append(
+                            msgspec.structs.replace(r, rollout_file=str(keep.relative_to(options.out)))
+                        )
+                        console.print(
+                            f"{model} {name} #{index}: E2E {r.e2e_s:.2f} s, tools {r.tool_s:.2f} s, "
+                            f"{r.turns} turns, {len(r.call_ids)} calls each once",
+                            highlight=False,
+                        )
+        cpu[model] = sampled.cpu()
         out[model] = rollouts
-    return out
+    return out, cpu
 
 
 def synthetic_plan(rollouts: Sequence[CodexRollout], root: Path, path: Path) -> Path:
