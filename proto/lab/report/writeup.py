@@ -34,6 +34,7 @@ from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.stats import SIGN, Gain, Percentiles
 from proto.lab.records import Design, GridRow, Load, Provenance, Results, RunRecord
+from proto.lab.report import fleet_findings
 from proto.lab.report.findings import SEED_GAIN, _model_label, curve_tables, curves, short
 from proto.lab.report.findings import findings as kept_findings
 from proto.lab.report.markdown import change, render, value
@@ -540,6 +541,7 @@ def findings(runs: dict[str, Results], directory: Path = RESULTS) -> list[str]:
             '"The fast model on the gains, every real-clock cell").'
         )
     out += sample_finding(directory)
+    out += fleet_findings.bullets(directory)  # the fleet, routing and network runs (fleet_findings.py)
     return out
 
 
@@ -598,6 +600,7 @@ def lab(directory: Path) -> str:
     ):
         if name in runs:
             out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
+    out += fleet_findings.sections(directory)  # fleets, routing, network, what to deploy when
     if "speed" in runs and runs["speed"].calibration:
         out += [
             "## The fast model: per-round overhead on this machine (the `speed` run's calibration)",
