@@ -107,6 +107,30 @@ def test_pinning_is_paired_by_agent_with_the_same_mode_and_budget() -> None:
             assert by_metric[metric].pairs == 4
 
 
+def test_pinning_net_of_the_control_divides_by_the_designs_that_do_not_pin() -> None:
+    """Per agent: longlived's on ÷ off over the mean of the other designs' on ÷ off (the same agent, whose
+    on and off ran on different engines at different times), then the mean of that ratio − 1."""
+    doc = _doc("fleet")
+    net = ff.net_pins(ff.kept(FIX).fleets)
+
+    def ratio(mode: str, kv: float, field: str) -> list[float]:
+        on, off = (
+            next(c for c in doc["cells"] if _same(c, mode=mode, kv_blocks=kv, pin_suspended=p))
+            for p in (True, False)
+        )
+        return [a / b for a, b in zip(on[field], off[field], strict=True)]
+
+    for kv in sorted({c["kv_blocks"] for c in doc["cells"]}):
+        for metric, field in (("e2e", "rollout_e2e_s"), ("ttft", "rollout_ttft_ms_p50")):
+            mine = ratio("longlived", kv, field)
+            others = zip(ratio("http", kv, field), ratio("ws", kv, field), strict=True)
+            control = [statistics.mean(x) for x in others]
+            by_hand = statistics.mean(m / c - 1 for m, c in zip(mine, control, strict=True))
+            g = net[("fleet", 4, kv, "longlived", metric)]
+            assert g.gain == pytest.approx(by_hand) and g.pairs == 4
+    assert {k[3] for k in net} == {"longlived"}  # only the design that pins is judged
+
+
 def test_the_hit_rate_sums_hits_and_queries_over_draws_and_replicas() -> None:
     doc = _doc("routing")
     for s in summarize(cells_of(doc)):

@@ -179,6 +179,38 @@ def _paired(cells: Sequence[FleetCell], base: Sequence[FleetCell], baseline: str
 
 
 PIN_OFF = "pin off"  # the baseline's name in a pinning gain
+_ROLLOUT_FIELD = {"e2e": "rollout_e2e_s", "ttft": "rollout_ttft_ms_p50"}
+
+
+def pin_gain_net(
+    on: Sequence[FleetCell],
+    off: Sequence[FleetCell],
+    controls: Sequence[tuple[Sequence[FleetCell], Sequence[FleetCell]]],
+    metric: str,
+) -> Gain | None:
+    """Pinning's gain for a design that pins, net of what else separates the pin-on and pin-off groups (their
+    engines, the time each ran on a shared machine): the control designs' own on ÷ off of the same agent and
+    draw. A pair is one agent of one draw: x = on ÷ off of the design, its baseline the mean over the
+    controls of on ÷ off; the gain is the mean of x ÷ baseline − 1 (``stats.paired_gain``). None when the
+    draws or the agents do not line up."""
+    field = _ROLLOUT_FIELD[metric]
+
+    def ratios(a: Sequence[FleetCell], b: Sequence[FleetCell]) -> np.ndarray | None:
+        if [c.repeat for c in a] != [c.repeat for c in b] or [c.repeat for c in a] != [c.repeat for c in on]:
+            return None
+        x = np.asarray([v for c in a for v in getattr(c, field)], dtype=float)
+        y = np.asarray([v for c in b for v in getattr(c, field)], dtype=float)
+        if len(x) != len(y):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return x / y  # type: ignore[no-any-return]
+
+    mine = ratios(on, off)
+    theirs = [ratios(a, b) for a, b in controls]
+    if mine is None or not theirs or any(t is None or len(t) != len(mine) for t in theirs):
+        return None
+    base = np.mean([t for t in theirs if t is not None], axis=0)
+    return paired_gain(list(mine), list(base), baseline=f"{PIN_OFF}, net of the control", metric=metric)
 
 
 def summarize(cells: Sequence[FleetCell]) -> list[CellSummary]:

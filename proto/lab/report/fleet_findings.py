@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from proto.lab.analysis.fleet_stats import CellSummary, Interval, mean_interval, summarize
+from proto.lab.analysis.fleet_stats import CellSummary, Interval, mean_interval, pin_gain_net, summarize
 from proto.lab.analysis.stats import FASTER, FEW, SAME, SLOWER, Gain
 from proto.lab.records import Results, RunRecord
 from proto.lab.report.findings import short
@@ -53,14 +53,21 @@ class Fleet:
     summary: list[CellSummary]
     recomputed_here: bool  # the file's summary predates today's analysis
 
-    def cell(self, s: CellSummary) -> list[FleetCell]:
-        """The draws behind a summary row, by repeat."""
+    def cell(self, s: CellSummary, pin: bool | None = None, mode: str | None = None) -> list[FleetCell]:
+        """The draws behind a summary row, by repeat (or behind its neighbour at ``pin`` and ``mode``)."""
+        key = (
+            s.agents,
+            s.kv_blocks,
+            s.pin_suspended if pin is None else pin,
+            s.replicas,
+            s.routing,
+            s.mode if mode is None else mode,
+        )
         return sorted(
             (
                 c
                 for c in self.cells
-                if (c.agents, c.kv_blocks, c.pin_suspended, c.replicas, c.routing, c.mode)
-                == (s.agents, s.kv_blocks, s.pin_suspended, s.replicas, s.routing, s.mode)
+                if (c.agents, c.kv_blocks, c.pin_suspended, c.replicas, c.routing, c.mode) == key
             ),
             key=lambda c: c.repeat,
         )
@@ -238,6 +245,8 @@ def fleet_section(fleets: Sequence[Fleet]) -> list[str]:
         "",
     ]
     pinned = [(g, by) for g, by in groups.items() if g[3] and any(s.vs_pin_off for s in by.values())]
+    net = net_pins(fleets)
+    pinning = pinning_modes(fleets)
     if pinned:
         out += [
             "**Pinning** (`pin-suspended` on against off, same mode, load, budget and draws; a pair is one "
@@ -245,30 +254,56 @@ def fleet_section(fleets: Sequence[Fleet]) -> list[str]:
             "It acts on the designs whose suspended responses held pinned blocks ("
             + ", ".join(f"`{m}`" for m in pinning_modes(fleets))
             + "); for the others the two groups differ only in their engines and the time they ran, so "
-            "their columns are the comparison's control.",
+            "their columns are the comparison's control, and the last columns give the pinning designs' gain "
+            "net of it (per agent and draw: the design's on ÷ off over the mean of the controls' on ÷ off).",
             "",
-            "| run | agents | KV blocks | " + " | ".join(f"`{m}`" for m in modes) + " |",
-            "|---|---|---|" + "---|" * len(modes),
+            "| run | agents | KV blocks | "
+            + " | ".join([*(f"`{m}`" for m in modes), *(f"`{m}` net of the control" for m in pinning)])
+            + " |",
+            "|---|---|---|" + "---|" * (len(modes) + len(pinning)),
         ]
         for (name, agents, kv, _), by in pinned:
-            out.append(
-                f"| `{name}` | {agents} | {kv_text(kv)} | "
-                + " | ".join(
-                    f"{short(_gain(by[m].vs_pin_off, 'e2e'))} / {short(_gain(by[m].vs_pin_off, 'ttft'))}"
-                    if m in by
-                    else "–"
-                    for m in modes
-                )
-                + " |"
-            )
+            raw = [
+                f"{short(_gain(by[m].vs_pin_off, 'e2e'))} / {short(_gain(by[m].vs_pin_off, 'ttft'))}"
+                if m in by
+                else "–"
+                for m in modes
+            ]
+            nets = [
+                " / ".join(short(net.get((name, agents, kv, m, metric))) for metric in ("e2e", "ttft"))
+                for m in pinning
+            ]
+            out.append(f"| `{name}` | {agents} | {kv_text(kv)} | " + " | ".join(raw + nets) + " |")
         out.append("")
-    out += [*(f"- {b}" for b in design_bullets(groups, modes, pinning_modes(fleets))), ""]
+    out += [*(f"- {b}" for b in design_bullets(groups, modes, pinning, net)), ""]
     return out
 
 
 def _fastest(by: dict[str, CellSummary]) -> CellSummary | None:
     measured = [s for s in by.values() if s.e2e_s_p50.value is not None]
     return min(measured, key=lambda s: float(s.e2e_s_p50.value or 0.0), default=None)
+
+
+NetKey = tuple[str, int, float, str, str]  # (run, agents, KV, mode, metric)
+
+
+def net_pins(fleets: Sequence[Fleet]) -> dict[NetKey, Gain]:
+    """Pinning's gain net of the control (``fleet_stats.pin_gain_net``) for every design that pins, at every
+    load and budget with both pinnings: the control is every design that does not pin, same agents and
+    draws."""
+    pinning = pinning_modes(fleets)
+    out: dict[NetKey, Gain] = {}
+    for f in fleets:
+        for s in f.summary:
+            if not (s.pin_suspended and s.mode in pinning and s.vs_pin_off and s.replicas == 1):
+                continue
+            others = {c.mode for c in f.cells if c.mode not in pinning}
+            controls = [(f.cell(s, True, m), f.cell(s, False, m)) for m in sorted(others)]
+            for metric in ("e2e", "ttft"):
+                g = pin_gain_net(f.cell(s), f.cell(s, False), controls, metric)
+                if g is not None:
+                    out[(f.name, s.agents, s.kv_blocks, s.mode, metric)] = g
+    return out
 
 
 def pinning_modes(fleets: Sequence[Fleet]) -> list[str]:
@@ -285,10 +320,13 @@ def _agents(n: int) -> str:
 
 
 def design_bullets(
-    groups: dict[Group, dict[str, CellSummary]], modes: Sequence[str], pinning: Sequence[str]
+    groups: dict[Group, dict[str, CellSummary]],
+    modes: Sequence[str],
+    pinning: Sequence[str],
+    net: dict[NetKey, Gain],
 ) -> list[str]:
     """Per design: where it has the lowest E2E p50, its verdicts against the first mode, and pinning's
-    (for the designs that pin)."""
+    net of the control (for the designs that pin)."""
     out = []
     base = modes[0]
     for mode in modes:
@@ -301,13 +339,13 @@ def design_bullets(
             gs = [_gain(by[mode].vs_mode, "e2e") for by in groups.values() if mode in by]
             text += f" Against `{base}` (E2E): {_counts(gs)} of {len(gs)} cells."
         pins = [
-            (g, _gain(by[mode].vs_pin_off, "e2e"))
+            (g, net.get((g[0], g[1], g[2], mode, "e2e")))
             for g, by in groups.items()
             if mode in pinning and mode in by and by[mode].vs_pin_off
         ]
         if pins:
             text += (
-                " Pinning "
+                " Pinning (E2E, net of the control) "
                 + "; ".join(f"{pin_word(gain)} at {_agents(g[1])} · KV {kv_text(g[2])}" for g, gain in pins)
                 + "."
             )
@@ -555,6 +593,7 @@ def deploy(fleets: Sequence[Fleet], routing: Fleet | None, network: Results | No
     groups = _groups(fleets)
     modes = _modes([s for by in groups.values() for s in by.values()])
     pinning = pinning_modes([*fleets, *([routing] if routing else [])])
+    net = net_pins(fleets)
     for name, agents, kv in dict.fromkeys((g[0], g[1], g[2]) for g in groups):
         both = {p: groups.get((name, agents, kv, p), {}) for p in (True, False)}
         candidates = [s for by in both.values() for s in by.values() if s.e2e_s_p50.value is not None]
@@ -564,7 +603,7 @@ def deploy(fleets: Sequence[Fleet], routing: Fleet | None, network: Results | No
         design = f"`{best.mode}`"
         chosen = both[True].get(best.mode)
         if best.mode in pinning and chosen is not None and chosen.vs_pin_off:
-            design += ", " + _pin_choice(_gain(chosen.vs_pin_off, "e2e"))
+            design += ", " + _pin_choice(net.get((name, agents, kv, best.mode, "e2e")))
         evidence = f"E2E p50 {iv(best.e2e_s_p50, 2)} s"
         if best.mode != modes[0]:
             g = _gain(best.vs_mode, "e2e")
@@ -573,8 +612,11 @@ def deploy(fleets: Sequence[Fleet], routing: Fleet | None, network: Results | No
         for mode in pinning:
             pin = both[True].get(mode)
             if pin is not None and pin.vs_pin_off:
-                pg = _gain(pin.vs_pin_off, "e2e")
-                evidence += f"; `{mode}` pinning {pin_word(pg)} ({short(pg)} %)"
+                pg = net.get((name, agents, kv, mode, "e2e"))
+                evidence += (
+                    f"; `{mode}` pinning {pin_word(pg)} net of the control ({short(pg)} %; "
+                    f"raw {short(_gain(pin.vs_pin_off, 'e2e'))} %)"
+                )
         out.append(
             Advice(
                 f"{_agents(agents)} on one engine, KV {kv_text(kv)} blocks",
