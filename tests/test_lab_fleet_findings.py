@@ -267,7 +267,9 @@ def test_the_network_cost_is_the_links_arithmetic_against_the_paired_rollouts() 
             for r in run["rollout_records"]
         ]
         assert c.measured_ms is not None and c.measured_ms.value == pytest.approx(statistics.mean(diffs))
-        row = _row(text, HEADERS["network"], f"| {network} | `{mode}` |")
+        row = _row(
+            text, HEADERS["network"], f"| {run['profile']} · {run['workload']} · {run['model']} | `{mode}` |"
+        )
         assert f"| {per_turn / 1024:.1f} |" in row and f"| {by_hand:.1f} |" in row
 
 
@@ -293,3 +295,33 @@ def test_the_lab_document_and_notes_carry_the_generated_parts() -> None:
     block = notes_block(FIX)
     bullets = ff.bullets(FIX)
     assert bullets and all(b in block for b in bullets)
+
+
+def test_https_extra_bytes_are_a_difference_in_differences_by_rollout() -> None:
+    results = json.loads((FIX / "network" / "results.json").read_text(encoding="utf-8"))
+    runs = {(r["profile"].split("@")[1], r["mode"]): r for r in results["runs"]}
+    kept = ff.kept(FIX).network
+    assert kept is not None
+    extra = {(where, mode): (a, m) for where, mode, a, m in ff.http_extra(ff.link_costs(kept))}
+    assert set(extra) == {("slow-uplink", "ws"), ("slow-uplink", "longlived")}
+    for (where, mode), (arithmetic, measured) in extra.items():
+        up = runs[(where, "http")]["link"]["expected_up_mbit"]
+        sent = (
+            runs[(where, "http")]["client_bytes_sent_per_turn"]
+            - runs[(where, mode)]["client_bytes_sent_per_turn"]
+        )
+        assert arithmetic == pytest.approx(sent * 8 / (up * 1e6) * 1e3)
+
+        def e2e(network: str, m: str) -> dict[tuple[int, int], dict[str, Any]]:
+            return {(r["index"], r["session"]): r for r in runs[(network, m)]["rollout_records"]}
+
+        http, other = e2e(where, "http"), e2e(where, mode)
+        http0, other0 = e2e("same-host", "http"), e2e("same-host", mode)
+        per_turn = [
+            ((http[k]["e2e_s"] - other[k]["e2e_s"]) - (http0[k]["e2e_s"] - other0[k]["e2e_s"]))
+            / http[k]["turns"]
+            * 1e3
+            for k in http
+        ]
+        assert measured.n == len(per_turn) == 3
+        assert measured.value == pytest.approx(statistics.mean(per_turn))

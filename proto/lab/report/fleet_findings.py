@@ -422,6 +422,7 @@ class LinkCost:
     network: str
     mode: str
     run: RunRecord
+    group: tuple[str, str, str]  # (profile without its network, workload, model): a same-host control's
     bytes_per_turn: float
     rtt_ms: float  # the profile's
     up_payload_mbit: float | None  # the shaped uplink's TCP payload rate (None: not shaped)
@@ -464,14 +465,17 @@ def link_costs(results: Results) -> list[LinkCost]:
             if mode in base and _network(profile) != SAME_HOST:
                 diffs = [(a - b) / turns * 1e3 for a, b, turns in _pairs(run, base[mode])]
                 measured = mean_interval(diffs, "rollouts") if diffs else None
-            out.append(LinkCost(_network(profile), mode, run, per_turn, rtt, up, arithmetic, measured))
+            group = (profile.split("@")[0], workload, model)
+            out.append(LinkCost(_network(profile), mode, run, group, per_turn, rtt, up, arithmetic, measured))
     return out
 
 
-def _did(costs: Sequence[LinkCost], network: str, mode: str, base: str) -> tuple[float, Interval] | None:
+def _did(
+    costs: Sequence[LinkCost], group: tuple[str, str, str], network: str, mode: str, base: str
+) -> tuple[float, Interval] | None:
     """``mode``'s extra time a turn over ``base``'s on ``network``, beyond the same difference on same-host
     (paired by rollout across the four cells): its uplink arithmetic and the measured interval."""
-    at = {(c.network, c.mode): c for c in costs}
+    at = {(c.network, c.mode): c for c in costs if c.group == group}
     need = [(network, mode), (network, base), (SAME_HOST, mode), (SAME_HOST, base)]
     if any(k not in at for k in need):
         return None
@@ -513,43 +517,52 @@ def network_section(results: Results) -> list[str]:
         "`same-host` (mean over paired rollouts [95 % CI]). The link's own check (ping p50, uplink measured) "
         'is the run\'s (docs/lab.md, "Network").',
         "",
-        "| network | mode | KiB sent a turn | RTT ms | uplink Mbit/s (payload) | link ping p50 ms / uplink "
-        "measured | arithmetic ms a turn | measured ms a turn | TTFT p50 ms | E2E p50 s |",
+        "| profile@network · workload · model | mode | KiB sent a turn | RTT ms | uplink Mbit/s (payload) | "
+        "link ping p50 ms / uplink measured | arithmetic ms a turn | measured ms a turn | TTFT p50 ms | "
+        "E2E p50 s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in costs:
         link = c.run.link if isinstance(c.run.link, dict) else {}
         ping = (link.get("ping") or {}).get("p50")
-        checked = (
-            "–"
-            if not link
-            else f"{ping:.2f} / {link.get('measured_up_mbit', 0.0):.2f}"
-            if ping is not None
-            else "–"
-        )
+        checked = "–" if ping is None else f"{ping:.2f}"
+        if ping is not None and c.up_payload_mbit is not None:
+            checked += f" / {link.get('measured_up_mbit', 0.0):.2f}"
         out.append(
-            f"| {c.network} | `{c.mode}` | {c.bytes_per_turn / 1024:.1f} | {c.rtt_ms:g} | "
+            f"| {c.run.profile} · {c.run.workload} · {c.run.model} | `{c.mode}` | "
+            f"{c.bytes_per_turn / 1024:.1f} | {c.rtt_ms:g} | "
             f"{'not shaped' if c.up_payload_mbit is None else f'{c.up_payload_mbit:.2f}'} | {checked} | "
             f"{c.arithmetic_ms:.1f} | {iv(c.measured_ms, 1)} | "
             f"{'–' if c.run.ttft_ms_p50 is None else f'{c.run.ttft_ms_p50:.1f}'} | "
             f"{'–' if c.run.e2e_s_p50 is None else f'{c.run.e2e_s_p50:.2f}'} |"
         )
     out.append("")
-    modes = list(dict.fromkeys(c.mode for c in costs))
-    networks = [n for n in dict.fromkeys(c.network for c in costs) if n != SAME_HOST]
-    if "http" in modes:
-        for mode in (m for m in modes if m != "http"):
-            parts = []
-            for n in networks:
-                did = _did(costs, n, "http", mode)
-                if did is not None:
-                    parts.append(f"{n} {did[0]:.1f} by arithmetic, {iv(did[1], 1)} measured")
-            if parts:
-                out.append(
-                    f"- **`http`'s extra bytes over `{mode}`'s**, ms a turn (beyond the same difference on "
-                    "same-host, paired by rollout): " + "; ".join(parts) + "."
-                )
-        out.append("")
+    extra = http_extra(costs)
+    for mode in dict.fromkeys(m for _, m, _, _ in extra):
+        parts = [
+            f"{where} {a:.1f} by arithmetic, {iv(m, 1)} measured" for where, o, a, m in extra if o == mode
+        ]
+        out.append(
+            f"- **`http`'s extra bytes over `{mode}`'s**, ms a turn (beyond the same difference on "
+            "same-host, paired by rollout): " + "; ".join(parts) + "."
+        )
+    return [*out, ""] if extra else out
+
+
+def http_extra(costs: Sequence[LinkCost]) -> list[tuple[str, str, float, Interval]]:
+    """(where, other mode, arithmetic ms, measured ms) of ``http``'s extra time a turn over every other
+    mode on every shaped link (:func:`_did`); ``where`` is the network, with its profile, workload and model
+    when the run has several."""
+    groups = list(dict.fromkeys(c.group for c in costs))
+    out = []
+    for group in groups:
+        mine = [c for c in costs if c.group == group]
+        modes = list(dict.fromkeys(c.mode for c in mine))
+        for network in dict.fromkeys(c.network for c in mine if c.network != SAME_HOST):
+            where = network if len(groups) == 1 else f"{network} ({' · '.join(group)})"
+            for mode in modes:
+                if mode != "http" and (did := _did(costs, group, network, "http", mode)) is not None:
+                    out.append((where, mode, *did))
     return out
 
 
@@ -751,14 +764,9 @@ def bullets(directory: Path) -> list[str]:
                 + "."
             )
     if k.network is not None:
-        costs = link_costs(k.network)
-        modes = list(dict.fromkeys(c.mode for c in costs))
-        networks = [n for n in dict.fromkeys(c.network for c in costs) if n != SAME_HOST]
         parts = [
-            f"over `{m}` on {n} {did[0]:.1f} ms a turn by the uplink's arithmetic, {iv(did[1], 1)} measured"
-            for n in networks
-            for m in modes
-            if m != "http" and (did := _did(costs, n, "http", m)) is not None
+            f"over `{mode}` on {where} {a:.1f} ms a turn by the uplink's arithmetic, {iv(m, 1)} measured"
+            for where, mode, a, m in http_extra(link_costs(k.network))
         ]
         if parts:
             out.append(f"- *`http`'s extra bytes on a shaped link* (`{NETWORK}`): " + "; ".join(parts) + ".")
