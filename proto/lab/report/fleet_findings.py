@@ -1,4 +1,5 @@
-"""The fleet and network findings (docs/lab-results.md, "Fleets, routing and networks"; NOTES.md's findings
+"""The fleet and network findings (docs/lab-results.md, "Fleets: load, KV budget and pinning", "Replicas and
+routing", "The network between client and API" and "What to deploy when"; three lines of NOTES.md's findings
 block): every figure computed here from the kept runs, never typed.
 
 The runs are read by name from the kept directory (docs/lab.md, "Fleets" and "Network"): ``fleet`` and
@@ -51,7 +52,7 @@ class Fleet:
     config: dict[str, Any]
     cells: list[FleetCell]
     summary: list[CellSummary]
-    recomputed_here: bool  # the file's summary predates today's analysis
+    recomputed_here: bool  # the file's summary predates the analysis
 
     def cell(self, s: CellSummary, pin: bool | None = None, mode: str | None = None) -> list[FleetCell]:
         """The draws behind a summary row, by repeat (or behind its neighbour at ``pin`` and ``mode``)."""
@@ -124,13 +125,11 @@ def pin_word(g: Gain | None) -> str:
     return "–" if g is None else PIN_WORDS[g.verdict]
 
 
-def fleet_where(name: str, s: CellSummary, mode: bool = True) -> str:
+def fleet_where(name: str, s: CellSummary) -> str:
     """The kept run and cell a figure comes from."""
     routed = f" · {s.replicas} replicas · {s.routing}" if s.replicas > 1 else ""
-    where = (
-        f"`{name}` · {_agents(s.agents)}{routed} · KV {kv_text(s.kv_blocks)} · pin {_pin(s.pin_suspended)}"
-    )
-    return where + (f" · `{s.mode}`" if mode else "")
+    pin = _pin(s.pin_suspended)
+    return f"`{name}` · {_agents(s.agents)}{routed} · KV {kv_text(s.kv_blocks)} · pin {pin} · `{s.mode}`"
 
 
 def _modes(rows: Sequence[CellSummary]) -> list[str]:
@@ -168,7 +167,8 @@ def _config_line(f: Fleet) -> str:
         f"draw{'s' if draws != 1 else ''} a cell; "
         f"SLO: every turn's TTFT ≤ {c.get('slo_ttft_ms'):g} ms and E2E ≤ {c.get('slo_e2e_s'):g} s"
         + (
-            "; its summary predates today's analysis and is recomputed here from its cells"
+            "; its summary predates the analysis and is recomputed here from its cells (`bench fleet "
+            "--summarize` keeps it)"
             if f.recomputed_here
             else ""
         )
@@ -577,10 +577,6 @@ class Advice:
     cell: str  # the cell, as :func:`fleet_where` names it
     evidence: str
     gain: str = ""  # its paired gain against the baseline, :func:`short` (NOTES.md's lines)
-
-
-def _vs_base(s: CellSummary, base: str) -> str:
-    return f"E2E p50 {iv(s.e2e_s_p50, 2)} s; vs `{base}` {short(_gain(s.vs_mode, 'e2e'))} %"
 
 
 def _versus(g: Gain | None, base: str) -> str:

@@ -544,7 +544,7 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE",
-        help="measure nothing: recompute FILE's (a fleet.json's) summary from its cells, today's analysis",
+        help="measure nothing: recompute a fleet.json's summary from its cells (the current analysis)",
     )
     return p
 
