@@ -331,10 +331,8 @@ def design_bullets(
     base = modes[0]
     for mode in modes:
         best = [g for g, by in groups.items() if (f := _fastest(by)) is not None and f.mode == mode]
-        where = (
-            "; ".join(f"{_agents(g[1])} · KV {kv_text(g[2])} · pin {_pin(g[3])}" for g in best) or "no cell"
-        )
-        text = f"**`{mode}`**: the lowest E2E p50 at {where or 'no cell'}."
+        most = [g for g, by in groups.items() if mode in _most_goodput(by)]
+        text = f"**`{mode}`**: the lowest E2E p50 at {_at(best)}; the most goodput at {_at(most)}."
         if mode != base:
             gs = [_gain(by[mode].vs_mode, "e2e") for by in groups.values() if mode in by]
             text += f" Against `{base}` (E2E): {_counts(gs)} of {len(gs)} cells."
@@ -351,6 +349,17 @@ def design_bullets(
             )
         out.append(text)
     return out
+
+
+def _at(groups: Sequence[Group]) -> str:
+    return "; ".join(f"{_agents(g[1])} · KV {kv_text(g[2])} · pin {_pin(g[3])}" for g in groups) or "no cell"
+
+
+def _most_goodput(by: dict[str, CellSummary]) -> list[str]:
+    """The modes with the group's highest goodput point (ties all named; none when no rollout met the SLO)."""
+    points = {m: float(s.goodput_rps.value or 0.0) for m, s in by.items()}
+    top = max(points.values(), default=0.0)
+    return [m for m, v in points.items() if v == top and top > 0]
 
 
 def _counts(gs: Sequence[Gain | None]) -> str:
@@ -394,11 +403,14 @@ def routing_section(f: Fleet) -> list[str]:
         mine = [r for r in rows if r.mode == mode and r.hit_rate is not None and r.hit_rate.value is not None]
         if not mine:
             continue
-        hit = max(mine, key=lambda r: float(r.hit_rate.value or 0.0) if r.hit_rate else 0.0)
+        rates = {id(r): round(float(r.hit_rate.value or 0.0), 2) for r in mine if r.hit_rate is not None}
+        top = max(rates.values())
+        hits = [r for r in mine if rates.get(id(r)) == top]  # equal to the two digits shown: all named
         fast = min(mine, key=lambda r: float(r.ttft_ms_p50.value or math.inf))
         out.append(
-            f"- **`{mode}`**: the highest hit rate under {hit.routing}, pin {_pin(hit.pin_suspended)} "
-            f"({iv(hit.hit_rate, 2)}), the lowest TTFT p50 under {fast.routing}, pin "
+            f"- **`{mode}`**: the highest hit rate ({top:.2f}) under "
+            + ", ".join(f"{r.routing} (pin {_pin(r.pin_suspended)})" for r in hits)
+            + f"; the lowest TTFT p50 under {fast.routing}, pin "
             f"{_pin(fast.pin_suspended)} ({iv(fast.ttft_ms_p50, 0)} ms"
             + (
                 f"; against `{policies[0]}` {short(_gain(fast.vs_routing, 'ttft'))} %"
