@@ -184,7 +184,9 @@ def test_the_summary_pairs_modes_and_routings(routed_cells: list[FleetCell]) -> 
         assert s.repeats == 1 and s.e2e_s_p50.n == 4
         assert s.e2e_s_p50.low is not None and s.e2e_s_p50.high is not None and s.e2e_s_p50.value is not None
         assert s.e2e_s_p50.low <= s.e2e_s_p50.value <= s.e2e_s_p50.high
-        assert s.goodput_rps.low is None  # one draw: no interval on goodput
+        # One draw: goodput's interval resamples the cell's 4 agents, its wall time held fixed.
+        assert s.goodput_rps.resampled == "rollouts, wall fixed" and s.goodput_rps.n == 4
+        assert s.vs_pin_off == []  # pinning on only: nothing to pair it with
         assert [g.metric for g in s.vs_mode] == ([] if s.mode == "http" else ["e2e", "ttft", "goodput"])
         assert all(g.baseline == "http" for g in s.vs_mode)
         assert all(g.pairs == 4 for g in s.vs_mode if g.metric != "goodput")

@@ -6,19 +6,26 @@ Per cell, over its R draws:
 * **TTFT p50 and E2E p50** — the median over the pooled rollouts of the rollout's median TTFT, and of its
   E2E, with a bootstrap 95 % interval that resamples rollouts (scipy's ``bootstrap``, percentile method,
   ``stats.RESAMPLES``, a fixed seed so a file recomputes to the same interval).
-* **Goodput** — the mean over the draws of the rollouts meeting the SLO per second, its interval resampling
-  draws (none below ``stats.MIN_PAIRS`` draws).
+* **Goodput** — the mean over the draws of the rollouts meeting the SLO per second. From
+  ``stats.MIN_PAIRS`` draws its interval resamples draws; below that (a sweep of one draw per cell) it
+  resamples the cell's rollouts, each draw's wall time held fixed (:func:`goodput_interval`), so it says
+  how much the SLO's outcome varies across agents, not across schedules.
+* **The engine's prefix hit rate** — its hits over its queries, summed over the draws (and replicas); the
+  interval resamples draws (none below ``stats.MIN_PAIRS`` draws).
 * **Paired gains** (``stats.paired_gain``: mean of ``x / base − 1``, BCa): every mode against the group's
   first mode, and every routing against the first routing for the same mode, since all of them replay the
   same rollouts — on E2E and on the rollout's median TTFT (a pair: one agent of one draw), and on goodput
   (a pair: one draw).
+* **Pinning** — the same paired gains of ``pin-suspended`` on against off (``vs_pin_off``, on the pin-on
+  cell), same mode, load, KV budget, replicas, routing and draws: the two groups run on fresh engines with
+  the same arrivals and tool times, so agent k of draw r is one pair. Negative: pinning is faster.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -38,6 +45,8 @@ class FleetCell(Protocol):
     mode: str
     repeat: int
     goodput_rps: float
+    wall_s: float
+    rollout_slo_met: list[bool]
     replica_prefix_queries: list[float]
     replica_prefix_hits: list[float]
     rollout_e2e_s: list[float]
@@ -48,7 +57,8 @@ class Interval(msgspec.Struct, frozen=True):
     value: float | None
     low: float | None
     high: float | None
-    n: int  # what was resampled: rollouts, or draws for goodput
+    n: int  # how many were resampled
+    resampled: str = "rollouts"  # rollouts | draws | rollouts, wall fixed (goodput of < 3 draws)
 
 
 class CellSummary(msgspec.Struct, frozen=True):
@@ -66,38 +76,40 @@ class CellSummary(msgspec.Struct, frozen=True):
     vs_mode: list[Gain]  # against the group's first mode (empty for that mode)
     vs_routing: list[Gain]  # against the first routing, same mode (empty for it and for one replica)
     confidence: float = CONFIDENCE
+    # Added with the pinning factor; a summary written before them lacks them (``bench fleet --summarize``).
+    hit_rate: Interval | None = None  # engine_prefix_hit_rate with its interval over draws
+    vs_pin_off: list[Gain] = []  # pin on against pin off (on the pin-on cell; empty otherwise)
 
 
 def _median_interval(values: Sequence[float], seed: int = 0) -> Interval:
     x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    return _interval(x, np.median, "rollouts", seed)
+
+
+def mean_interval(values: Sequence[float], resampled: str = "draws", seed: int = 0) -> Interval:
+    """The mean of ``values`` with a percentile-bootstrap interval resampling them (none below
+    ``MIN_PAIRS``; the point itself when they are all equal)."""
+    return _interval(np.asarray(values, dtype=float), np.mean, resampled, seed)
+
+
+def _interval(x: np.ndarray, statistic: Any, resampled: str, seed: int) -> Interval:
     if len(x) == 0:
-        return Interval(None, None, None, 0)
-    point = float(np.median(x))
+        return Interval(None, None, None, 0, resampled)
+    point = float(statistic(x))
     if len(x) < MIN_PAIRS:
-        return Interval(point, None, None, len(x))
+        return Interval(point, None, None, len(x), resampled)
     if float(np.ptp(x)) == 0.0:
-        return Interval(point, point, point, len(x))
-    return Interval(point, *_boot(x, np.median, seed), len(x))
+        return Interval(point, point, point, len(x), resampled)
+    return Interval(point, *_boot((x,), statistic, seed), len(x), resampled)
 
 
-def _mean_interval(values: Sequence[float], seed: int = 0) -> Interval:
-    x = np.asarray(values, dtype=float)
-    if len(x) == 0:
-        return Interval(None, None, None, 0)
-    point = float(np.mean(x))
-    if len(x) < MIN_PAIRS:
-        return Interval(point, None, None, len(x))
-    if float(np.ptp(x)) == 0.0:
-        return Interval(point, point, point, len(x))
-    return Interval(point, *_boot(x, np.mean, seed), len(x))
-
-
-def _boot(x: np.ndarray, statistic: object, seed: int) -> tuple[float, float]:
+def _boot(samples: tuple[np.ndarray, ...], statistic: Any, seed: int) -> tuple[float, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's DegenerateDataWarning on near-constant samples
         res = bootstrap(
-            (x,),
+            samples,
             statistic,
+            paired=len(samples) > 1,
             vectorized=True,
             n_resamples=RESAMPLES,
             confidence_level=CONFIDENCE,
@@ -105,6 +117,42 @@ def _boot(x: np.ndarray, statistic: object, seed: int) -> tuple[float, float]:
             rng=np.random.default_rng(seed),
         )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def goodput_interval(runs: Sequence[FleetCell], seed: int = 0) -> Interval:
+    """Goodput over a cell's draws (the mean of each draw's rollouts meeting the SLO ÷ its wall time). From
+    ``MIN_PAIRS`` draws the interval resamples draws. Below, it resamples the rollouts, each draw's wall
+    held fixed: rollout i of draw r counts ``met_i · N / (R · wall_r)`` (N rollouts over R draws), whose
+    mean is exactly the goodput, so a resample is the goodput those agents' outcomes would have given."""
+    if len(runs) >= MIN_PAIRS:
+        return mean_interval([c.goodput_rps for c in runs], "draws", seed)
+    n = sum(len(c.rollout_slo_met) for c in runs)
+    per_rollout = [
+        float(met) * n / (len(runs) * c.wall_s) if c.wall_s > 0 else 0.0
+        for c in runs
+        for met in c.rollout_slo_met
+    ]
+    return mean_interval(per_rollout, "rollouts, wall fixed", seed)
+
+
+def _ratio_of_sums(hits: np.ndarray, queries: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.sum(hits, axis=axis) / np.sum(queries, axis=axis)  # type: ignore[no-any-return]
+
+
+def hit_rate_interval(runs: Sequence[FleetCell], seed: int = 0) -> Interval:
+    """The engines' prefix hit rate over a cell's draws: hits ÷ queries summed over draws and replicas, its
+    interval resampling draws (a draw's hits and queries stay together)."""
+    hits = np.asarray([sum(c.replica_prefix_hits) for c in runs], dtype=float)
+    queries = np.asarray([sum(c.replica_prefix_queries) for c in runs], dtype=float)
+    if len(runs) == 0 or queries.sum() <= 0:
+        return Interval(None, None, None, len(runs), "draws")
+    point = float(hits.sum() / queries.sum())
+    if len(runs) < MIN_PAIRS:
+        return Interval(point, None, None, len(runs), "draws")
+    rates = np.divide(hits, queries, out=np.zeros_like(hits), where=queries > 0)
+    if float(np.ptp(rates)) == 0.0 or np.any(queries <= 0):
+        return Interval(point, point, point, len(runs), "draws")
+    return Interval(point, *_boot((hits, queries), _ratio_of_sums, seed), len(runs), "draws")
 
 
 def _key(c: FleetCell) -> tuple[int, float, bool, int, str, str]:
@@ -130,6 +178,41 @@ def _paired(cells: Sequence[FleetCell], base: Sequence[FleetCell], baseline: str
     ]
 
 
+PIN_OFF = "pin off"  # the baseline's name in a pinning gain
+_ROLLOUT_FIELD = {"e2e": "rollout_e2e_s", "ttft": "rollout_ttft_ms_p50"}
+
+
+def pin_gain_net(
+    on: Sequence[FleetCell],
+    off: Sequence[FleetCell],
+    controls: Sequence[tuple[Sequence[FleetCell], Sequence[FleetCell]]],
+    metric: str,
+) -> Gain | None:
+    """Pinning's gain for a design that pins, net of what else separates the pin-on and pin-off groups (their
+    engines, the time each ran on a shared machine): the control designs' own on ÷ off of the same agent and
+    draw. A pair is one agent of one draw: x = on ÷ off of the design, its baseline the mean over the
+    controls of on ÷ off; the gain is the mean of x ÷ baseline − 1 (``stats.paired_gain``). None when the
+    draws or the agents do not line up."""
+    field = _ROLLOUT_FIELD[metric]
+
+    def ratios(a: Sequence[FleetCell], b: Sequence[FleetCell]) -> np.ndarray | None:
+        if [c.repeat for c in a] != [c.repeat for c in b] or [c.repeat for c in a] != [c.repeat for c in on]:
+            return None
+        x = np.asarray([v for c in a for v in getattr(c, field)], dtype=float)
+        y = np.asarray([v for c in b for v in getattr(c, field)], dtype=float)
+        if len(x) != len(y):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return x / y  # type: ignore[no-any-return]
+
+    mine = ratios(on, off)
+    theirs = [ratios(a, b) for a, b in controls]
+    if mine is None or not theirs or any(t is None or len(t) != len(mine) for t in theirs):
+        return None
+    base = np.mean([t for t in theirs if t is not None], axis=0)
+    return paired_gain(list(mine), list(base), baseline=f"{PIN_OFF}, net of the control", metric=metric)
+
+
 def summarize(cells: Sequence[FleetCell]) -> list[CellSummary]:
     """One summary per cell over its repeats, in the order the cells first ran."""
     by: dict[tuple[int, float, bool, int, str, str], list[FleetCell]] = {}
@@ -146,8 +229,8 @@ def summarize(cells: Sequence[FleetCell]) -> list[CellSummary]:
     for (agents, kv, pin, m, routing, mode), runs in by.items():
         base_mode = first_mode[(agents, kv, pin, m, routing)]
         base_routing = first_routing[(agents, kv, pin, m, mode)]
-        queries = sum(q for c in runs for q in c.replica_prefix_queries)
-        hits = sum(h for c in runs for h in c.replica_prefix_hits)
+        unpinned = by.get((agents, kv, False, m, routing, mode)) if pin else None
+        hit_rate = hit_rate_interval(runs)
         out.append(
             CellSummary(
                 agents=agents,
@@ -159,14 +242,16 @@ def summarize(cells: Sequence[FleetCell]) -> list[CellSummary]:
                 repeats=len(runs),
                 ttft_ms_p50=_median_interval([v for c in runs for v in c.rollout_ttft_ms_p50]),
                 e2e_s_p50=_median_interval([v for c in runs for v in c.rollout_e2e_s]),
-                goodput_rps=_mean_interval([c.goodput_rps for c in runs]),
-                engine_prefix_hit_rate=hits / queries if queries else 0.0,
+                goodput_rps=goodput_interval(runs),
+                engine_prefix_hit_rate=hit_rate.value or 0.0,
                 vs_mode=[]
                 if mode == base_mode
                 else _paired(runs, by[(agents, kv, pin, m, routing, base_mode)], base_mode),
                 vs_routing=[]
                 if routing == base_routing
                 else _paired(runs, by[(agents, kv, pin, m, base_routing, mode)], base_routing),
+                hit_rate=hit_rate,
+                vs_pin_off=[] if unpinned is None else _paired(runs, unpinned, PIN_OFF),
             )
         )
     return out

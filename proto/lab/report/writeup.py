@@ -16,7 +16,9 @@ sign (proto/lab/analysis/stats.py, ``SIGN``) and the findings (:func:`findings`:
 ``--notes`` writes them into its marked block); the measured curves (proto/lab/report/findings.py, which
 reads the kept set by name: ``speed``, ``hops``, ``turns-8`` / ``turns-30``, ``tools-0`` / ``tools-1``) and
 the scenarios (``scenario-sglang``, ``scenario-vllm``); the real agent (``codex``) and vLLM's gateway
-(``peer-1k``, ``peer-100k``), from proto/lab/report/agent_findings.py; the fast model's calibration and
+(``peer-1k``, ``peer-100k``), from proto/lab/report/agent_findings.py; the fleets, routing and network
+(``fleet``, ``fleet-single``, ``routing``, ``network``), from proto/lab/report/fleet_findings.py; the fast
+model's calibration and
 curves (``speed``'s), its grid (``grid-predicted``), predicted vs measured for every real-clock cell and the
 validation sample (``validate-sample``); then, for every run of format 2, its paired gains with their
 bootstrap intervals, noisy flags and provenance (:func:`paired_section`). A run that is missing leaves its
@@ -36,7 +38,7 @@ from proto.core.response import MODES
 from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.stats import SIGN, Gain, Percentiles
 from proto.lab.records import Design, GridRow, Load, Provenance, Results, RunRecord
-from proto.lab.report import agent_findings
+from proto.lab.report import agent_findings, fleet_findings
 from proto.lab.report.findings import SEED_GAIN, _model_label, curve_tables, curves, short
 from proto.lab.report.findings import findings as kept_findings
 from proto.lab.report.markdown import change, render, value
@@ -544,6 +546,7 @@ def findings(runs: dict[str, Results], directory: Path = RESULTS) -> list[str]:
         )
     out += sample_finding(directory)
     out += agent_findings.notes(directory, runs)  # the real agent and the peers
+    out += fleet_findings.bullets(directory)  # the fleet, routing and network runs (fleet_findings.py)
     return out
 
 
@@ -605,6 +608,7 @@ def lab(directory: Path) -> str:
         if name in runs:
             out += [f"## Scenario: {title}", "", *scenario_section(runs[name]), ""]
     out += agent_findings.sections(directory, runs)  # the real agent and the peers
+    out += fleet_findings.sections(directory)  # fleets, routing, network, what to deploy when
     if "speed" in runs and runs["speed"].calibration:
         out += [
             "## The fast model: per-round overhead on this machine (the `speed` run's calibration)",

@@ -20,10 +20,12 @@ import asyncio
 import contextlib
 import json
 import random
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -537,6 +539,13 @@ def parser() -> argparse.ArgumentParser:
     )
     agents("--no-jitter", action="store_true", help="the mock GPU without its lab jitter")
     measured("--out", type=Path, default=None, help="write DIR/fleet.json")
+    measured(
+        "--summarize",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="measure nothing: recompute a fleet.json's summary from its cells (the current analysis)",
+    )
     return p
 
 
@@ -558,8 +567,31 @@ def row(c: FleetCell) -> str:
     )
 
 
+def cells_of(doc: dict[str, Any]) -> list[FleetCell]:
+    """A fleet.json's cells read back."""
+    return [FleetCell(**c) for c in doc["cells"]]
+
+
+def resummarize(path: Path) -> int:
+    """``--summarize FILE``: the file's ``summary`` recomputed from its cells (nothing measured is touched),
+    recorded under ``summary_recomputed`` (commit, time), as ``bench repredict`` records its predictions.
+    Returns how many cells it read."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    cells = cells_of(doc)
+    doc["summary"] = msgspec.to_builtins(summarize(cells))
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    doc["summary_recomputed"] = {"commit": commit, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return len(cells)
+
+
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
+    if args.summarize is not None:
+        print(f"{args.summarize}: summary recomputed from {resummarize(args.summarize)} cells")
+        return 0
     modes = tuple(m for m in args.modes.split(",") if m)
     unknown = [m for m in modes if m not in MODES]
     if unknown:
