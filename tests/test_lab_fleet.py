@@ -145,6 +145,17 @@ def test_every_engine_request_is_counted_once_across_replicas(routed_cells: list
             c.engine_prefix_hit_rate
         )
         assert c.prefix_hit_rate_client == pytest.approx(c.engine_prefix_hit_rate, abs=0.02)
+        # per rollout, the same tokens: the clients' rate rollout by rollout, for its interval over agents
+        assert len(c.rollout_prompt_tokens) == len(c.rollout_cached_tokens) == 4
+        assert sum(c.rollout_cached_tokens) / sum(c.rollout_prompt_tokens) == pytest.approx(
+            c.prefix_hit_rate_client
+        )
+    for s in summarize(routed_cells):
+        rate = s.client_hit_rate
+        assert rate is not None and rate.n == 4 and rate.resampled == "rollouts"
+        cells = [c for c in routed_cells if (c.mode, c.routing) == (s.mode, s.routing)]
+        assert rate.value == pytest.approx(sum(c.prefix_hit_rate_client for c in cells) / len(cells))
+        assert rate.low is not None and rate.high is not None and rate.low <= rate.high
 
 
 @pytest.mark.process

@@ -51,6 +51,8 @@ class FleetCell(Protocol):
     replica_prefix_hits: list[float]
     rollout_e2e_s: list[float]
     rollout_ttft_ms_p50: list[float]
+    rollout_prompt_tokens: list[int]
+    rollout_cached_tokens: list[int]
 
 
 class Interval(msgspec.Struct, frozen=True):
@@ -79,6 +81,9 @@ class CellSummary(msgspec.Struct, frozen=True):
     # Added with the pinning factor; a summary written before them lacks them (``bench fleet --summarize``).
     hit_rate: Interval | None = None  # engine_prefix_hit_rate with its interval over draws
     vs_pin_off: list[Gain] = []  # pin on against pin off (on the pin-on cell; empty otherwise)
+    # The clients' hit rate (cached ÷ prompt tokens the server reported), its interval resampling rollouts
+    # pooled over the draws; None for cells written before the lab kept it per rollout.
+    client_hit_rate: Interval | None = None
 
 
 def _median_interval(values: Sequence[float], seed: int = 0) -> Interval:
@@ -153,6 +158,25 @@ def hit_rate_interval(runs: Sequence[FleetCell], seed: int = 0) -> Interval:
     if float(np.ptp(rates)) == 0.0 or np.any(queries <= 0):
         return Interval(point, point, point, len(runs), "draws")
     return Interval(point, *_boot((hits, queries), _ratio_of_sums, seed), len(runs), "draws")
+
+
+def client_hit_rate_interval(runs: Sequence[FleetCell], seed: int = 0) -> Interval | None:
+    """The clients' prefix hit rate over a cell's rollouts, pooled over its draws: cached ÷ prompt tokens
+    summed, its interval resampling rollouts (a rollout's cached and prompt tokens stay together). It
+    stands beside the engines' rate where the draws are too few to give that one an interval; the two differ
+    only where a preempted request's recompute is looked up again. None for cells without the per-rollout
+    figures."""
+    cached = np.asarray([float(v) for c in runs for v in c.rollout_cached_tokens])
+    prompt = np.asarray([float(v) for c in runs for v in c.rollout_prompt_tokens])
+    if len(prompt) == 0 or len(prompt) != len(cached) or prompt.sum() <= 0:
+        return None
+    point = float(cached.sum() / prompt.sum())
+    if len(prompt) < MIN_PAIRS:
+        return Interval(point, None, None, len(prompt), "rollouts")
+    rates = np.divide(cached, prompt, out=np.zeros_like(cached), where=prompt > 0)
+    if float(np.ptp(rates)) == 0.0:
+        return Interval(point, point, point, len(prompt), "rollouts")
+    return Interval(point, *_boot((cached, prompt), _ratio_of_sums, seed), len(prompt), "rollouts")
 
 
 def _key(c: FleetCell) -> tuple[int, float, bool, int, str, str]:
@@ -252,6 +276,7 @@ def summarize(cells: Sequence[FleetCell]) -> list[CellSummary]:
                 else _paired(runs, by[(agents, kv, pin, m, base_routing, mode)], base_routing),
                 hit_rate=hit_rate,
                 vs_pin_off=[] if unpinned is None else _paired(runs, unpinned, PIN_OFF),
+                client_hit_rate=client_hit_rate_interval(runs),
             )
         )
     return out

@@ -381,13 +381,14 @@ def routing_section(f: Fleet) -> list[str]:
         f"- {_config_line(f)}",
         "",
         f"Per design and policy ({rows[0].replicas} replicas, each its own KV cache): the engines' prefix "
-        "hit rate (hits ÷ queries over the draws, 95 % CI over draws), TTFT p50 ms and E2E p50 s (95 % CI "
+        "hit rate (hits ÷ queries over the draws, 95 % CI over draws), the clients' (cached ÷ prompt tokens "
+        "as the server reported them, 95 % CI over agents), TTFT p50 ms and E2E p50 s (95 % CI "
         f"over agents), their paired gains against `{policies[0]}` (same agents and draws), and each "
         "replica's requests a draw.",
         "",
-        f"| mode | pin | routing | hit rate | TTFT p50 ms | E2E p50 s | TTFT vs `{policies[0]}` | "
-        f"E2E vs `{policies[0]}` | requests per replica |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| mode | pin | routing | hit rate | clients' hit rate | TTFT p50 ms | E2E p50 s | TTFT vs "
+        f"`{policies[0]}` | E2E vs `{policies[0]}` | requests per replica |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in _modes(rows):
         for s in (r for r in rows if r.mode == mode):
@@ -395,7 +396,8 @@ def routing_section(f: Fleet) -> list[str]:
             per = np.mean([c.replica_requests for c in draws], axis=0) if draws else []
             out.append(
                 f"| `{mode}` | {_pin(s.pin_suspended)} | {s.routing} | {iv(s.hit_rate, 2)} | "
-                f"{iv(s.ttft_ms_p50, 0)} | {iv(s.e2e_s_p50, 2)} | {short(_gain(s.vs_routing, 'ttft'))} | "
+                f"{iv(s.client_hit_rate, 2)} | {iv(s.ttft_ms_p50, 0)} | {iv(s.e2e_s_p50, 2)} | "
+                f"{short(_gain(s.vs_routing, 'ttft'))} | "
                 f"{short(_gain(s.vs_routing, 'e2e'))} | {' / '.join(f'{r:.0f}' for r in per)} |"
             )
     out.append("")

@@ -231,6 +231,10 @@ class FleetCell:
     rollout_e2e_s: list[float] = field(default_factory=list)
     rollout_ttft_ms_p50: list[float] = field(default_factory=list)
     rollout_slo_met: list[bool] = field(default_factory=list)
+    # Per rollout, its turns' prompt tokens and the part the server reported cached (the clients' hit rate,
+    # rollout by rollout: its interval resamples agents where a cell has too few draws for the engines').
+    rollout_prompt_tokens: list[int] = field(default_factory=list)
+    rollout_cached_tokens: list[int] = field(default_factory=list)
 
 
 def _cell_figures(
@@ -309,6 +313,8 @@ def _cell_figures(
         rollout_e2e_s=[r.e2e_s for r in rollouts],
         rollout_ttft_ms_p50=[percentile([t.ttft_ms for t in r.turns], 50) for r in rollouts],
         rollout_slo_met=slo,
+        rollout_prompt_tokens=[sum(int(rep["prompt_tokens"]) for rep in t.reports) for t in traces],
+        rollout_cached_tokens=[sum(int(rep["cached_tokens"]) for rep in t.reports) for t in traces],
     )
 
 
