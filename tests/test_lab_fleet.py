@@ -145,6 +145,9 @@ def test_every_engine_request_is_counted_once_across_replicas(routed_cells: list
             c.engine_prefix_hit_rate
         )
         assert c.prefix_hit_rate_client == pytest.approx(c.engine_prefix_hit_rate, abs=0.02)
+        # the lab's own processes over the cell (clients, server, both engines), from schedstat
+        assert c.lab_run_ms is not None and c.lab_run_ms > 0
+        assert c.lab_wait_ms is not None and c.lab_wait_ms >= 0
         # per rollout, the same tokens: the clients' rate rollout by rollout, for its interval over agents
         assert len(c.rollout_prompt_tokens) == len(c.rollout_cached_tokens) == 4
         assert sum(c.rollout_cached_tokens) / sum(c.rollout_prompt_tokens) == pytest.approx(

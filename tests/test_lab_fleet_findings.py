@@ -16,6 +16,7 @@ network run's results.json alone of its outputs):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import statistics
@@ -325,3 +326,16 @@ def test_https_extra_bytes_are_a_difference_in_differences_by_rollout() -> None:
         ]
         assert measured.n == len(per_turn) == 3
         assert measured.value == pytest.approx(statistics.mean(per_turn))
+
+
+def test_the_machine_column_is_the_cells_wait_over_its_cpu() -> None:
+    """Per cell, the lab's processes' run-queue wait over their CPU time, summed over its draws; a cell
+    measured before the lab read it shows "–"."""
+    k = ff.kept(FIX)
+    fleet = next(f for f in k.fleets if f.name == "fleet")
+    draws = fleet.cell(fleet.summary[0])
+    assert draws and ff.machine(draws) == "–"  # the fixtures predate the reading
+    read = [
+        dataclasses.replace(c, lab_run_ms=1000.0 * (i + 1), lab_wait_ms=30.0) for i, c in enumerate(draws)
+    ]
+    assert ff.machine(read) == f"{30.0 * len(read) / sum(1000.0 * (i + 1) for i in range(len(read))):.0%}"

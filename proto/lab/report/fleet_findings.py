@@ -31,7 +31,7 @@ from msgspec import UNSET
 
 from proto.lab.analysis.fleet_stats import CellSummary, Interval, mean_interval, pin_gain_net, summarize
 from proto.lab.analysis.stats import FASTER, FEW, SAME, SLOWER, Gain
-from proto.lab.records import Results, RunRecord
+from proto.lab.records import WAIT_SHARE, Results, RunRecord
 from proto.lab.report.findings import short
 from proto.lab.report.results import cells, load_results
 from proto.lab.run.fleet import FleetCell, cells_of
@@ -205,6 +205,16 @@ def _engine(f: Fleet, s: CellSummary) -> str:
     return f"{iv(s.hit_rate, 2)} · {preempt:.0f} · {used:.0f} / {pinned:.0f}"
 
 
+def machine(draws: Sequence[FleetCell]) -> str:
+    """The lab's processes' run-queue wait over a cell's draws, as a share of their CPU time ("–" for cells
+    measured before the lab read it)."""
+    if not draws or any(c.lab_run_ms is None or c.lab_wait_ms is None for c in draws):
+        return "–"
+    run = sum(c.lab_run_ms or 0.0 for c in draws)
+    wait = sum(c.lab_wait_ms or 0.0 for c in draws)
+    return f"{wait / run:.0%}" if run > 0 else "–"
+
+
 def fleet_section(fleets: Sequence[Fleet]) -> list[str]:
     groups = _groups(fleets)
     if not groups:
@@ -242,6 +252,12 @@ def fleet_section(fleets: Sequence[Fleet]) -> list[str]:
         f"**E2E against `{base}`**, same agents and draws: gain % [95 % CI] (`=`: no difference)",
         "",
         *_table(groups, modes[1:], lambda _, s: short(_gain(s.vs_mode, "e2e"))),
+        "",
+        "**The machine**: the share of their CPU time the lab's processes (its clients, the server, the "
+        f"engine) waited for a core over the cell; above {WAIT_SHARE:.0%} the two cores, not the modelled "
+        'GPU, bound the cell\'s latency (docs/lab.md, "Fleets": "Scale"); `–`: not recorded',
+        "",
+        *_table(groups, modes, lambda g, s: machine(by_name[g[0]].cell(s))),
         "",
     ]
     pinned = [(g, by) for g, by in groups.items() if g[3] and any(s.vs_pin_off for s in by.values())]
@@ -384,11 +400,11 @@ def routing_section(f: Fleet) -> list[str]:
         "hit rate (hits ÷ queries over the draws, 95 % CI over draws), the clients' (cached ÷ prompt tokens "
         "as the server reported them, 95 % CI over agents), TTFT p50 ms and E2E p50 s (95 % CI "
         f"over agents), their paired gains against `{policies[0]}` (same agents and draws), and each "
-        "replica's requests a draw.",
+        "replica's requests a draw, and the share of their CPU time the lab's processes waited for a core.",
         "",
         f"| mode | pin | routing | hit rate | clients' hit rate | TTFT p50 ms | E2E p50 s | TTFT vs "
-        f"`{policies[0]}` | E2E vs `{policies[0]}` | requests per replica |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"`{policies[0]}` | E2E vs `{policies[0]}` | requests per replica | waited for a core |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in _modes(rows):
         for s in (r for r in rows if r.mode == mode):
@@ -398,7 +414,8 @@ def routing_section(f: Fleet) -> list[str]:
                 f"| `{mode}` | {_pin(s.pin_suspended)} | {s.routing} | {iv(s.hit_rate, 2)} | "
                 f"{iv(s.client_hit_rate, 2)} | {iv(s.ttft_ms_p50, 0)} | {iv(s.e2e_s_p50, 2)} | "
                 f"{short(_gain(s.vs_routing, 'ttft'))} | "
-                f"{short(_gain(s.vs_routing, 'e2e'))} | {' / '.join(f'{r:.0f}' for r in per)} |"
+                f"{short(_gain(s.vs_routing, 'e2e'))} | {' / '.join(f'{r:.0f}' for r in per)} | "
+                f"{machine(draws)} |"
             )
     out.append("")
     for mode in _modes(rows):

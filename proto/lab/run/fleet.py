@@ -37,6 +37,7 @@ from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.fleet_stats import summarize
 from proto.lab.analysis.metrics import Trace, percentile, rollout_metrics
 from proto.lab.config import JITTER, nonce
+from proto.lab.records import cpu_between, tree_cpu
 from proto.lab.run.clients import make_client
 from proto.lab.run.design import draw_tool_times, rollout_seed
 from proto.lab.workload.plan import build_plan
@@ -235,6 +236,11 @@ class FleetCell:
     # rollout by rollout: its interval resamples agents where a cell has too few draws for the engines').
     rollout_prompt_tokens: list[int] = field(default_factory=list)
     rollout_cached_tokens: list[int] = field(default_factory=list)
+    # The lab's processes (its clients, the server, the engines) over the cell, from the kernel's schedstat
+    # (proto/lab/records.py, tree_cpu): ms on a core and ms runnable but waiting for one; None where the
+    # kernel has no schedstat or in a file from before the lab read it.
+    lab_run_ms: float | None = None
+    lab_wait_ms: float | None = None
 
 
 def _cell_figures(
@@ -385,6 +391,7 @@ async def run_cell(
                 name="fleet-kv-sampler",
             )
             loop = asyncio.get_running_loop()
+            cpu_before = tree_cpu()
             start = loop.time()
 
             async def agent(k: int) -> Trace:
@@ -401,11 +408,14 @@ async def run_cell(
                 stop.set()
                 await sampler
             wall_s = loop.time() - start
+            cpu = cpu_between(cpu_before, tree_cpu())
             after = await scrape_all(http, engine_urls, config.model)
         finally:
             await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     cell = _cell_figures(mode, pin, config, schedule, seeds, traces, before, after, occupancy, wall_s)
     cell.repeat, cell.seed = repeat, seed
+    if cpu is not None:
+        cell.lab_run_ms, cell.lab_wait_ms = cpu.run_ms, cpu.wait_ms
     return cell, traces
 
 
