@@ -4,6 +4,7 @@ against a real server on loopback with the observer watching every frame."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -229,6 +230,53 @@ async def test_http_client_keeps_one_connection_across_turns(server: ThreadedSer
             previous = await client.create(body)
             assert previous["status"] == "completed"
     assert connects == ["connection.connect_tcp.started"]
+
+
+async def test_http_client_sends_again_when_an_idle_connection_was_closed(server: ThreadedServer) -> None:
+    """A server closes an idle keep-alive connection as the next request goes out (uvicorn's keep-alive
+    timeout racing an agent's tool time): a proxy in front of the real server drops the first connection at
+    the second request's first bytes. The client sends it again on a new connection: both turns complete,
+    the second chained to the first."""
+    upstream = httpx.URL(server.http_url)
+    connections: list[int] = []
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drop_at: int | None) -> None:
+        posts = 0
+        while chunk := await reader.read(65536):
+            posts += chunk.count(b"POST /v1/responses")
+            if drop_at is not None and posts >= drop_at:
+                return  # the request is not forwarded: the connection closes under it
+            writer.write(chunk)
+            await writer.drain()
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        first = len(connections) == 1
+        server_r, server_w = await asyncio.open_connection(upstream.host, upstream.port)
+        up = asyncio.create_task(pipe(client_r, server_w, 2 if first else None))
+        down = asyncio.create_task(pipe(server_r, client_w, None))
+        await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
+        for task in (up, down):
+            task.cancel()
+        await asyncio.wait([up, down])
+        for w in (client_w, server_w):
+            w.close()
+
+    proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    base = messages.body(MODEL, [messages.user_message(TWO_CALLS)], tools=TOOLS)
+    try:
+        async with HttpClient(f"http://127.0.0.1:{port}") as client:
+            first = await client.create(base)
+            second = await client.create(
+                messages.continuation(base, messages.outputs(messages.function_calls(first)), first["id"])
+            )
+    finally:
+        proxy.close()
+        await proxy.wait_closed()
+    assert first["status"] == second["status"] == "completed"
+    assert second["previous_response_id"] == first["id"]
+    assert len(connections) == 2  # the dropped one, and the one the request was sent again on
 
 
 async def test_ga_client_chains_and_survives_a_refusal(server: ThreadedServer) -> None:

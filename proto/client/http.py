@@ -105,12 +105,21 @@ class HttpClient:
         """``body`` as sent (``stream`` as the caller set it); the reply as it came, status and all."""
         return await self.http.send(self._request(body))
 
+    async def _send(self, body: Mapping[str, Any]) -> httpx.Response:
+        """``body`` sent, the response's headers read. A keep-alive connection the server closed as the
+        request went out (its idle timeout) fails before any response byte; the request is sent once more,
+        on a new connection, as the SDKs retry a connection error. Any other failure is the caller's."""
+        try:
+            return await self.http.send(self._request(body), stream=True)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            return await self.http.send(self._request(body), stream=True)
+
     @contextlib.asynccontextmanager
     async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[AsyncIterator[ClientEvent]]:
         """``async with client.stream(body) as events: async for event in events:`` — ``body`` sent with
         ``stream: true``, each SSE event decoded and stamped with its arrival (an ``error`` event too: the
         caller decides). Another status than 200 raises HttpStatusError. The response closes on exit."""
-        response = await self.http.send(self._request(messages.streaming(body)), stream=True)
+        response = await self._send(messages.streaming(body))
         try:
             if response.status_code != 200:
                 await response.aread()
