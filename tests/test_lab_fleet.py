@@ -105,7 +105,11 @@ def test_a_kv_budget_below_demand_queues_and_loses_prefix_hits(
     argv = ["--modes", "longlived", "--agents", "6", "--rate", "8", "--turns", "3", "--tool-time-scale"]
     argv += ["0.02", "--pin", "on", "--kv-blocks", "1200", "--seed", "7", "--out", str(out)]
     assert main(argv) == 0
-    (tight,) = json.loads((out / "fleet.json").read_text())["cells"]
+    doc = json.loads((out / "fleet.json").read_text())
+    # what ran and where: the command, the checkout and machine; complete (rewritten after every cell)
+    assert doc["command"] == "responses-lab bench fleet " + " ".join(argv) and doc["complete"] is True
+    assert doc["provenance"]["commit"] and doc["provenance"]["cpu_model"]
+    (tight,) = doc["cells"]
     roomy = next(c for c in pinned_cells if c.mode == "longlived")
     assert tight["kv_blocks"] == 1200 and roomy.kv_blocks > 6 * 3 * 500
     assert tight["arrivals_s"] == roomy.arrivals_s and tight["seeds"] == roomy.seeds

@@ -53,6 +53,9 @@ class Fleet:
     cells: list[FleetCell]
     summary: list[CellSummary]
     recomputed_here: bool  # the file's summary predates the analysis
+    command: str | None = None  # the command as it ran (absent in a file from before it was kept)
+    provenance: dict[str, Any] | None = None  # proto/lab/records.py, Provenance
+    complete: bool = True  # false: the sweep stopped before its last cell
 
     def cell(self, s: CellSummary, pin: bool | None = None, mode: str | None = None) -> list[FleetCell]:
         """The draws behind a summary row, by repeat (or behind its neighbour at ``pin`` and ``mode``)."""
@@ -85,7 +88,16 @@ def load_fleet(directory: Path, name: str) -> Fleet | None:
     summary = (
         msgspec.convert(stored, list[CellSummary]) if current else summarize(fleet_cells)  # same code
     )
-    return Fleet(name, doc.get("config", {}), fleet_cells, summary, not current)
+    return Fleet(
+        name,
+        doc.get("config", {}),
+        fleet_cells,
+        summary,
+        not current,
+        doc.get("command"),
+        doc.get("provenance"),
+        bool(doc.get("complete", True)),
+    )
 
 
 def load_network(directory: Path) -> Results | None:
@@ -159,8 +171,17 @@ def _config_line(f: Fleet) -> str:
     agents = _agents(loads[0]) if len(loads) == 1 else f"{'/'.join(map(str, loads))} agents"
     draws = c.get("repeats", 1)
     pins = "/".join(_pin(p) for p in c.get("pins", []))
+    pv = f.provenance or {}
+    origin = (
+        f"from **`{f.command}`** (commit `{str(pv.get('commit') or 'unknown')[:12]}`"
+        + (", dirty tree" if pv.get("dirty") else "")
+        + (f", {pv['scheduler']}" if isinstance(pv.get("scheduler"), str) else "")
+        + "): "
+        if f.command
+        else ""
+    )
     return (
-        f"`{f.name}`: {c.get('workload')}"
+        f"`{f.name}`, {origin}{c.get('workload')}"
         + (f" cut to {c['turns']} turns" if c.get("turns") else "")
         + f" on {c.get('model')}, {agents} arriving at {c.get('rate')} a second (Poisson), tool times × "
         f"{c.get('tool_time_scale')}, KV budget(s): {kv}; pinning {pins}, {draws} "
@@ -172,6 +193,7 @@ def _config_line(f: Fleet) -> str:
             if f.recomputed_here
             else ""
         )
+        + ("" if f.complete else f"; **incomplete: the sweep stopped after {len(f.cells)} cells**")
         + "."
     )
 

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import random
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +38,7 @@ from proto.helpfmt import HelpFormatter
 from proto.lab.analysis.fleet_stats import summarize
 from proto.lab.analysis.metrics import Trace, percentile, rollout_metrics
 from proto.lab.config import JITTER, nonce
-from proto.lab.records import cpu_between, tree_cpu
+from proto.lab.records import cpu_between, provenance, tree_cpu
 from proto.lab.run.clients import make_client
 from proto.lab.run.design import draw_tool_times, rollout_seed
 from proto.lab.workload.plan import build_plan
@@ -633,11 +634,33 @@ def main(argv: Sequence[str]) -> int:
     )
     print(HEADER, flush=True)
     t0 = time.time()
-    cells = asyncio.run(run_fleet(config, on_cell=lambda c: print(row(c), flush=True)))
-    if args.out is not None:
+    done: list[FleetCell] = []
+    where = msgspec.to_builtins(provenance())  # the checkout and machine, read once before the first cell
+
+    def write(complete: bool) -> None:
+        """fleet.json as far as the sweep has got: rewritten after every cell (``complete`` false until the
+        last), so a sweep that fails keeps the cells it finished."""
+        if args.out is None:
+            return
         args.out.mkdir(parents=True, exist_ok=True)
-        summary = msgspec.to_builtins(summarize(cells))
-        cells_out = [asdict(c) for c in cells]
-        doc = {"config": asdict(config), "started": t0, "cells": cells_out, "summary": summary}
-        (args.out / "fleet.json").write_text(json.dumps(doc, indent=1) + "\n")
+        doc = {
+            "config": asdict(config),
+            "command": "responses-lab bench fleet " + shlex.join(argv),
+            "provenance": where,
+            "started": t0,
+            "complete": complete,
+            "cells": [asdict(c) for c in done],
+            "summary": msgspec.to_builtins(summarize(done)) if complete else [],
+        }
+        path = args.out / "fleet.json"
+        path.with_suffix(".tmp").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        path.with_suffix(".tmp").replace(path)
+
+    def finished(cell: FleetCell) -> None:
+        print(row(cell), flush=True)
+        done.append(cell)
+        write(complete=False)
+
+    asyncio.run(run_fleet(config, on_cell=finished))
+    write(complete=True)
     return 0
