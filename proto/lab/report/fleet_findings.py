@@ -708,7 +708,9 @@ def deploy(fleets: Sequence[Fleet], routing: Fleet | None, network: Results | No
                     pick + ("" if best.routing == first else _versus(g, first)),
                     routing.name,
                     fleet_where(routing.name, best),
-                    f"hit rate {iv(best.hit_rate, 2)}; TTFT p50 {iv(best.ttft_ms_p50, 0)} ms"
+                    f"hit rate {iv(best.hit_rate, 2)}"
+                    + (f" (clients' {iv(best.client_hit_rate, 2)})" if best.client_hit_rate else "")
+                    + f"; TTFT p50 {iv(best.ttft_ms_p50, 0)} ms"
                     + (f"; vs {first} {short(g)} %" if g is not None else ""),
                     "" if g is None else f"TTFT vs {first} {short(g)} %",
                 )
