@@ -44,7 +44,14 @@ PROCESS_FIXTURES = frozenset({"server", "make_server", "pg", "srv"})
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    sources: dict[Path, str] = {}
     for item in items:
+        # The Makefile's serial part collects only the modules whose text names ``mark.serial``: a serial
+        # test marked any other way would never run there, so it stops the collection instead.
+        if item.get_closest_marker("serial") is not None:
+            path = Path(str(item.fspath))
+            if "mark.serial" not in sources.setdefault(path, path.read_text(encoding="utf-8")):
+                raise pytest.UsageError(f"{item.nodeid} is serial, but its module never names mark.serial")
         params = getattr(item, "callspec", None)
         on_postgres = params is not None and params.params.get("backend") == "postgresql"
         if on_postgres or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
