@@ -5,6 +5,7 @@ against a real server on loopback with the observer watching every frame."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import Any
 
@@ -212,8 +213,8 @@ async def test_http_client_keeps_one_connection_across_turns(server: ThreadedSer
     async with HttpClient(server.http_url) as client:
         build = client._request
 
-        def traced(body: Any) -> httpx.Request:
-            request = build(body)
+        def traced(body: Any, *rest: Any) -> httpx.Request:
+            request = build(body, *rest)
             request.extensions["trace"] = trace
             return request
 
@@ -236,7 +237,7 @@ async def test_http_client_sends_again_when_an_idle_connection_was_closed(server
     """A server closes an idle keep-alive connection as the next request goes out (uvicorn's keep-alive
     timeout racing an agent's tool time): a proxy in front of the real server drops the first connection at
     the second request's first bytes. The client sends it again on a new connection: both turns complete,
-    the second chained to the first."""
+    the second chained to the first, and the observer sees one send a call."""
     upstream = httpx.URL(server.http_url)
     connections: list[int] = []
 
@@ -249,7 +250,12 @@ async def test_http_client_sends_again_when_an_idle_connection_was_closed(server
             writer.write(chunk)
             await writer.drain()
 
+    handlers: set[asyncio.Task[Any]] = set()
+
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
         connections.append(len(connections))
         first = len(connections) == 1
         server_r, server_w = await asyncio.open_connection(upstream.host, upstream.port)
@@ -261,12 +267,15 @@ async def test_http_client_sends_again_when_an_idle_connection_was_closed(server
         await asyncio.wait([up, down])
         for w in (client_w, server_w):
             w.close()
+            with contextlib.suppress(ConnectionError):
+                await w.wait_closed()
 
     proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = proxy.sockets[0].getsockname()[1]
     base = messages.body(MODEL, [messages.user_message(TWO_CALLS)], tools=TOOLS)
+    seen = Recorder()
     try:
-        async with HttpClient(f"http://127.0.0.1:{port}") as client:
+        async with HttpClient(f"http://127.0.0.1:{port}", observer=seen) as client:
             first = await client.create(base)
             second = await client.create(
                 messages.continuation(base, messages.outputs(messages.function_calls(first)), first["id"])
@@ -274,9 +283,12 @@ async def test_http_client_sends_again_when_an_idle_connection_was_closed(server
     finally:
         proxy.close()
         await proxy.wait_closed()
+        await asyncio.wait(handlers)  # the client has closed: every pipe has ended
     assert first["status"] == second["status"] == "completed"
     assert second["previous_response_id"] == first["id"]
     assert len(connections) == 2  # the dropped one, and the one the request was sent again on
+    # one call, one send for the observer (the lab counts a client turn per send): the first one's time
+    assert len(seen.sent()) == 2 and seen.received().count("response.completed") == 2
 
 
 async def test_ga_client_chains_and_survives_a_refusal(server: ThreadedServer) -> None:
