@@ -209,3 +209,32 @@ def test_the_summary_pairs_modes_and_routings(routed_cells: list[FleetCell]) -> 
         assert all(g.baseline == "http" for g in s.vs_mode)
         assert all(g.pairs == 4 for g in s.vs_mode if g.metric != "goodput")
         assert (s.vs_routing == []) == (s.routing == POLICIES[0])
+
+
+@pytest.mark.process
+def test_an_unfinished_sweep_resumes_from_its_last_whole_group(tmp_path: Path) -> None:
+    """fleet.json is rewritten after every cell; cut it as a failure in the second group leaves it (one
+    whole group and one cell of the next), and ``--resume`` keeps the whole group as it was, runs the
+    second group again from its start, and records itself."""
+    out = tmp_path / "fleet"
+    argv = ["--modes", "http,longlived", "--agents", "2,3", "--rate", "8", "--turns", "2"]
+    argv += ["--tool-time-scale", "0.02", "--pin", "on", "--seed", "7", "--out", str(out)]
+    assert main(argv) == 0
+    path = out / "fleet.json"
+    whole = json.loads(path.read_text())
+    assert whole["complete"] is True and [c["agents"] for c in whole["cells"]] == [2, 2, 3, 3]
+    cut = dict(whole, complete=False, cells=whole["cells"][:3], summary=[])
+    path.write_text(json.dumps(cut))
+    assert main(["--resume", str(out)]) == 0
+    done = json.loads(path.read_text())
+    assert done["complete"] is True and done["command"] == whole["command"]
+    assert done["cells"][:2] == whole["cells"][:2]  # the whole group, kept as it was
+    order = [(c["agents"], c["mode"]) for c in done["cells"]]
+    assert order == [(2, "http"), (2, "longlived"), (3, "http"), (3, "longlived")]
+    assert done["cells"][2] != cut["cells"][2]  # the cut group ran again
+    assert done["cells"][2]["arrivals_s"] == whole["cells"][2]["arrivals_s"]  # on the same schedule
+    [again] = done["resumed"]
+    assert again["cells_kept"] == 2 and again["provenance"]["commit"]
+    assert len(done["summary"]) == 4
+    with pytest.raises(SystemExit):  # a complete sweep has nothing to resume
+        main(["--resume", str(out)])

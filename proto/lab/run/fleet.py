@@ -449,14 +449,15 @@ def groups(config: FleetConfig) -> list[tuple[int, int | None, bool, int, str]]:
 
 
 async def run_fleet(
-    config: FleetConfig, on_cell: Callable[[FleetCell], None] | None = None
+    config: FleetConfig, on_cell: Callable[[FleetCell], None] | None = None, skip: int = 0
 ) -> list[FleetCell]:
-    """Every (agents, KV budget, pinning, replicas, routing) group on fresh engines and a fresh server, its
-    repeats one after another, within a repeat its modes in turn (interleaved, not all of one mode
-    first), each once every engine has settled (the engines' counters are read as differences around each
-    cell; the earlier cells' blocks stay stored but evictable, and no prefix is shared across rollouts)."""
+    """Every (agents, KV budget, pinning, replicas, routing) group on fresh engines and a fresh server (but
+    the first ``skip``: a resumed sweep's finished groups), its repeats one after another, within a repeat
+    its modes in turn (interleaved, not all of one mode first), each once every engine has settled (the
+    engines' counters are read as differences around each cell; the earlier cells' blocks stay stored but
+    evictable, and no prefix is shared across rollouts)."""
     cells: list[FleetCell] = []
-    for n, kv, pin, m, routing in groups(config):
+    for n, kv, pin, m, routing in groups(config)[skip:]:
         with stack(config, pin, kv, m, routing) as (engines, server):
             urls = [e.http_url for e in engines]
             for repeat in range(config.repeats):
@@ -557,6 +558,13 @@ def parser() -> argparse.ArgumentParser:
     agents("--no-jitter", action="store_true", help="the mock GPU without its lab jitter")
     measured("--out", type=Path, default=None, help="write DIR/fleet.json")
     measured(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="go on with DIR/fleet.json's sweep (its configuration): keep its whole groups, run the rest",
+    )
+    measured(
         "--summarize",
         type=Path,
         default=None,
@@ -609,6 +617,8 @@ def main(argv: Sequence[str]) -> int:
     if args.summarize is not None:
         print(f"{args.summarize}: summary recomputed from {resummarize(args.summarize)} cells")
         return 0
+    if args.resume is not None:
+        return resume(args.resume)
     modes = tuple(m for m in args.modes.split(",") if m)
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -632,27 +642,32 @@ def main(argv: Sequence[str]) -> int:
         jitter=not args.no_jitter,
         sample_s=args.kv_sample_ms / 1e3,
     )
-    print(HEADER, flush=True)
-    t0 = time.time()
-    done: list[FleetCell] = []
-    where = msgspec.to_builtins(provenance())  # the checkout and machine, read once before the first cell
+    head = {
+        "config": asdict(config),
+        "command": "responses-lab bench fleet " + shlex.join(argv),
+        "provenance": msgspec.to_builtins(provenance()),  # the checkout and machine, before the first cell
+        "started": time.time(),
+    }
+    return sweep(config, head, [], args.out)
+
+
+def sweep(config: FleetConfig, head: dict[str, Any], kept: list[FleetCell], out: Path | None) -> int:
+    """Run the groups after ``kept``'s, writing ``out``/fleet.json (``head``'s fields, every cell, the
+    summary) after every cell with ``complete`` false until the last, so a sweep that fails keeps the cells
+    it finished and ``--resume`` goes on from its last whole group."""
+    done = list(kept)
 
     def write(complete: bool) -> None:
-        """fleet.json as far as the sweep has got: rewritten after every cell (``complete`` false until the
-        last), so a sweep that fails keeps the cells it finished."""
-        if args.out is None:
+        if out is None:
             return
-        args.out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         doc = {
-            "config": asdict(config),
-            "command": "responses-lab bench fleet " + shlex.join(argv),
-            "provenance": where,
-            "started": t0,
+            **head,
             "complete": complete,
             "cells": [asdict(c) for c in done],
             "summary": msgspec.to_builtins(summarize(done)) if complete else [],
         }
-        path = args.out / "fleet.json"
+        path = out / "fleet.json"
         path.with_suffix(".tmp").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         path.with_suffix(".tmp").replace(path)
 
@@ -661,6 +676,30 @@ def main(argv: Sequence[str]) -> int:
         done.append(cell)
         write(complete=False)
 
-    asyncio.run(run_fleet(config, on_cell=finished))
+    print(HEADER, flush=True)
+    per_group = len(config.modes) * config.repeats
+    asyncio.run(run_fleet(config, on_cell=finished, skip=len(kept) // per_group))
     write(complete=True)
     return 0
+
+
+def resume(out: Path) -> int:
+    """``--resume DIR``: DIR/fleet.json's sweep, its configuration as it ran. Its whole groups are kept (a
+    group's cells share one engine and server, so a group cut short runs again from its start); the run
+    appends itself to ``resumed`` (provenance, time, cells kept), the first run's provenance stays."""
+    path = out / "fleet.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if doc.get("complete", True):
+        raise SystemExit(f"{path}: the sweep is complete; nothing to resume")
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()}
+    config = FleetConfig(**fields)
+    per_group = len(config.modes) * config.repeats
+    cells = cells_of(doc)
+    kept = cells[: len(cells) // per_group * per_group]
+    resumed = [
+        *doc.get("resumed", []),
+        {"provenance": msgspec.to_builtins(provenance()), "started": time.time(), "cells_kept": len(kept)},
+    ]
+    head = {k: doc[k] for k in ("config", "command", "provenance", "started") if k in doc}
+    print(f"{path}: {len(kept)} cells of whole groups kept, {len(cells) - len(kept)} run again", flush=True)
+    return sweep(config, {**head, "resumed": resumed}, kept, out)
