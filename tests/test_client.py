@@ -291,6 +291,24 @@ async def test_http_client_sends_again_when_an_idle_connection_was_closed(server
     assert len(seen.sent()) == 2 and seen.received().count("response.completed") == 2
 
 
+async def test_http_client_reads_past_a_done_sentinel() -> None:
+    """vLLM-style servers (agentic-api, in front of this one) end a stream with ``data: [DONE]`` after the
+    terminal event, as Chat Completions streams do; the client reads the body to its end and skips it, as
+    the openai SDK's stream does."""
+    response = {"id": "resp_1", "object": "response", "status": "completed", "output": []}
+    body = (
+        b'event: response.completed\ndata: {"type":"response.completed","response":'
+        + encode(response)
+        + b"}\n\ndata: [DONE]\n\n"
+    )
+    async with HttpClient("http://upstream.test") as client:
+        client.http = httpx.AsyncClient(
+            transport=httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+        )
+        done = await client.create(messages.body(MODEL, "hi"))
+    assert done == response
+
+
 async def test_ga_client_chains_and_survives_a_refusal(server: ThreadedServer) -> None:
     seen = Recorder()
     base = messages.body(MODEL, [messages.user_message(TWO_CALLS)], tools=TOOLS, store=False)

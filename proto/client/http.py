@@ -145,6 +145,8 @@ class HttpClient:
         async for chunk in response.aiter_bytes():
             t = self.clock()
             for sse in parser.feed(chunk):
+                if sse.data.strip() == "[DONE]":
+                    continue  # the end-of-stream sentinel vLLM-style servers (agentic-api) send last
                 data = decode(sse.data)
                 if not isinstance(data, dict):
                     raise ClientError(
