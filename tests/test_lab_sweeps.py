@@ -8,6 +8,7 @@ interrupt it with a real SIGINT.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from test_lab_e2e import TINY
 from test_lab_records import made_up_run
 
 from proto.lab.analysis.predict import Prediction
-from proto.lab.bench import Eta
+from proto.lab.bench import Eta, interruptible
 from proto.lab.bench import main as bench_main
 from proto.lab.config import BenchConfig
 from proto.lab.report import results as results_module
@@ -420,3 +422,27 @@ def test_a_run_with_cells_calibrates_over_its_own_workloads_history(monkeypatch:
     bench._calibrate(config, quiet, for_cells=False)
     assert ranges == [runner.h_max_of(runner.replays_of(config)), 128_000]
     assert ranges[0] != 128_000
+
+
+@pytest.mark.parametrize("swallowed", [False, True])
+def test_a_sigint_stops_the_run_even_where_its_cancellation_is_swallowed(swallowed: bool) -> None:
+    """The bench's SIGINT handler cancels the run's task and flags the run; where something on the way
+    swallows the cancellation (Python 3.11's wait_for returning a result that completed as the cancel
+    came), the next turn's check stops it. Either way the run ends in KeyboardInterrupt, never at its end."""
+    turns: list[int] = []
+
+    async def sweep(check: Callable[[], None]) -> None:
+        for turn in range(200):
+            try:
+                await asyncio.sleep(0.005)
+            except asyncio.CancelledError:
+                if not swallowed:
+                    raise
+            check()  # the next turn
+            turns.append(turn)
+            if turn == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with interruptible() as interrupted, pytest.raises(KeyboardInterrupt):
+        interrupted.run(sweep(interrupted))
+    assert 4 <= len(turns) < 10  # stopped within a turn or two of the signal

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shlex
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -593,18 +595,28 @@ def _cells(
 
                 turns = sum(cell_turns(config, replays[k[1]]) for k in todo)
                 task = progress.add_task("starting", total=turns)
-                asyncio.run(
-                    run_bench(
-                        config,
-                        on_turn=lambda: progress.advance(task),
-                        on_cell=starting,
-                        calibration=calibration,
-                        todo=set(todo),
-                        floors=run_dir.data["floor_pings_ms"],
-                        on_floor=floor,
-                        on_done=done,
+                with interruptible() as interrupted:
+
+                    def turned() -> None:
+                        interrupted()
+                        progress.advance(task)
+
+                    def cell_starts(text: str) -> None:
+                        interrupted()
+                        starting(text)
+
+                    interrupted.run(
+                        run_bench(
+                            config,
+                            on_turn=turned,
+                            on_cell=cell_starts,
+                            calibration=calibration,
+                            todo=set(todo),
+                            floors=run_dir.data["floor_pings_ms"],
+                            on_floor=floor,
+                            on_done=done,
+                        )
                     )
-                )
     except KeyboardInterrupt:
         run_dir.save()
         results, _ = assemble([run_dir])
@@ -628,6 +640,57 @@ def _cells(
     _print_rollouts(results, config, console)
     console.print(f"wall {run_dir.wall_s():.1f} s; wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+class _Interrupted(Exception):
+    """SIGINT came during the run: raised at the next turn or cell (:class:`Interruptible`)."""
+
+
+class Interruptible:
+    """SIGINT during a sweep, made certain. Its handler cancels the run's task at once, as ``asyncio.run``
+    does, and also sets a flag that stops the run at the next turn or cell: a cancellation can be swallowed
+    on its way (Python 3.11's ``asyncio.wait_for`` returns a result that completed as the cancel arrived),
+    and the sweep then went on to its end and exited 0. Calling the object is the check."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def __call__(self) -> None:
+        if self.hit:
+            raise _Interrupted
+
+    def handler(self, signum: int, frame: object) -> None:
+        self.hit = True
+        task = self.task
+        if task is not None and not task.done():
+            task.get_loop().call_soon_threadsafe(task.cancel)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """``asyncio.run(coro)``; KeyboardInterrupt if SIGINT came, however the run ended."""
+
+        async def main() -> None:
+            self.task = asyncio.current_task()
+            await coro
+
+        try:
+            asyncio.run(main())
+        except (asyncio.CancelledError, _Interrupted):
+            if not self.hit:
+                raise
+            raise KeyboardInterrupt from None
+        if self.hit:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[Interruptible]:
+    state = Interruptible()
+    previous = signal.signal(signal.SIGINT, state.handler)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _calibration(
