@@ -13,13 +13,21 @@ import pytest
 
 from proto.lab.analysis.stats import Gain
 from proto.lab.records import Results, RunRecord, Usage, results_of, run_of
+from proto.lab.report.agent_findings import is_codex
 from proto.lab.report.results import dumps, load_results
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT_2 = ROOT / "tests" / "lab_format2" / "quick" / "results.json"
 # the first five runs[] entries of a `bench --quick` run kept before format 2 (no paired gains)
 FORMAT_1 = ROOT / "tests" / "lab_format1" / "quick" / "results.json"
-KEPT = sorted([*(ROOT / "docs" / "results").glob("*/results.json"), FORMAT_2, FORMAT_1])
+# bench's results.json files (the real agent's, format codex-client/1, is read by agent_findings.py)
+KEPT = sorted(
+    [
+        *(p for p in (ROOT / "docs" / "results").glob("*/results.json") if not is_codex(p)),
+        FORMAT_2,
+        FORMAT_1,
+    ]
+)
 
 
 def made_up_run(profile: str, workload: str, model: str, mode: str, **fields: Any) -> RunRecord:
