@@ -339,3 +339,24 @@ def test_the_machine_column_is_the_cells_wait_over_its_cpu() -> None:
         dataclasses.replace(c, lab_run_ms=1000.0 * (i + 1), lab_wait_ms=30.0) for i, c in enumerate(draws)
     ]
     assert ff.machine(read) == f"{30.0 * len(read) / sum(1000.0 * (i + 1) for i in range(len(read))):.0%}"
+
+
+def test_a_failed_rollout_is_left_out_of_the_medians_and_the_pairs() -> None:
+    """A rollout whose response failed has no figures (None): the medians are the other agents', and each
+    paired gain leaves its pair out (the first agent of every draw here, in every cell)."""
+    fleet = next(f for f in ff.kept(FIX).fleets if f.name == "fleet")
+    failed = [
+        dataclasses.replace(
+            c,
+            rollout_e2e_s=[None, *c.rollout_e2e_s[1:]],
+            rollout_ttft_ms_p50=[None, *c.rollout_ttft_ms_p50[1:]],
+        )
+        for c in fleet.cells
+    ]
+    before = {(s.agents, s.kv_blocks, s.pin_suspended, s.mode): s for s in summarize(fleet.cells)}
+    for s in summarize(failed):
+        was = before[(s.agents, s.kv_blocks, s.pin_suspended, s.mode)]
+        assert s.e2e_s_p50.n == was.e2e_s_p50.n - s.repeats
+        for g, w in zip(s.vs_mode, was.vs_mode, strict=True):
+            if g.metric in ("e2e", "ttft"):
+                assert g.pairs == w.pairs - s.repeats

@@ -23,6 +23,7 @@ Per cell, over its R draws:
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -49,8 +50,8 @@ class FleetCell(Protocol):
     rollout_slo_met: list[bool]
     replica_prefix_queries: list[float]
     replica_prefix_hits: list[float]
-    rollout_e2e_s: list[float]
-    rollout_ttft_ms_p50: list[float]
+    rollout_e2e_s: list[float | None]  # None: a rollout that failed (paired gains leave its pair out)
+    rollout_ttft_ms_p50: list[float | None]
     rollout_prompt_tokens: list[int]
     rollout_cached_tokens: list[int]
 
@@ -86,8 +87,8 @@ class CellSummary(msgspec.Struct, frozen=True):
     client_hit_rate: Interval | None = None
 
 
-def _median_interval(values: Sequence[float], seed: int = 0) -> Interval:
-    x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+def _median_interval(values: Sequence[float | None], seed: int = 0) -> Interval:
+    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     return _interval(x, np.median, "rollouts", seed)
 
 
@@ -187,10 +188,10 @@ def _paired(cells: Sequence[FleetCell], base: Sequence[FleetCell], baseline: str
     """Gains of ``cells`` against ``base``, draw by draw (both sorted by repeat, the same draws)."""
     if [c.repeat for c in cells] != [b.repeat for b in base]:
         return []
-    e2e = [v for c in cells for v in c.rollout_e2e_s]
-    ttft = [v for c in cells for v in c.rollout_ttft_ms_p50]
-    base_e2e = [v for b in base for v in b.rollout_e2e_s]
-    base_ttft = [v for b in base for v in b.rollout_ttft_ms_p50]
+    e2e = [math.nan if v is None else v for c in cells for v in c.rollout_e2e_s]  # a failed pair: left out
+    ttft = [math.nan if v is None else v for c in cells for v in c.rollout_ttft_ms_p50]
+    base_e2e = [math.nan if v is None else v for b in base for v in b.rollout_e2e_s]
+    base_ttft = [math.nan if v is None else v for b in base for v in b.rollout_ttft_ms_p50]
     if len(e2e) != len(base_e2e):
         return []
     return [
@@ -222,8 +223,8 @@ def pin_gain_net(
     def ratios(a: Sequence[FleetCell], b: Sequence[FleetCell]) -> np.ndarray | None:
         if [c.repeat for c in a] != [c.repeat for c in b] or [c.repeat for c in a] != [c.repeat for c in on]:
             return None
-        x = np.asarray([v for c in a for v in getattr(c, field)], dtype=float)
-        y = np.asarray([v for c in b for v in getattr(c, field)], dtype=float)
+        x = np.asarray([np.nan if v is None else v for c in a for v in getattr(c, field)], dtype=float)
+        y = np.asarray([np.nan if v is None else v for c in b for v in getattr(c, field)], dtype=float)
         if len(x) != len(y):
             return None
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -230,8 +230,8 @@ class FleetCell:
     replica_prefix_hit_rate: list[float] = field(default_factory=list)
     # Per rollout, in agent order (the pairs of the intervals): E2E, its turns' median TTFT, and whether
     # it met the SLO.
-    rollout_e2e_s: list[float] = field(default_factory=list)
-    rollout_ttft_ms_p50: list[float] = field(default_factory=list)
+    rollout_e2e_s: list[float | None] = field(default_factory=list)  # None: the rollout failed
+    rollout_ttft_ms_p50: list[float | None] = field(default_factory=list)
     rollout_slo_met: list[bool] = field(default_factory=list)
     # Per rollout, its turns' prompt tokens and the part the server reported cached (the clients' hit rate,
     # rollout by rollout: its interval resamples agents where a cell has too few draws for the engines').
@@ -257,7 +257,10 @@ def _cell_figures(
     wall_s: float,
 ) -> FleetCell:
     before, after = summed(befores), summed(afters)
-    rollouts = [rollout_metrics(t) for t in traces]
+    # A rollout whose response failed (the server's error, a turn it could not serve) has no figures of
+    # its own: it counts as not completed and not meeting the SLO, and its per-rollout figures are None.
+    by_agent = [rollout_metrics(t) if t.status == "completed" else None for t in traces]
+    rollouts = [r for r in by_agent if r is not None]
     ttfts = [turn.ttft_ms for r in rollouts for turn in r.turns]
     e2es = [r.e2e_s for r in rollouts]
     reports = [rep for t in traces for rep in t.reports]
@@ -265,8 +268,10 @@ def _cell_figures(
     prompt = sum(int(rep["prompt_tokens"]) for rep in reports)
     cached = sum(int(rep["cached_tokens"]) for rep in reports)
     slo = [
-        r.e2e_s <= config.slo_e2e_s and all(turn.ttft_ms <= config.slo_ttft_ms for turn in r.turns)
-        for r in rollouts
+        r is not None
+        and r.e2e_s <= config.slo_e2e_s
+        and all(turn.ttft_ms <= config.slo_ttft_ms for turn in r.turns)
+        for r in by_agent
     ]
     met = sum(slo)
     queries_by = [a.prefix_queries - b.prefix_queries for a, b in zip(afters, befores, strict=True)]
@@ -317,8 +322,10 @@ def _cell_figures(
         replica_prefix_queries=queries_by,
         replica_prefix_hits=hits_by,
         replica_prefix_hit_rate=[h / q if q else 0.0 for h, q in zip(hits_by, queries_by, strict=True)],
-        rollout_e2e_s=[r.e2e_s for r in rollouts],
-        rollout_ttft_ms_p50=[percentile([t.ttft_ms for t in r.turns], 50) for r in rollouts],
+        rollout_e2e_s=[None if r is None else r.e2e_s for r in by_agent],
+        rollout_ttft_ms_p50=[
+            None if r is None else percentile([t.ttft_ms for t in r.turns], 50) for r in by_agent
+        ],
         rollout_slo_met=slo,
         rollout_prompt_tokens=[sum(int(rep["prompt_tokens"]) for rep in t.reports) for t in traces],
         rollout_cached_tokens=[sum(int(rep["cached_tokens"]) for rep in t.reports) for t in traces],
