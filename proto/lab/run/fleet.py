@@ -21,7 +21,6 @@ import contextlib
 import json
 import random
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -611,9 +610,7 @@ def resummarize(path: Path) -> int:
     doc = json.loads(path.read_text(encoding="utf-8"))
     cells = cells_of(doc)
     doc["summary"] = msgspec.to_builtins(summarize(cells))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = provenance().commit
     doc["summary_recomputed"] = {"commit": commit, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return len(cells)
