@@ -108,6 +108,7 @@ async def test_while_the_ledger_cannot_write_no_response_starts_on_any_transport
 
         async with httpx.AsyncClient(base_url=srv.http_url, timeout=GUARD) as http:
             assert (await http.post("/v1/responses", json=BODY)).status_code == 200
+            await ledger.aflush()  # its rows are durable: the failure begins with the next response
             ledger._db.trace = read_only_database
             # The response that finds the ledger healthy is served; its writes are what fail.
             served = [(await http.post("/v1/responses", json=BODY)).json()["id"]]
