@@ -145,39 +145,40 @@ def _ratio_of_sums(hits: np.ndarray, queries: np.ndarray, axis: int = -1) -> np.
     return np.sum(hits, axis=axis) / np.sum(queries, axis=axis)  # type: ignore[no-any-return]
 
 
+def _rate_interval(hits: np.ndarray, queries: np.ndarray, unit: str, seed: int) -> Interval:
+    """hits ÷ queries summed, its interval resampling the units (a unit's hits and queries stay together)."""
+    point = float(hits.sum() / queries.sum())
+    if len(queries) < MIN_PAIRS:
+        return Interval(point, None, None, len(queries), unit)
+    rates = np.divide(hits, queries, out=np.zeros_like(hits), where=queries > 0)
+    if float(np.ptp(rates)) == 0.0:
+        return Interval(point, point, point, len(queries), unit)
+    return Interval(point, *_boot((hits, queries), _ratio_of_sums, seed), len(queries), unit)
+
+
 def hit_rate_interval(runs: Sequence[FleetCell], seed: int = 0) -> Interval:
     """The engines' prefix hit rate over a cell's draws: hits ÷ queries summed over draws and replicas, its
-    interval resampling draws (a draw's hits and queries stay together)."""
+    interval resampling draws."""
     hits = np.asarray([sum(c.replica_prefix_hits) for c in runs], dtype=float)
     queries = np.asarray([sum(c.replica_prefix_queries) for c in runs], dtype=float)
     if len(runs) == 0 or queries.sum() <= 0:
         return Interval(None, None, None, len(runs), "draws")
-    point = float(hits.sum() / queries.sum())
-    if len(runs) < MIN_PAIRS:
-        return Interval(point, None, None, len(runs), "draws")
-    rates = np.divide(hits, queries, out=np.zeros_like(hits), where=queries > 0)
-    if float(np.ptp(rates)) == 0.0 or np.any(queries <= 0):
+    if len(runs) >= MIN_PAIRS and np.any(queries <= 0):  # a draw with no lookups: no interval
+        point = float(hits.sum() / queries.sum())
         return Interval(point, point, point, len(runs), "draws")
-    return Interval(point, *_boot((hits, queries), _ratio_of_sums, seed), len(runs), "draws")
+    return _rate_interval(hits, queries, "draws", seed)
 
 
 def client_hit_rate_interval(runs: Sequence[FleetCell], seed: int = 0) -> Interval | None:
     """The clients' prefix hit rate over a cell's rollouts, pooled over its draws: cached ÷ prompt tokens
-    summed, its interval resampling rollouts (a rollout's cached and prompt tokens stay together). It
-    stands beside the engines' rate where the draws are too few to give that one an interval; the two differ
-    only where a preempted request's recompute is looked up again. None for cells without the per-rollout
-    figures."""
+    summed, its interval resampling rollouts. It stands beside the engines' rate where the draws are too few
+    to give that one an interval; the two differ only where a preempted request's recompute is looked up
+    again. None for cells without the per-rollout figures."""
     cached = np.asarray([float(v) for c in runs for v in c.rollout_cached_tokens])
     prompt = np.asarray([float(v) for c in runs for v in c.rollout_prompt_tokens])
     if len(prompt) == 0 or len(prompt) != len(cached) or prompt.sum() <= 0:
         return None
-    point = float(cached.sum() / prompt.sum())
-    if len(prompt) < MIN_PAIRS:
-        return Interval(point, None, None, len(prompt), "rollouts")
-    rates = np.divide(cached, prompt, out=np.zeros_like(cached), where=prompt > 0)
-    if float(np.ptp(rates)) == 0.0:
-        return Interval(point, point, point, len(prompt), "rollouts")
-    return Interval(point, *_boot((cached, prompt), _ratio_of_sums, seed), len(prompt), "rollouts")
+    return _rate_interval(cached, prompt, "rollouts", seed)
 
 
 def _key(c: FleetCell) -> tuple[int, float, bool, int, str, str]:
