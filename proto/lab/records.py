@@ -201,6 +201,16 @@ class CpuTime(msgspec.Struct, frozen=True):
     run_ms: float
     wait_ms: float
 
+    @property
+    def wait_share(self) -> float | None:
+        """The run-queue wait as a share of the time on a core; None with no time on one."""
+        return self.wait_ms / self.run_ms if self.run_ms > 0 else None
+
+    @property
+    def noisy(self) -> bool:
+        """Waited more than ``WAIT_SHARE`` of the time it ran (the module docstring's rule)."""
+        return self.run_ms > 0 and self.wait_ms > WAIT_SHARE * self.run_ms
+
 
 class Load(msgspec.Struct, frozen=True):
     """``os.getloadavg()`` (1, 5, 15 min) just before a group's first rollout and just after its last, and
@@ -311,9 +321,9 @@ def noise(load: Load | None, floors: Sequence[Floor]) -> list[str]:
     reasons = []
     if load is not None and isinstance(load.lab_cpu, CpuTime):
         cpu = load.lab_cpu
-        if cpu.run_ms > 0 and cpu.wait_ms > WAIT_SHARE * cpu.run_ms:
+        if cpu.noisy:
             reasons.append(
-                f"the lab's processes waited for a core {cpu.wait_ms / cpu.run_ms:.1%} of their CPU time"
+                f"the lab's processes waited for a core {cpu.wait_share:.1%} of their CPU time"
                 f" > {WAIT_SHARE:.0%}"
             )
     elif load is not None:

@@ -121,10 +121,9 @@ def noise_lines(run: CodexRun) -> list[str]:
     """How much the lab's processes (Codex and its tools, the server, the lab) waited for a core over each
     speed's Codex rollouts, and which speeds that flags noisy (docs/lab.md, "The real agent")."""
     parts = [
-        f"{_model_label(m)} {c.lab_cpu.wait_ms / c.lab_cpu.run_ms:.1%}"
-        + (" (noisy)" if c.lab_cpu.wait_ms > WAIT_SHARE * c.lab_cpu.run_ms else "")
+        f"{_model_label(m)} {c.lab_cpu.wait_share:.1%}" + (" (noisy)" if c.lab_cpu.noisy else "")
         for m, c in run.models.items()
-        if c.lab_cpu is not None and c.lab_cpu.run_ms > 0
+        if c.lab_cpu is not None and c.lab_cpu.wait_share is not None
     ]
     if not parts:
         return []

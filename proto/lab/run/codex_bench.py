@@ -188,14 +188,13 @@ def codex_noise(cell: dict[str, Any]) -> list[str]:
     """A model's line on how much the lab's processes (Codex and its tools, the server, the lab) waited for a
     core over its measured Codex rollouts, flagged noisy above WAIT_SHARE (docs/lab.md, "Statistics");
     nothing for a file written before the lab sampled it."""
-    cpu = cell.get("lab_cpu")
-    if not cpu or not cpu["run_ms"]:
+    cpu = CpuTime(**cell["lab_cpu"]) if cell.get("lab_cpu") else None
+    if cpu is None or cpu.wait_share is None:
         return []
-    share = cpu["wait_ms"] / cpu["run_ms"]
-    flag = f" **noisy: above {WAIT_SHARE:.0%}**" if share > WAIT_SHARE else ""
+    flag = f" **noisy: above {WAIT_SHARE:.0%}**" if cpu.noisy else ""
     return [
-        f"Codex's rollouts: the lab's processes waited for a core {share:.1%} of their "
-        f"{cpu['run_ms'] / 1e3:.1f} s of CPU{flag}.",
+        f"Codex's rollouts: the lab's processes waited for a core {cpu.wait_share:.1%} of their "
+        f"{cpu.run_ms / 1e3:.1f} s of CPU{flag}.",
         "",
     ]
 
