@@ -222,4 +222,22 @@ def test_a_speed_whose_processes_waited_for_a_core_is_flagged_noisy(tmp_path: Pa
     assert run is not None
     [line, _] = agent_findings.noise_lines(run)
     a, b = first.removeprefix("mock-"), second.removeprefix("mock-")
-    assert f"{a} 2.0%," in line and f"{b} 15.0% (noisy)" in line
+    assert f"{a} 2.0%," in line and f"{b} 15.0% (noisy)." in line
+    # Beside each speed, the lab client's wait on the same plan: its groups' readings summed, one a group.
+    group = {"profile": "local", "workload": "plan", "model": second}
+    synthetic = {
+        "runs": [
+            {**group, "mode": "http", "load": {"lab_cpu": {"run_ms": 1000.0, "wait_ms": 30.0}}},
+            {**group, "mode": "ws", "load": {"lab_cpu": {"run_ms": 1000.0, "wait_ms": 30.0}}},
+            {
+                **group,
+                "profile": "remote",
+                "mode": "http",
+                "load": {"lab_cpu": {"run_ms": 1000.0, "wait_ms": 10.0}},
+            },
+        ]
+    }
+    (tmp_path / "codex" / "synthetic" / second).mkdir(parents=True)
+    (tmp_path / "codex" / "synthetic" / second / "results.json").write_text(json.dumps(synthetic), "utf-8")
+    [line, _] = agent_findings.noise_lines(run, tmp_path)
+    assert f"{a} 2.0%," in line and f"{b} 15.0% (noisy) (the lab client: 2.0%)." in line

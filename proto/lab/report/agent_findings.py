@@ -117,19 +117,60 @@ def _calls(task: dict[str, str]) -> int:
     return sum(1 for line in task.get("prompt", "").splitlines() if line.startswith("!call "))
 
 
-def noise_lines(run: CodexRun) -> list[str]:
+class _GroupLoad(msgspec.Struct):
+    lab_cpu: CpuTime | None = None
+
+
+class _Cell(msgspec.Struct):
+    profile: str = ""
+    workload: str = ""
+    model: str = ""
+    load: _GroupLoad | None = None
+
+
+class _Cells(msgspec.Struct):
+    runs: list[_Cell] = []
+
+
+def synthetic_cpu(directory: Path, model: str) -> CpuTime | None:
+    """The lab client's run on a speed's plan: its groups' CPU and run-queue wait summed (the kept
+    ``synthetic/MODEL/results.json``); None where that file or its ``lab_cpu`` is missing."""
+    path = directory / CODEX_RUN / "synthetic" / model / "results.json"
+    if not path.is_file():
+        return None
+    groups = {  # the cells of one group share its reading
+        (c.profile, c.workload, c.model): c.load.lab_cpu
+        for c in msgspec.json.decode(path.read_bytes(), type=_Cells).runs
+        if c.load is not None and c.load.lab_cpu is not None
+    }
+    if not groups:
+        return None
+    return CpuTime(sum(c.run_ms for c in groups.values()), sum(c.wait_ms for c in groups.values()))
+
+
+def noise_lines(run: CodexRun, directory: Path | None = None) -> list[str]:
     """How much the lab's processes (Codex and its tools, the server, the lab) waited for a core over each
-    speed's Codex rollouts, and which speeds that flags noisy (docs/lab.md, "The real agent")."""
-    parts = [
-        f"{_model_label(m)} {c.lab_cpu.wait_share:.1%}" + (" (noisy)" if c.lab_cpu.noisy else "")
-        for m, c in run.models.items()
-        if c.lab_cpu is not None and c.lab_cpu.wait_share is not None
-    ]
+    speed's Codex rollouts, which speeds that flags noisy, and beside it the lab client's wait on the same
+    plan: on a machine otherwise idle the difference is Codex's own processes contending with the server
+    (docs/lab.md, "The real agent")."""
+
+    def share(cpu: CpuTime) -> str:
+        return f"{cpu.wait_share:.1%}" + (" (noisy)" if cpu.noisy else "")
+
+    parts = []
+    for m, c in run.models.items():
+        if c.lab_cpu is None or c.lab_cpu.wait_share is None:
+            continue
+        lab = synthetic_cpu(directory, m) if directory is not None else None
+        beside = f" (the lab client: {share(lab)})" if lab is not None and lab.wait_share is not None else ""
+        parts.append(f"{_model_label(m)} {share(c.lab_cpu)}{beside}")
     if not parts:
         return []
     return [
         "**Noise**: the share of their CPU time the lab's processes waited for a core over the Codex "
-        f"rollouts (above {WAIT_SHARE:.0%}: noisy): " + ", ".join(parts) + ".",
+        f"rollouts (above {WAIT_SHARE:.0%}: noisy), and over the lab client's on the same plan: "
+        + ", ".join(parts)
+        + ".",
         "",
     ]
 
@@ -280,7 +321,7 @@ def verdict(run: CodexRun) -> str:
     )
 
 
-def codex_section(run: CodexRun) -> list[str]:
+def codex_section(run: CodexRun, directory: Path | None = None) -> list[str]:
     """docs/lab-results.md's section on the real agent, from the kept ``codex`` run."""
     calls = _calls(run.task)
     per_mode = {
@@ -309,7 +350,7 @@ def codex_section(run: CodexRun) -> list[str]:
         "",
         *(once_line(m, c.rollouts, calls) for m, c in run.models.items()),
         "",
-        *noise_lines(run),
+        *noise_lines(run, directory),
         "**The gains, side by side**: each design against its client's HTTP, % [95 % CI], and whether the "
         "two clients' intervals overlap.",
         "",
@@ -527,7 +568,11 @@ def sections(directory: Path, runs: dict[str, Results]) -> list[str]:
     out: list[str] = []
     codex = load_codex(directory)
     if codex is not None:
-        out += ["## The real agent: does the lab client's result hold for Codex?", "", *codex_section(codex)]
+        out += [
+            "## The real agent: does the lab client's result hold for Codex?",
+            "",
+            *codex_section(codex, directory),
+        ]
     peers = peers_section(runs)
     if peers:
         out += [
