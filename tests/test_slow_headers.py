@@ -46,7 +46,7 @@ class Slow:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opened: float) -> None:
         self.writer = writer
-        self.opened = opened  # before the first byte left: the server's deadline cannot start earlier
+        self.opened = opened  # before the connect: the server's deadline cannot start earlier
         self.ended: float | None = None
         self.answer = asyncio.ensure_future(self._read(reader))
 
@@ -60,8 +60,8 @@ class Slow:
 
     @classmethod
     async def open(cls, port: int, head: bytes) -> Slow:
+        opened = time.monotonic()  # the server's deadline starts when it accepts: after this
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        opened = time.monotonic()
         writer.write(head)
         await writer.drain()
         return cls(reader, writer, opened)
@@ -117,7 +117,7 @@ async def test_unfinished_heads_are_capped_then_timed_out_and_valid_clients_get_
             for s in still:
                 answer = await s.closed(0)
                 assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
-                # both ends read the same monotonic clock; opened is before the server saw a byte
+                # both ends read the same monotonic clock; opened is before the server accepted
                 assert s.ended is not None and s.ended - s.opened >= DEADLINE_S - 0.001
             assert {slow.index(s) % 2 for s in still} == {0, 1}  # plain requests and upgrades
             assert (await asyncio.to_thread(httpx.get, server.http_url + "/healthz")).status_code == 200
