@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from proto.lab.analysis.fleet_stats import summarize
@@ -360,3 +361,27 @@ def test_a_failed_rollout_is_left_out_of_the_medians_and_the_pairs() -> None:
         for g, w in zip(s.vs_mode, was.vs_mode, strict=True):
             if g.metric in ("e2e", "ttft"):
                 assert g.pairs == w.pairs - s.repeats
+
+
+def test_a_load_measured_by_two_runs_is_advised_from_the_one_with_more_draws(tmp_path: Path) -> None:
+    """``fleet-64`` repeats a load of ``fleet`` over more draws: both show in the fleet tables, and the deploy
+    table's row for that load comes from the run with more draws."""
+    for run in ("fleet", "fleet-single"):
+        shutil.copytree(FIX / run, tmp_path / run)
+    more = _doc("fleet")
+    # A second draw of every cell (the same figures, as a rerun of the same schedule would give).
+    more["cells"] += [dict(c, repeat=1) for c in more["cells"]]
+    more["summary"] = msgspec.to_builtins(summarize(cells_of(more)))
+    (tmp_path / "fleet-64").mkdir()
+    (tmp_path / "fleet-64" / "fleet.json").write_text(json.dumps(more), encoding="utf-8")
+    k = ff.kept(tmp_path)
+    assert [f.name for f in k.fleets] == ["fleet", "fleet-64", "fleet-single"]
+    advice = ff.deploy(k.fleets, None, None)
+    by_load = {a.when: a.run for a in advice}
+    four = [when for when in by_load if when.startswith("4 agents")]
+    assert four and all(by_load[when] == "fleet-64" for when in four)  # 2 draws beat 1
+    assert any(run == "fleet-single" for run in by_load.values())  # a load no other run holds stays
+    assert len(advice) == len(by_load)  # each load once
+    text = "\n".join(ff.sections(tmp_path))
+    table = text.split("**E2E p50, s**", 1)[1].split("\n\n", 2)[1]
+    assert "| `fleet` | 4 |" in table and "| `fleet-64` | 4 |" in table
