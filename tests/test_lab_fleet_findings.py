@@ -385,3 +385,7 @@ def test_a_load_measured_by_two_runs_is_advised_from_the_one_with_more_draws(tmp
     text = "\n".join(ff.sections(tmp_path))
     table = text.split("**E2E p50, s**", 1)[1].split("\n\n", 2)[1]
     assert "| `fleet` | 4 |" in table and "| `fleet-64` | 4 |" in table
+    # The per-design bullets count each load once too: as many cells as the deploy table's loads.
+    bullet = next(line for line in text.splitlines() if line.startswith("- **`ws`**"))
+    loads = {(s.agents, s.kv_blocks, s.pin_suspended) for f in k.fleets for s in f.summary}
+    assert f"of {len(loads)} cells." in bullet, bullet
