@@ -225,15 +225,16 @@ def test_a_speed_whose_processes_waited_for_a_core_is_flagged_noisy(tmp_path: Pa
     assert f"{a} 2.0%," in line and f"{b} 15.0% (noisy)." in line
     # Beside each speed, the lab client's wait on the same plan: its groups' readings summed, one a group.
     group = {"profile": "local", "workload": "plan", "model": second}
+    load = {"before": [0.1, 0.1, 0.1], "after": [0.2, 0.1, 0.1], "cores": 2}
     synthetic = {
         "runs": [
-            {**group, "mode": "http", "load": {"lab_cpu": {"run_ms": 1000.0, "wait_ms": 30.0}}},
-            {**group, "mode": "ws", "load": {"lab_cpu": {"run_ms": 1000.0, "wait_ms": 30.0}}},
+            {**group, "mode": "http", "load": {**load, "lab_cpu": {"run_ms": 1000.0, "wait_ms": 30.0}}},
+            {**group, "mode": "ws", "load": {**load, "lab_cpu": {"run_ms": 1000.0, "wait_ms": 30.0}}},
             {
                 **group,
                 "profile": "remote",
                 "mode": "http",
-                "load": {"lab_cpu": {"run_ms": 1000.0, "wait_ms": 10.0}},
+                "load": {**load, "lab_cpu": {"run_ms": 1000.0, "wait_ms": 10.0}},
             },
         ]
     }

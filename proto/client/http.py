@@ -72,28 +72,26 @@ class HttpClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    def _request(self, body: Mapping[str, Any], observed: list[bool] | None = None) -> httpx.Request:
+    def _request(self, body: Mapping[str, Any]) -> httpx.Request:
         content = encode(body)
         request = self.http.build_request("POST", self.url, content=content, headers=_JSON)
-        self._observe_send(request, len(content), body, observed)
+        self._observe_send(request, len(content), body)
         return request
 
-    def _observe_send(
-        self, request: httpx.Request, size: int, body: Mapping[str, Any], observed: list[bool] | None = None
-    ) -> None:
-        """Tell the observer of ``request`` when its bytes leave (httpcore's trace extension, once). With
-        ``observed``, a request sent again for the same call (:meth:`_send`) is not told a second time: the
-        call's send is its first."""
+    def _observe_send(self, request: httpx.Request, size: int, body: Mapping[str, Any]) -> None:
+        """Tell the observer of ``request`` when its bytes first leave (httpcore's trace extension): the
+        same request sent again (:meth:`_send`) is not told a second time."""
         observer = self.observer
         if observer is None:
             return
         wire = http_request_bytes(request, size)
         clock = self.clock
-        seen = observed if observed is not None else [False]
+        told = False
 
         async def trace(name: str, info: Mapping[str, Any]) -> None:
-            if name.endswith(SENDING) and not seen[0]:
-                seen[0] = True
+            nonlocal told
+            if name.endswith(SENDING) and not told:
+                told = True
                 observer(Frame(SENT, clock(), wire, "", body))
 
         request.extensions["trace"] = trace
@@ -116,11 +114,11 @@ class HttpClient:
         request went out (its idle timeout) fails before any response byte; the request is sent once more,
         on a new connection, as the SDKs retry a connection error (the observer is told of the first send
         only: the call's latency includes the retry). Any other failure is the caller's."""
-        observed = [False]  # one call, one send as the observer sees it, however many times it goes out
+        request = self._request(body)  # its content is bytes: the same request can go out twice
         try:
-            return await self.http.send(self._request(body, observed), stream=True)
+            return await self.http.send(request, stream=True)
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-            return await self.http.send(self._request(body, observed), stream=True)
+            return await self.http.send(request, stream=True)
 
     @contextlib.asynccontextmanager
     async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[AsyncIterator[ClientEvent]]:

@@ -27,7 +27,7 @@ from msgspec import UNSET
 
 from proto.lab.analysis.stats import Gain, Percentiles, paired_gain, percentiles
 from proto.lab.config import AGENTIC_API
-from proto.lab.records import WAIT_SHARE, CpuTime, Provenance, Results, RunRecord
+from proto.lab.records import WAIT_SHARE, CpuTime, Load, Provenance, Results, RunRecord
 from proto.lab.report.findings import _model_label, gain, short
 from proto.lab.report.results import cells
 from proto.lab.run.codex_bench import codex_summary
@@ -117,15 +117,13 @@ def _calls(task: dict[str, str]) -> int:
     return sum(1 for line in task.get("prompt", "").splitlines() if line.startswith("!call "))
 
 
-class _GroupLoad(msgspec.Struct):
-    lab_cpu: CpuTime | None = None
-
-
 class _Cell(msgspec.Struct):
+    """What :func:`synthetic_cpu` reads of a cell record (records.RunRecord's fields of the same names)."""
+
     profile: str = ""
     workload: str = ""
     model: str = ""
-    load: _GroupLoad | None = None
+    load: Load | None = None
 
 
 class _Cells(msgspec.Struct):
@@ -141,7 +139,7 @@ def synthetic_cpu(directory: Path, model: str) -> CpuTime | None:
     groups = {  # the cells of one group share its reading
         (c.profile, c.workload, c.model): c.load.lab_cpu
         for c in msgspec.json.decode(path.read_bytes(), type=_Cells).runs
-        if c.load is not None and c.load.lab_cpu is not None
+        if c.load is not None and isinstance(c.load.lab_cpu, CpuTime)
     }
     if not groups:
         return None

@@ -75,6 +75,11 @@ class FleetConfig:
     # blocks on the engine's loop (distinct pinned blocks), so hundreds of agents want a longer period.
     sample_s: float = 0.05
 
+    @property
+    def cells_per_group(self) -> int:
+        """A group's cells: every mode, every draw (a group is one engine stack: run_fleet)."""
+        return len(self.modes) * self.repeats
+
 
 def arrivals(n: int, rate: float, seed: int) -> list[float]:
     """``n`` arrival times (s after the cell's start) of a Poisson process at ``rate`` per second: the first
@@ -681,8 +686,7 @@ def sweep(config: FleetConfig, head: dict[str, Any], kept: list[FleetCell], out:
         write(complete=False)
 
     print(HEADER, flush=True)
-    per_group = len(config.modes) * config.repeats
-    asyncio.run(run_fleet(config, on_cell=finished, skip=len(kept) // per_group))
+    asyncio.run(run_fleet(config, on_cell=finished, skip=len(kept) // config.cells_per_group))
     write(complete=True)
     return 0
 
@@ -697,9 +701,8 @@ def resume(out: Path) -> int:
         raise SystemExit(f"{path}: the sweep is complete; nothing to resume")
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()}
     config = FleetConfig(**fields)
-    per_group = len(config.modes) * config.repeats
     cells = cells_of(doc)
-    kept = cells[: len(cells) // per_group * per_group]
+    kept = cells[: len(cells) // config.cells_per_group * config.cells_per_group]
     resumed = [
         *doc.get("resumed", []),
         {"provenance": msgspec.to_builtins(provenance()), "started": time.time(), "cells_kept": len(kept)},
